@@ -1,0 +1,29 @@
+# noisymlt workflow: download -> labels -> long-tail subset -> noisy labels -> train -> evaluate -> report.
+# Settings: params.yaml (paper scale); profiles in workflow/profiles layer their own params on top.
+# Usage (target first, or `--` before it: `--resources` would swallow a trailing target):
+#   snakemake reports/table_total.tex --cores 8 --resources gpu=2
+#   snakemake --profile workflow/profiles/demo
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "params.yaml"
+
+
+validate(config, "workflow/schemas/params.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/noise.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        "reports/table_total.tex",
+        "reports/results.parquet",
+        "reports/map_vs_gamma.png",

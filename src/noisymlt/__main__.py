@@ -1,0 +1,3 @@
+from noisymlt.cli import main
+
+raise SystemExit(main())

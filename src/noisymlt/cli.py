@@ -1,0 +1,68 @@
+"""The `noisymlt` command. Every workflow rule calls one of these subcommands.
+
+Each command lives in the module that does the work and registers itself through ``add_cli``;
+modules keep heavy imports (torch, pycocotools) inside their functions so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from noisymlt import __version__
+from noisymlt.errors import NoisyMLTError
+
+COMMAND_MODULES = (
+    "noisymlt.data.toy",
+    "noisymlt.data.download",
+    "noisymlt.data.parse",
+    "noisymlt.data.longtail",
+    "noisymlt.noise",
+    "noisymlt.train",
+    "noisymlt.evaluate",
+    "noisymlt.aggregate",
+    "noisymlt.report.tables",
+    "noisymlt.report.figures",
+    "noisymlt.provenance",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="noisymlt",
+        description=(
+            "Noisy multi-label long-tailed recognition pipeline (VOC-MLT-Noise, COCO-MLT-Noise). "
+            "Each subcommand is one pipeline step; Snakemake and DVC call them in order: "
+            "download -> parse -> longtail -> noise -> train -> evaluate -> aggregate -> table."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"noisymlt {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(name)
+        module.add_cli(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        result = args.func(args)
+    except NoisyMLTError as exc:
+        print(f"noisymlt {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"noisymlt {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(result or 0)

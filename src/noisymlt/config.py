@@ -1,0 +1,107 @@
+"""params.yaml: loading, layering, validation, and the resolved configuration of one run.
+
+The resolved run config is the single thing a training run depends on besides its input files;
+its hash is the run id that every manifest, result row and table cell refers to.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import yaml
+
+from noisymlt.errors import NoisyMLTError
+
+SCHEMA_PATH = Path(__file__).with_name("schemas") / "params.schema.yaml"
+METHOD_COMMON_KEYS = ("family", "label", "description", "train")
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """Recursive dict update (lists and scalars replace), as Snakemake layers --configfile."""
+    out = copy.deepcopy(base)
+    for key, value in (override or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load_params(*files: str | Path) -> dict:
+    params: dict = {}
+    for f in files:
+        path = Path(f)
+        try:
+            layer = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise NoisyMLTError(f"{path}: cannot read parameters ({exc})") from exc
+        if not isinstance(layer, dict):
+            raise NoisyMLTError(f"{path}: top level must be a mapping")
+        params = deep_merge(params, layer)
+    validate_params(params, source=" + ".join(str(f) for f in files))
+    return params
+
+
+def validate_params(params: dict, source: str = "params") -> None:
+    """JSON-schema validation (unknown keys, types, ranges) plus the cross-references a schema
+    cannot express: grid entries must name configured datasets and registered methods."""
+    import jsonschema
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    validator = jsonschema.Draft7Validator(schema)
+    errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
+        raise NoisyMLTError(f"{source}: {where}: {e.message}")
+    from noisymlt.methods import FAMILIES
+
+    for name in params["grid"]["datasets"]:
+        if name not in params["datasets"]:
+            raise NoisyMLTError(f"{source}: grid.datasets names {name!r}, which has no block under datasets")
+    for name in params["grid"]["methods"] + [m for a in params.get("ablations", {}).values() for m in a["methods"]]:
+        if name not in params["methods"]:
+            known = ", ".join(sorted(params["methods"]))
+            raise NoisyMLTError(f"{source}: unknown method {name!r}; methods defined in params: {known}")
+    for name, block in params["methods"].items():
+        if block["family"] not in FAMILIES:
+            raise NoisyMLTError(
+                f"{source}: methods.{name}.family: unknown family {block['family']!r}; "
+                f"known: {', '.join(sorted(FAMILIES))}"
+            )
+        options = {k: v for k, v in block.items() if k not in METHOD_COMMON_KEYS}
+        family_schema = FAMILIES[block["family"]].options_schema
+        for e in sorted(jsonschema.Draft7Validator(family_schema).iter_errors(options), key=lambda e: list(e.path)):
+            where = ".".join(str(p) for p in e.absolute_path)
+            raise NoisyMLTError(f"{source}: methods.{name}{'.' + where if where else ''}: {e.message}")
+
+
+def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int) -> dict:
+    """Everything one (dataset, gamma, seed, method) run depends on, with defaults layered:
+    global train block < dataset overrides < method overrides."""
+    if dataset not in params["datasets"]:
+        raise NoisyMLTError(f"unknown dataset {dataset!r}; configured: {', '.join(params['datasets'])}")
+    if method not in params["methods"]:
+        raise NoisyMLTError(f"unknown method {method!r}; configured: {', '.join(sorted(params['methods']))}")
+    ds = params["datasets"][dataset]
+    mcfg = copy.deepcopy(params["methods"][method])
+    train = deep_merge(deep_merge(params["train"], ds.get("train", {})), mcfg.pop("train", {}))
+    return {
+        "dataset": dataset,
+        "kind": ds["kind"],
+        "gamma": float(gamma),
+        "seed": int(seed),
+        "method": method,
+        "method_cfg": mcfg,
+        "train": train,
+        "db_loss": ds["db_loss"],
+        "colearning": ds.get("colearning", {}),
+    }
+
+
+def run_id(resolved: dict) -> str:
+    blob = json.dumps(resolved, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

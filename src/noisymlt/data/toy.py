@@ -1,0 +1,408 @@
+"""The embedded toy dataset: a small, offline, deterministic stand-in for Pascal VOC.
+
+It is written in real VOC layout (``VOCdevkit/TOY/{JPEGImages,Annotations,ImageSets/Main}``) so the
+VOC parser reads it unchanged; ``ImageSets/Main/classes.txt`` replaces VOC's class list. Each class
+is a distinct glyph (shape x colour x texture) drawn with PIL on a noisy textured background, so a
+small CNN can tell them apart at 64 px. Images are sampled from a few "scenes" with skewed class
+priors, which gives VOC-like co-occurrence (pairs that share a scene) and a skewed class frequency
+that the [DB] long-tail subsampling turns into head, medium and tail classes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from io import BytesIO
+from pathlib import Path
+
+import numpy as np
+
+from noisymlt.errors import NoisyMLTError
+
+GENERATOR_VERSION = 1  # bump whenever the bytes a given seed produces change
+DATASET_NAME = "TOY"
+SUPERSAMPLE = 4  # glyph masks are drawn at 4x and box-filtered down: smooth edges
+JPEG_QUALITY = 85
+
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (215, 35, 35),
+    "green": (30, 160, 50),
+    "blue": (35, 70, 215),
+    "yellow": (240, 210, 20),
+    "magenta": (205, 40, 205),
+    "cyan": (20, 200, 215),
+    "orange": (245, 135, 15),
+    "white": (245, 245, 245),
+    "black": (25, 25, 25),
+    "purple": (120, 40, 170),
+    "brown": (140, 80, 30),
+    "pink": (255, 140, 190),
+}
+
+
+@dataclass(frozen=True)
+class Glyph:
+    name: str
+    shape: str
+    colour: str
+    texture: str  # solid | hstripes | vstripes | checker
+
+
+# Class order = index order. No two classes share (shape, colour, texture); shared shapes differ in
+# colour and texture, shared colours differ in shape.
+GLYPHS: tuple[Glyph, ...] = (
+    Glyph("red_disc", "disc", "red", "solid"),
+    Glyph("blue_ring", "ring", "blue", "solid"),
+    Glyph("green_square", "square", "green", "solid"),
+    Glyph("yellow_triangle", "triangle", "yellow", "solid"),
+    Glyph("magenta_star", "star", "magenta", "solid"),
+    Glyph("cyan_plus", "plus", "cyan", "solid"),
+    Glyph("orange_diamond", "diamond", "orange", "solid"),
+    Glyph("white_hexagon", "hexagon", "white", "solid"),
+    Glyph("blue_striped_square", "square", "blue", "hstripes"),
+    Glyph("purple_checker_disc", "disc", "purple", "checker"),
+    Glyph("green_xcross", "xcross", "green", "solid"),
+    Glyph("yellow_crescent", "crescent", "yellow", "solid"),
+    Glyph("black_heart", "heart", "black", "solid"),
+    Glyph("orange_striped_disc", "disc", "orange", "vstripes"),
+    Glyph("cyan_tri_down", "tri_down", "cyan", "solid"),
+    Glyph("white_frame", "frame", "white", "solid"),
+    Glyph("magenta_hourglass", "hourglass", "magenta", "solid"),
+    Glyph("red_arrow", "arrow", "red", "solid"),
+    Glyph("brown_tshape", "tshape", "brown", "solid"),
+    Glyph("pink_lshape", "lshape", "pink", "solid"),
+)
+TOY_CLASSES: tuple[str, ...] = tuple(g.name for g in GLYPHS)
+
+# (scene, probability, {class: weight}); every class also gets LEAK weight in every scene so that
+# rare cross-scene pairs exist, as in real photos.
+SCENES: tuple[tuple[str, float, dict[str, float]], ...] = (
+    ("street", 0.30, {"red_disc": 5, "green_square": 4, "blue_ring": 2, "orange_diamond": 1,
+                      "brown_tshape": 0.5, "black_heart": 0.3}),
+    ("home", 0.25, {"red_disc": 5, "yellow_triangle": 3, "white_hexagon": 3, "cyan_plus": 2,
+                    "magenta_star": 1, "pink_lshape": 0.4}),
+    ("farm", 0.15, {"green_xcross": 3, "yellow_crescent": 2, "red_disc": 2, "orange_striped_disc": 1,
+                    "purple_checker_disc": 0.5}),
+    ("harbour", 0.12, {"blue_striped_square": 3, "cyan_tri_down": 2, "red_disc": 2, "white_frame": 1,
+                       "red_arrow": 0.4}),
+    ("garden", 0.10, {"magenta_hourglass": 2, "green_xcross": 2, "yellow_triangle": 2, "blue_ring": 1,
+                      "black_heart": 0.5}),
+    ("station", 0.08, {"red_arrow": 2, "green_square": 2, "white_frame": 1, "brown_tshape": 1,
+                       "pink_lshape": 0.5}),
+)
+LEAK = 0.05
+OBJECTS_PER_IMAGE = (0.4, 0.3, 0.2, 0.1)  # P(1), P(2), P(3), P(4) instances
+
+
+def _scene_tables() -> tuple[np.ndarray, np.ndarray]:
+    """Scene probabilities (S,) and per-scene class distributions (S, C)."""
+    index = {name: j for j, name in enumerate(TOY_CLASSES)}
+    probs = np.array([p for _, p, _ in SCENES], dtype=np.float64)
+    weights = np.full((len(SCENES), len(TOY_CLASSES)), LEAK)
+    for s, (_, _, members) in enumerate(SCENES):
+        for name, w in members.items():
+            weights[s, index[name]] += w
+    return probs / probs.sum(), weights / weights.sum(axis=1, keepdims=True)
+
+
+def _shape_mask(shape: str, size: int):
+    """An L-mode mask (255 inside) of ``shape`` filling a size x size box."""
+    from PIL import Image, ImageDraw
+
+    mask = Image.new("L", (size, size), 0)
+    d = ImageDraw.Draw(mask)
+    s = size - 1
+
+    def poly(points: list[tuple[float, float]], fill: int = 255) -> None:
+        d.polygon([(x * s, y * s) for x, y in points], fill=fill)
+
+    def box(x0: float, y0: float, x1: float, y1: float, fill: int = 255) -> None:
+        d.rectangle([x0 * s, y0 * s, x1 * s, y1 * s], fill=fill)
+
+    def ellipse(x0: float, y0: float, x1: float, y1: float, fill: int = 255) -> None:
+        d.ellipse([x0 * s, y0 * s, x1 * s, y1 * s], fill=fill)
+
+    if shape == "disc":
+        ellipse(0.02, 0.02, 0.98, 0.98)
+    elif shape == "ring":
+        ellipse(0.02, 0.02, 0.98, 0.98)
+        ellipse(0.27, 0.27, 0.73, 0.73, fill=0)
+    elif shape == "square":
+        box(0.08, 0.08, 0.92, 0.92)
+    elif shape == "frame":
+        box(0.05, 0.05, 0.95, 0.95)
+        box(0.28, 0.28, 0.72, 0.72, fill=0)
+    elif shape == "triangle":
+        poly([(0.5, 0.04), (0.97, 0.94), (0.03, 0.94)])
+    elif shape == "tri_down":
+        poly([(0.03, 0.06), (0.97, 0.06), (0.5, 0.96)])
+    elif shape == "diamond":
+        poly([(0.5, 0.02), (0.98, 0.5), (0.5, 0.98), (0.02, 0.5)])
+    elif shape == "hexagon":
+        poly([(0.27, 0.06), (0.73, 0.06), (0.98, 0.5), (0.73, 0.94), (0.27, 0.94), (0.02, 0.5)])
+    elif shape == "star":
+        angles = np.pi / 2 + np.arange(10) * np.pi / 5
+        radii = np.where(np.arange(10) % 2 == 0, 0.49, 0.2)
+        poly([(0.5 + r * np.cos(a), 0.53 - r * np.sin(a)) for r, a in zip(radii, angles)])
+    elif shape == "plus":
+        box(0.35, 0.03, 0.65, 0.97)
+        box(0.03, 0.35, 0.97, 0.65)
+    elif shape == "xcross":
+        t = 0.15
+        poly([(0.03, 0.03 + t), (0.03 + t, 0.03), (0.97, 0.97 - t), (0.97 - t, 0.97)])
+        poly([(0.97 - t, 0.03), (0.97, 0.03 + t), (0.03 + t, 0.97), (0.03, 0.97 - t)])
+    elif shape == "crescent":
+        ellipse(0.02, 0.02, 0.98, 0.98)
+        ellipse(0.3, -0.05, 1.15, 0.8, fill=0)
+    elif shape == "heart":
+        ellipse(0.03, 0.08, 0.53, 0.56)
+        ellipse(0.47, 0.08, 0.97, 0.56)
+        poly([(0.06, 0.42), (0.94, 0.42), (0.5, 0.96)])
+    elif shape == "hourglass":
+        poly([(0.05, 0.03), (0.95, 0.03), (0.5, 0.5)])
+        poly([(0.5, 0.5), (0.95, 0.97), (0.05, 0.97)])
+    elif shape == "arrow":
+        poly([(0.02, 0.36), (0.55, 0.36), (0.55, 0.08), (0.98, 0.5), (0.55, 0.92), (0.55, 0.64),
+              (0.02, 0.64)])
+    elif shape == "tshape":
+        box(0.03, 0.05, 0.97, 0.36)
+        box(0.35, 0.05, 0.65, 0.97)
+    elif shape == "lshape":
+        box(0.08, 0.03, 0.4, 0.97)
+        box(0.08, 0.66, 0.95, 0.97)
+    else:  # a new glyph without a drawing is a programming error, not user input
+        raise ValueError(f"unknown toy shape {shape!r}")
+    return mask
+
+
+def _pattern(texture: str, size: int, period: int) -> np.ndarray:
+    """Boolean (size, size): where a textured glyph shows its colour (elsewhere a dark shade)."""
+    yy, xx = np.mgrid[0:size, 0:size]
+    if texture == "solid":
+        return np.ones((size, size), dtype=bool)
+    if texture == "hstripes":
+        return (yy // period) % 2 == 0
+    if texture == "vstripes":
+        return (xx // period) % 2 == 0
+    if texture == "checker":
+        return ((yy // period) + (xx // period)) % 2 == 0
+    raise ValueError(f"unknown toy texture {texture!r}")
+
+
+@lru_cache(maxsize=None)
+def _glyph_masks(index: int, side: int):
+    """Anti-aliased L masks (colour part, dark part) of glyph ``index`` at ``side`` pixels.
+
+    Drawn at SUPERSAMPLE x and box-filtered down; cached because only a few sizes occur.
+    """
+    from PIL import Image
+
+    glyph = GLYPHS[index]
+    big = side * SUPERSAMPLE
+    shape = np.asarray(_shape_mask(glyph.shape, big), dtype=np.float32)
+    on = _pattern(glyph.texture, big, period=max(2, round(big / 6)))
+    masks = []
+    for part in (shape * on, shape * ~on):
+        masks.append(Image.fromarray(part.round().astype(np.uint8)).resize((side, side), Image.BOX))
+    return masks[0], masks[1] if glyph.texture != "solid" else None
+
+
+BLOTCH_GRID = 8  # low-frequency background texture: an 8 x 8 random grid, smoothly upsampled
+
+
+@lru_cache(maxsize=None)
+def _upsampler(size: int) -> np.ndarray:
+    """(size, BLOTCH_GRID) rows of Gaussian weights: ``A @ grid @ A.T`` is a smooth upsampling."""
+    centres = (np.arange(size) + 0.5) * BLOTCH_GRID / size - 0.5
+    weights = np.exp(-0.5 * ((centres[:, None] - np.arange(BLOTCH_GRID)[None, :]) / 0.7) ** 2)
+    return (weights / weights.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+def _background(rng: np.random.Generator, size: int) -> np.ndarray:
+    """Muted random colour + low-frequency blotches + mild pixel noise, (size, size, 3) uint8."""
+    base = rng.uniform(70, 180, size=3).astype(np.float32)
+    base = 0.5 * base + 0.5 * base.mean()  # desaturate so glyph colours stand out
+    grid = rng.normal(0.0, 30.0, size=(3, BLOTCH_GRID, BLOTCH_GRID)).astype(np.float32)
+    A = _upsampler(size)
+    out = (A @ grid @ A.T).transpose(1, 2, 0)  # (size, size, 3)
+    out += (rng.random((size, size, 1), dtype=np.float32) - 0.5) * 14.0  # uniform, sd ~4
+    out += base + 0.5  # +0.5 rounds in the cast below
+    return np.clip(out, 0, 255, out=out).astype(np.uint8)
+
+
+PLACEMENT_TRIES = 12
+
+
+def _place(rng: np.random.Generator, size: int, boxes: list[tuple[int, int, int]]) -> tuple[int, int, int]:
+    """A (x, y, side) square box in pixels: the first of a few random candidates that overlaps the
+    earlier boxes by at most 15% of the smaller box, else the least overlapping one."""
+    lo, hi = max(8, round(size * 0.28)), max(9, round(size * 0.47))
+    tries = PLACEMENT_TRIES if boxes else 1
+    side = rng.integers(lo, hi + 1, size=tries)
+    x = (rng.random(tries) * (size - side + 1)).astype(np.int64)
+    y = (rng.random(tries) * (size - side + 1)).astype(np.int64)
+    if not boxes:
+        return int(x[0]), int(y[0]), int(side[0])
+    bx, by, bs = (np.array(v)[None, :] for v in zip(*boxes))
+    s = side[:, None]
+    ix = np.clip(np.minimum(x[:, None] + s, bx + bs) - np.maximum(x[:, None], bx), 0, None)
+    iy = np.clip(np.minimum(y[:, None] + s, by + bs) - np.maximum(y[:, None], by), 0, None)
+    overlap = (ix * iy / np.minimum(s, bs) ** 2).max(axis=1)
+    ok = np.flatnonzero(overlap <= 0.15)
+    k = int(ok[0]) if ok.size else int(np.argmin(overlap))
+    return int(x[k]), int(y[k]), int(side[k])
+
+
+def _render(
+    rng: np.random.Generator, classes: list[int], size: int
+) -> tuple[bytes, list[tuple[int, int, int, int, int]]]:
+    """One JPEG with the given glyph instances: its bytes and (class, xmin, ymin, xmax, ymax), 1-based."""
+    from PIL import Image
+
+    image = Image.fromarray(_background(rng, size))
+    boxes: list[tuple[int, int, int]] = []
+    objects = []
+    for c in classes:
+        x, y, side = _place(rng, size, boxes)
+        boxes.append((x, y, side))
+        colour = np.asarray(COLOURS[GLYPHS[c].colour], dtype=np.float64) + rng.uniform(-15, 15, size=3)
+        on, off = _glyph_masks(c, side)
+        image.paste(tuple(int(v) for v in colour.round().clip(0, 255)), (x, y, x + side, y + side), on)
+        if off is not None:
+            dark = tuple(int(v) for v in (colour * 0.35).round().clip(0, 255))
+            image.paste(dark, (x, y, x + side, y + side), off)
+        objects.append((c, x + 1, y + 1, x + side, y + side))
+    buf = BytesIO()
+    image.save(buf, format="JPEG", quality=JPEG_QUALITY)
+    return buf.getvalue(), objects
+
+
+def _annotation(image_id: str, size: int, objects: list[tuple[int, int, int, int, int]]) -> str:
+    """VOC-style XML with only the fields VOC parsers read (kept small: thousands of these files)."""
+    parts = [
+        f"<annotation>\n<folder>{DATASET_NAME}</folder>\n<filename>{image_id}.jpg</filename>\n"
+        f"<size><width>{size}</width><height>{size}</height><depth>3</depth></size>\n"
+    ]
+    for c, x0, y0, x1, y1 in objects:
+        parts.append(
+            f"<object><name>{TOY_CLASSES[c]}</name><truncated>0</truncated><difficult>0</difficult>"
+            f"<bndbox><xmin>{x0}</xmin><ymin>{y0}</ymin><xmax>{x1}</xmax><ymax>{y1}</ymax></bndbox></object>\n"
+        )
+    parts.append("</annotation>\n")
+    return "".join(parts)
+
+
+def make_toy(
+    out_dir: str | Path, *, seed: int = 0, n_trainval: int = 2400, n_test: int = 1000, image_size: int = 64
+) -> Path:
+    """Write the toy dataset under ``out_dir/VOCdevkit/TOY`` and return that folder.
+
+    Same arguments -> identical bytes in every file. Image ids ``000001``.. run through trainval
+    first, then test. The folder is built beside its final place and swapped in, so a crash never
+    leaves a half-written dataset and a rerun never keeps stale files.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise NoisyMLTError(f"--seed: must be a non-negative integer, got {seed!r}")
+    if n_trainval < 1 or n_test < 1:
+        raise NoisyMLTError(f"--n-trainval/--n-test: need at least 1 image each, got {n_trainval}/{n_test}")
+    if not 32 <= image_size <= 512:
+        raise NoisyMLTError(f"--size: image side must lie in 32..512 pixels, got {image_size}")
+    from PIL import Image  # noqa: F401  (fail early with a clear import error)
+
+    root = Path(out_dir) / "VOCdevkit" / DATASET_NAME
+    tmp = root.with_name(f".{DATASET_NAME}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    for sub in ("JPEGImages", "Annotations", "ImageSets/Main"):
+        (tmp / sub).mkdir(parents=True)
+
+    rng = np.random.default_rng(seed)
+    scene_p, class_p = _scene_tables()
+    scene_cdf, class_cdf = np.cumsum(scene_p), np.cumsum(class_p, axis=1)
+    count_cdf = np.cumsum(OBJECTS_PER_IMAGE)
+    n_total = n_trainval + n_test
+    ids = [f"{i:06d}" for i in range(1, n_total + 1)]
+    labels = np.zeros((n_total, len(TOY_CLASSES)), dtype=np.int64)
+    scene_counts = np.zeros(len(SCENES), dtype=np.int64)
+    for row, image_id in enumerate(ids):
+        # inverse-CDF draws (min() guards the last bin against cumsum rounding below 1)
+        u = rng.random(2)
+        scene = min(int(np.searchsorted(scene_cdf, u[0], side="right")), len(SCENES) - 1)
+        n_obj = 1 + min(int(np.searchsorted(count_cdf, u[1], side="right")), len(OBJECTS_PER_IMAGE) - 1)
+        picks = np.searchsorted(class_cdf[scene], rng.random(n_obj), side="right")
+        classes = [min(int(c), len(TOY_CLASSES) - 1) for c in picks]
+        jpeg, objects = _render(rng, classes, image_size)
+        (tmp / "JPEGImages" / f"{image_id}.jpg").write_bytes(jpeg)
+        (tmp / "Annotations" / f"{image_id}.xml").write_text(_annotation(image_id, image_size, objects))
+        labels[row, classes] = 1
+        scene_counts[scene] += 1
+
+    main = tmp / "ImageSets" / "Main"
+    (main / "trainval.txt").write_text("".join(f"{i}\n" for i in ids[:n_trainval]))
+    (main / "test.txt").write_text("".join(f"{i}\n" for i in ids[n_trainval:]))
+    (main / "classes.txt").write_text("".join(f"{c}\n" for c in TOY_CLASSES))
+    manifest = {
+        "generator": "noisymlt.data.toy",
+        "generator_version": GENERATOR_VERSION,
+        "seed": int(seed),
+        "image_size": image_size,
+        "num_trainval": n_trainval,
+        "num_test": n_test,
+        "classes": list(TOY_CLASSES),
+        "trainval_class_counts": [int(v) for v in labels[:n_trainval].sum(axis=0)],
+        "test_class_counts": [int(v) for v in labels[n_trainval:].sum(axis=0)],
+        "scene_counts": {name: int(v) for (name, _, _), v in zip(SCENES, scene_counts)},
+    }
+    (tmp / "toy_manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+    if root.exists():
+        shutil.rmtree(root)
+    tmp.replace(root)
+    return root
+
+
+def tree_digest(root: str | Path) -> dict[str, str]:
+    """sha256 of every file under ``root``, keyed by relative path: the determinism fingerprint."""
+    root = Path(root)
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _run(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    root = make_toy(
+        args.out, seed=args.seed, n_trainval=args.n_trainval, n_test=args.n_test, image_size=args.size
+    )
+    size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    print(
+        f"{root}: {args.n_trainval} trainval + {args.n_test} test images, {len(TOY_CLASSES)} classes, "
+        f"{size / 1e6:.1f} MB in {time.perf_counter() - start:.1f} s"
+    )
+    return 0
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "make-toy",
+        help="generate the embedded toy dataset (offline, deterministic, VOC layout)",
+        description=(
+            "Write a small synthetic multi-label dataset in Pascal VOC layout under "
+            "OUT/VOCdevkit/TOY: 20 glyph classes drawn on textured backgrounds, images sampled "
+            "from scenes so classes co-occur and their frequencies are skewed. Parse it with the "
+            "VOC parser; the same seed always gives identical files."
+        ),
+    )
+    p.add_argument("--out", required=True, type=Path, help="output folder (VOCdevkit/TOY is created inside)")
+    p.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    p.add_argument("--n-trainval", type=int, default=2400, help="trainval images (default 2400)")
+    p.add_argument("--n-test", type=int, default=1000, help="test images (default 1000)")
+    p.add_argument("--size", type=int, default=64, help="image side in pixels (default 64)")
+    p.set_defaults(func=_run)

@@ -1,0 +1,59 @@
+"""Which device a training job runs on.
+
+Snakemake's ``--resources gpu=N`` only caps how many GPU jobs run at once; it never says which
+card a job gets. SLURM does (it sets CUDA_VISIBLE_DEVICES), so that is honoured first. Otherwise
+the job takes an exclusive lock file per GPU and keeps it for its lifetime, so two concurrent jobs
+land on two different cards.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_held_locks: list = []  # keep lock files open for the life of the process
+
+
+def lock_dir() -> Path:
+    return Path(os.environ.get("NOISYMLT_GPU_LOCK_DIR", Path(tempfile.gettempdir()) / "noisymlt-gpu-locks"))
+
+
+def acquire_gpu(num_gpus: int, directory: Path | None = None) -> int | None:
+    """Lock the first free GPU index; None when all are taken."""
+    directory = directory or lock_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    for idx in range(num_gpus):
+        handle = open(directory / f"gpu{idx}.lock", "w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        handle.write(str(os.getpid()))
+        handle.flush()
+        _held_locks.append(handle)
+        return idx
+    return None
+
+
+def select_device(requested: str = "auto") -> torch.device:
+    """``auto``: a GPU when there is one (see module doc), else the CPU. ``cpu``/``cuda:N`` force."""
+    if requested != "auto":
+        return torch.device(requested)
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        # The scheduler already restricted this job to its own card(s).
+        return torch.device("cuda:0")
+    idx = acquire_gpu(torch.cuda.device_count())
+    if idx is None:
+        log.warning("every GPU is locked by another noisymlt job; sharing cuda:0")
+        idx = 0
+    return torch.device(f"cuda:{idx}")

@@ -1,0 +1,94 @@
+"""Evaluation: AP per class (sklearn, non-interpolated) and mAP over all / head / medium / tail."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from noisymlt.errors import NoisyMLTError
+from noisymlt.labels import GROUPS
+
+log = logging.getLogger(__name__)
+
+
+def average_precisions(y_true: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Per-class AP; NaN for a class without positives in the test set (excluded from means)."""
+    from sklearn.metrics import average_precision_score
+
+    if y_true.shape != scores.shape:
+        raise NoisyMLTError(f"scores shape {scores.shape} != labels shape {y_true.shape}")
+    aps = np.full(y_true.shape[1], np.nan)
+    for c in range(y_true.shape[1]):
+        if y_true[:, c].any():
+            aps[c] = average_precision_score(y_true[:, c], scores[:, c])
+    return aps
+
+
+def summarise(aps: np.ndarray, split: dict[str, list[int]]) -> dict[str, float]:
+    out = {"total": float(np.nanmean(aps))}
+    for g in GROUPS:
+        vals = aps[split[g]] if split[g] else np.array([np.nan])
+        out[g] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
+    return out
+
+
+def evaluate_predictions(pred_path: Path, test_labels: Path, split_path: Path) -> dict:
+    from noisymlt.labels import read_class_split, read_labels
+
+    table = read_labels(test_labels)
+    split = read_class_split(split_path)
+    try:
+        data = np.load(pred_path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise NoisyMLTError(f"{pred_path}: cannot read predictions ({exc})") from exc
+    ids = [str(x) for x in data["image_ids"]]
+    if ids != table.image_ids:
+        raise NoisyMLTError(f"{pred_path}: image ids do not match {test_labels} (different test set or order)")
+    result = {"classes": table.classes, "num_test_images": len(ids), "heads": {}}
+    missing = np.flatnonzero(~table.labels.any(0))
+    if len(missing):
+        log.warning("classes without test positives (AP undefined, left out of means): %s",
+                    [table.classes[i] for i in missing])
+    for head in [str(h) for h in data["heads"]]:
+        aps = average_precisions(table.labels, data[f"scores_{head}"])
+        result["heads"][head] = {"ap": [None if np.isnan(a) else float(a) for a in aps],
+                                 "map": summarise(aps, split)}
+    return result
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from noisymlt.provenance import now, write_manifest
+
+    started = now()
+    result = evaluate_predictions(Path(args.predictions), Path(args.test_labels), Path(args.split))
+    run_manifest = Path(args.predictions).with_name("manifest.json")
+    if run_manifest.exists():
+        result["run_id"] = json.loads(run_manifest.read_text()).get("run_id")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(out)
+    write_manifest(out.with_name(out.stem + ".manifest.json"), step="evaluate", started=started,
+                   inputs={"predictions": args.predictions, "test_labels": args.test_labels, "split": args.split},
+                   outputs={"metrics": out})
+    for head, rec in result["heads"].items():
+        m = rec["map"]
+        print(f"{head:>10}: mAP {100 * m['total']:.2f} (head {100 * m['head']:.2f}, "
+              f"medium {100 * m['medium']:.2f}, tail {100 * m['tail']:.2f})")
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("evaluate", help="AP per class and mAP total/head/medium/tail of a run's predictions",
+                       description="Compute sklearn average precision per class on the clean test labels and mAP "
+                                   "over all, head, medium and tail classes, for every prediction head of a run.")
+    p.add_argument("--predictions", required=True, help="predictions.npz written by `noisymlt train`")
+    p.add_argument("--test-labels", required=True, help="clean test label table")
+    p.add_argument("--split", required=True, help="head/medium/tail class split JSON")
+    p.add_argument("--out", required=True, help="metrics JSON to write")
+    p.set_defaults(func=_cmd_evaluate)

@@ -1,0 +1,176 @@
+"""Label tables on disk: the one format every pipeline step reads and writes.
+
+Parquet layout: ``image_id`` (string), optional ``path`` (image file, relative to the dataset
+root), then one 0/1 column per class in class order. Noisy tables add ``clean_<class>`` columns
+holding the clean labels next to the noisy ones (for analysis only; training never reads them).
+A CSV laid out like the published reference files (``image_id`` + class columns) is accepted as
+input wherever a Parquet table is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from noisymlt.errors import NoisyMLTError
+
+CLEAN_PREFIX = "clean_"
+RESERVED = ("image_id", "path")
+GROUPS = ("head", "medium", "tail")
+
+
+@dataclass
+class LabelTable:
+    image_ids: list[str]
+    classes: list[str]
+    labels: np.ndarray  # (n, C) uint8, the labels training sees (noisy ones in a noisy table)
+    paths: list[str] | None = None
+    clean: np.ndarray | None = None  # (n, C) uint8 clean labels, only in noisy tables
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.labels = np.asarray(self.labels, dtype=np.uint8)
+        if self.labels.shape != (len(self.image_ids), len(self.classes)):
+            raise ValueError(
+                f"labels shape {self.labels.shape} != ({len(self.image_ids)}, {len(self.classes)})"
+            )
+        if self.clean is not None:
+            self.clean = np.asarray(self.clean, dtype=np.uint8)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    def to_frame(self) -> pd.DataFrame:
+        cols: dict[str, object] = {"image_id": pd.array(self.image_ids, dtype="string")}
+        if self.paths is not None:
+            cols["path"] = pd.array(self.paths, dtype="string")
+        for j, name in enumerate(self.classes):
+            cols[name] = self.labels[:, j]
+        if self.clean is not None:
+            for j, name in enumerate(self.classes):
+                cols[CLEAN_PREFIX + name] = self.clean[:, j]
+        return pd.DataFrame(cols)
+
+    def subset(self, rows: np.ndarray | list[int]) -> "LabelTable":
+        rows = np.asarray(rows, dtype=np.int64)
+        return LabelTable(
+            image_ids=[self.image_ids[i] for i in rows],
+            classes=list(self.classes),
+            labels=self.labels[rows],
+            paths=None if self.paths is None else [self.paths[i] for i in rows],
+            clean=None if self.clean is None else self.clean[rows],
+            meta=dict(self.meta),
+        )
+
+
+def write_labels(table: LabelTable, path: str | Path) -> Path:
+    """Write atomically (temp file + rename) so an interrupted step never leaves half a table."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    frame = table.to_frame()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    arrow = pa.Table.from_pandas(frame, preserve_index=False)
+    meta = dict(arrow.schema.metadata or {})
+    meta[b"noisymlt"] = json.dumps({"classes": table.classes, **table.meta}).encode()
+    pq.write_table(arrow.replace_schema_metadata(meta), tmp)
+    tmp.replace(path)
+    return path
+
+
+def read_labels(path: str | Path) -> LabelTable:
+    """Read a Parquet label table or a reference-style CSV; errors name the file and the problem."""
+    path = Path(path)
+    if not path.exists():
+        raise NoisyMLTError(f"{path}: label file does not exist")
+    meta: dict = {}
+    try:
+        if path.suffix.lower() == ".csv":
+            frame = pd.read_csv(path, dtype={"image_id": str})
+        else:
+            import pyarrow.parquet as pq
+
+            arrow = pq.read_table(path)
+            raw = (arrow.schema.metadata or {}).get(b"noisymlt")
+            meta = json.loads(raw) if raw else {}
+            frame = arrow.to_pandas()
+    except NoisyMLTError:
+        raise
+    except Exception as exc:  # pyarrow/pandas raise many types for a damaged file
+        raise NoisyMLTError(f"{path}: cannot read label table ({exc})") from exc
+    return _table_from_frame(frame, path, meta)
+
+
+def _table_from_frame(frame: pd.DataFrame, path: Path, meta: dict) -> LabelTable:
+    if "image_id" not in frame.columns:
+        raise NoisyMLTError(f"{path}: no 'image_id' column (columns: {list(frame.columns)[:5]}...)")
+    class_cols = [c for c in frame.columns if c not in RESERVED and not str(c).startswith(CLEAN_PREFIX)]
+    clean_cols = [c for c in frame.columns if str(c).startswith(CLEAN_PREFIX)]
+    if not class_cols:
+        raise NoisyMLTError(f"{path}: no class columns besides {RESERVED}")
+    if clean_cols and [c[len(CLEAN_PREFIX):] for c in clean_cols] != class_cols:
+        raise NoisyMLTError(f"{path}: clean_* columns do not match the class columns one to one")
+    values = frame[class_cols]
+    if values.isna().any().any():
+        bad = values.columns[values.isna().any()].tolist()
+        raise NoisyMLTError(f"{path}: missing label values in column(s) {bad}")
+    arr = values.to_numpy()
+    if not np.isin(arr, (0, 1)).all():
+        r, c = np.argwhere(~np.isin(arr, (0, 1)))[0]
+        raise NoisyMLTError(
+            f"{path}: label column '{class_cols[c]}' row {r} holds {arr[r, c]!r}; labels must be 0 or 1"
+        )
+    ids = frame["image_id"].astype(str).tolist()
+    if len(set(ids)) != len(ids):
+        dup = frame["image_id"][frame["image_id"].duplicated()].iloc[0]
+        raise NoisyMLTError(f"{path}: duplicate image_id {dup!r}")
+    return LabelTable(
+        image_ids=ids,
+        classes=[str(c) for c in class_cols],
+        labels=arr.astype(np.uint8),
+        paths=frame["path"].astype(str).tolist() if "path" in frame.columns else None,
+        clean=frame[clean_cols].to_numpy().astype(np.uint8) if clean_cols else None,
+        meta=meta,
+    )
+
+
+def write_class_split(split: dict[str, list[int]], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({g: [int(i) for i in split[g]] for g in GROUPS}, indent=1) + "\n")
+    return path
+
+
+def read_class_split(path: str | Path) -> dict[str, list[int]]:
+    """Read head/medium/tail class indices; the published files call 'medium' 'middle'."""
+    path = Path(path)
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise NoisyMLTError(f"{path}: cannot read class split ({exc})") from exc
+    if "middle" in raw and "medium" not in raw:
+        raw["medium"] = raw.pop("middle")
+    missing = [g for g in GROUPS if g not in raw]
+    if missing:
+        raise NoisyMLTError(f"{path}: class split lacks group(s) {missing}")
+    return {g: sorted(int(i) for i in raw[g]) for g in GROUPS}
+
+
+def split_from_counts(counts: np.ndarray, head_min: int = 100, tail_max: int = 20) -> dict[str, list[int]]:
+    """SPEC 1: head >= 100 clean training images, medium 20..99, tail < 20."""
+    counts = np.asarray(counts)
+    return {
+        "head": [int(i) for i in np.flatnonzero(counts >= head_min)],
+        "medium": [int(i) for i in np.flatnonzero((counts >= tail_max) & (counts < head_min))],
+        "tail": [int(i) for i in np.flatnonzero(counts < tail_max)],
+    }

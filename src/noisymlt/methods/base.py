@@ -1,0 +1,96 @@
+"""The contract between the trainer and a method.
+
+The trainer owns the loop (data streams, optimiser, schedule, precision, checkpoints, prediction);
+a method says which streams it reads, builds its model, turns one step's batches into a loss and
+maps test images to logits per reported head. Adding a method = one subclass registered with
+``@register_family`` + one params.yaml block naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from noisymlt.dataset import StreamSpec
+
+FAMILIES: dict[str, type["Method"]] = {}
+
+
+def register_family(name: str):
+    def deco(cls: type["Method"]) -> type["Method"]:
+        if name in FAMILIES:
+            raise RuntimeError(f"method family {name!r} registered twice")
+        cls.family = name
+        FAMILIES[name] = cls
+        return cls
+
+    return deco
+
+
+@dataclass
+class TrainContext:
+    cfg: dict  # the resolved run config (noisymlt.config.resolve_run)
+    noisy: torch.Tensor  # (N, C) float noisy train labels: the only labels training may read
+    split: dict[str, list[int]]
+    device: torch.device
+    iterations_per_epoch: int
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.noisy.shape[1])
+
+    @property
+    def class_counts(self) -> np.ndarray:
+        return self.noisy.sum(0).cpu().numpy().astype(np.int64)
+
+    @property
+    def train(self) -> dict:
+        return self.cfg["train"]
+
+    @property
+    def seed(self) -> int:
+        return int(self.cfg["seed"])
+
+
+class Method:
+    family = "?"
+    # JSON schema of the family's own keys in a params.yaml method block (besides family, label,
+    # description, train); unknown keys are rejected.
+    options_schema: dict = {"type": "object", "additionalProperties": False, "properties": {}}
+    # Prediction heads written for evaluation; the first is the method's reported result.
+    heads: tuple[str, ...] = ("main",)
+
+    def __init__(self, ctx: TrainContext):
+        self.ctx = ctx
+        self.opts = ctx.cfg["method_cfg"]
+
+    def build_model(self) -> nn.Module:
+        raise NotImplementedError
+
+    def streams(self) -> list[StreamSpec]:
+        raise NotImplementedError
+
+    def training_loss(self, model: nn.Module, batches: dict[str, dict], epoch: int, step: int) -> tuple[torch.Tensor, dict]:
+        """``batches[stream]``: images (B, K, 3, H, W), index (B, K), stitched (B,), on the device."""
+        raise NotImplementedError
+
+    def predict(self, model: nn.Module, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def on_epoch_start(self, model: nn.Module, epoch: int) -> None:
+        """Hook for per-epoch work (BBN's mixing weight, DivideMix's co-divide)."""
+
+    def state_dict(self) -> dict:
+        """Extra method state that must survive a resume (plain tensors/numbers only)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def targets(self, index: torch.Tensor) -> torch.Tensor:
+        """Noisy targets of the images at ``index`` (any shape) -> index.shape + (C,)."""
+        return self.ctx.noisy[index]

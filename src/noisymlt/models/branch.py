@@ -1,0 +1,55 @@
+"""One classification branch (backbone + neck + head) and the freezing policy of [CL]."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from noisymlt.models.backbones import build_backbone
+from noisymlt.models.heads import Head, Neck
+
+
+class Branch(nn.Module):
+    def __init__(self, backbone: nn.Module, num_classes: int, *, neck_dim: int = 256, dropout: float = 0.0,
+                 trainable: str = "all", frozen_bn: bool = False):
+        super().__init__()
+        self.backbone = backbone
+        self.neck = Neck(backbone.out_dim, neck_dim, dropout)
+        self.head = Head(neck_dim, num_classes)
+        self.trainable = trainable
+        self.frozen_bn = frozen_bn
+        self._apply_freeze()
+
+    def _apply_freeze(self) -> None:
+        if self.trainable == "all":
+            return
+        for p in self.backbone.parameters():
+            p.requires_grad_(False)
+        for part in self.backbone.trainable_parts(self.trainable):
+            for p in part.parameters():
+                p.requires_grad_(True)
+
+    def train(self, mode: bool = True) -> "Branch":
+        super().train(mode)
+        if mode and self.frozen_bn:
+            # [CL] keeps the pretrained backbone statistics: BatchNorm layers stay in eval mode.
+            for m in self.backbone.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    m.eval()
+        return self
+
+    def feature_maps(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone(x)
+
+    def embed(self, maps: torch.Tensor) -> torch.Tensor:
+        return self.neck(maps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.neck(self.backbone(x)))
+
+
+def build_branch(cfg: dict, num_classes: int, *, dropout: float = 0.0) -> Branch:
+    """``cfg`` is the resolved ``train`` block of params.yaml."""
+    backbone = build_backbone(cfg["backbone"], pretrained=cfg["pretrained"], weights_path=cfg.get("weights_path"))
+    return Branch(backbone, num_classes, neck_dim=cfg["neck_dim"], dropout=dropout,
+                  trainable=cfg["trainable"], frozen_bn=cfg["frozen_bn"])

@@ -1,0 +1,294 @@
+"""The training loop shared by every method, with checkpoint/resume and test-set prediction.
+
+Outputs in the run folder: ``checkpoint.pt`` (after every epoch, plain state dicts loaded with
+``weights_only=True``), ``train_log.jsonl`` (one line per epoch), ``predictions.npz`` (test-set
+sigmoid scores per head) and ``manifest.json``. A run whose checkpoint exists resumes from it; a
+checkpoint written under a different resolved config is refused rather than overwritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from noisymlt.errors import NoisyMLTError
+
+log = logging.getLogger(__name__)
+
+
+def lr_at(cfg: dict, epoch: int, it: int, iters_per_epoch: int) -> float:
+    """Linear warm-up from lr * warmup_ratio over warmup_iters, then x lr_gamma at each step epoch."""
+    lr = cfg["lr"] * cfg["lr_gamma"] ** sum(epoch >= s for s in cfg["lr_steps"])
+    global_it = epoch * iters_per_epoch + it
+    if global_it < cfg["warmup_iters"]:
+        k = cfg["warmup_ratio"] + (1 - cfg["warmup_ratio"]) * global_it / cfg["warmup_iters"]
+        lr *= k
+    return lr
+
+
+class Trainer:
+    def __init__(self, resolved: dict, *, train_labels: Path, test_labels: Path, split: Path,
+                 train_images: Path, test_images: Path, out_dir: Path, device: str = "auto",
+                 threads: int | None = None, progress: bool = True):
+        import torch
+
+        from noisymlt.config import run_id
+        from noisymlt.devices import select_device
+        from noisymlt.labels import read_class_split, read_labels
+        from noisymlt.methods import FAMILIES, TrainContext
+
+        self.cfg = resolved
+        self.run_id = run_id(resolved)
+        self.paths = {"train_labels": Path(train_labels), "test_labels": Path(test_labels), "split": Path(split)}
+        self.train_images, self.test_images = Path(train_images), Path(test_images)
+        self.out = Path(out_dir)
+        self.progress = progress
+        if threads:
+            torch.set_num_threads(threads)
+        self.device = select_device(device)
+        self.train_table = read_labels(train_labels)
+        self.test_table = read_labels(test_labels)
+        self.split = read_class_split(split)
+        for name, table in (("train", self.train_table), ("test", self.test_table)):
+            if table.paths is None:
+                raise NoisyMLTError(f"{self.paths[name + '_labels']}: no 'path' column; cannot find the images")
+        if self.train_table.classes != self.test_table.classes:
+            raise NoisyMLTError(f"{test_labels}: class columns differ from {train_labels}")
+        tcfg = resolved["train"]
+        n = len(self.train_table)
+        self.iters = n // tcfg["batch_size"]
+        if self.iters < 1:
+            raise NoisyMLTError(f"train.batch_size={tcfg['batch_size']} exceeds the {n} training images")
+        family = resolved["method_cfg"]["family"]
+        if family not in FAMILIES:
+            raise NoisyMLTError(f"method {resolved['method']!r}: unknown family {family!r}; known: {sorted(FAMILIES)}")
+        torch.manual_seed(resolved["seed"])  # weight init; one process per run, so this is the run's own stream
+        noisy = torch.as_tensor(self.train_table.labels, dtype=torch.float32, device=self.device)
+        self.ctx = TrainContext(resolved, noisy, self.split, self.device, self.iters)
+        self.method = FAMILIES[family](self.ctx)
+        self.model = self.method.build_model().to(self.device)
+        if self.device.type == "cuda" and tcfg["channels_last"]:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.SGD(params, lr=tcfg["lr"], momentum=tcfg["momentum"],
+                                         weight_decay=tcfg["weight_decay"])
+
+    # ------------------------------------------------------------------ checkpoints
+    @property
+    def ckpt_path(self) -> Path:
+        return self.out / "checkpoint.pt"
+
+    def save_checkpoint(self, epoch: int, history: list) -> None:
+        import torch
+
+        state = {
+            "run_id": self.run_id,
+            "epoch": epoch,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "method": self.method.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "history": json.dumps(history),
+        }
+        tmp = self.ckpt_path.with_name("checkpoint.pt.tmp")
+        torch.save(state, tmp)
+        tmp.replace(self.ckpt_path)
+
+    def load_checkpoint(self) -> tuple[int, list]:
+        import torch
+
+        if not self.ckpt_path.exists():
+            return 0, []
+        try:
+            state = torch.load(self.ckpt_path, map_location=self.device, weights_only=True)
+        except Exception as exc:
+            raise NoisyMLTError(f"{self.ckpt_path}: unreadable checkpoint ({exc}); move it away to restart") from exc
+        if state.get("run_id") != self.run_id:
+            raise NoisyMLTError(
+                f"{self.ckpt_path}: checkpoint belongs to run {state.get('run_id')}, not {self.run_id} "
+                "(the configuration changed); refusing to overwrite it. Move it away or pass --restart."
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.method.load_state_dict(state["method"])
+        torch.set_rng_state(state["torch_rng"].cpu())
+        log.info("resumed %s from epoch %d", self.ckpt_path, state["epoch"])
+        return int(state["epoch"]), json.loads(state["history"])
+
+    # ------------------------------------------------------------------ loop
+    def autocast(self):
+        import torch
+
+        precision = self.cfg["train"]["precision"]
+        if self.device.type != "cuda" or precision == "fp32":
+            return contextlib.nullcontext()  # CPU runs stay fp32 and bit-reproducible
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        return torch.autocast("cuda", dtype=dtype)
+
+    def to_device(self, batch: dict) -> dict:
+        import torch
+
+        out = {}
+        for k, v in batch.items():
+            v = v.to(self.device, non_blocking=True)
+            if k == "images" and self.device.type == "cuda" and self.cfg["train"]["channels_last"]:
+                v = v.flatten(0, 1).contiguous(memory_format=torch.channels_last).view(v.shape)
+            out[k] = v
+        return out
+
+    def fit(self) -> list[dict]:
+        import torch
+        from tqdm import tqdm
+
+        from noisymlt.dataset import EpochPlan, TrainImages, stream_loader
+
+        tcfg = self.cfg["train"]
+        self.out.mkdir(parents=True, exist_ok=True)
+        start_epoch, history = self.load_checkpoint()
+        streams = self.method.streams()
+        plans = [EpochPlan(s, self.cfg["seed"], self.iters) for s in streams]
+        dataset = TrainImages(self.train_images, self.train_table.paths, tcfg["image_size"], tcfg["photometric"])
+        pin = self.device.type == "cuda"
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for epoch in range(start_epoch, tcfg["epochs"]):
+            t0 = time.time()
+            self.model.train()
+            self.method.on_epoch_start(self.model, epoch)
+            loaders = [stream_loader(dataset, plan.batches(epoch), tcfg["workers"], pin) for plan in plans]
+            sums: dict[str, float] = {}
+            bar = tqdm(zip(*loaders), total=self.iters, desc=f"{self.cfg['method']} epoch {epoch + 1}/{tcfg['epochs']}",
+                       disable=not self.progress, leave=False, dynamic_ncols=True)
+            for it, raw in enumerate(bar):
+                lr = lr_at(tcfg, epoch, it, self.iters)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                batches = {s.name: self.to_device(b) for s, b in zip(streams, raw)}
+                with self.autocast():
+                    loss, logs = self.method.training_loss(self.model, batches, epoch, it)
+                if not torch.isfinite(loss):
+                    raise NoisyMLTError(f"{self.cfg['method']}: non-finite loss at epoch {epoch + 1} iteration {it}")
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if tcfg["grad_clip"]:
+                    torch.nn.utils.clip_grad_norm_(params, tcfg["grad_clip"])
+                self.optimizer.step()
+                for k, v in logs.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                bar.set_postfix(loss=f"{float(loss):.4f}", lr=f"{lr:.4g}")
+            record = {"epoch": epoch + 1, "seconds": round(time.time() - t0, 2), "lr": lr,
+                      **{k: v / self.iters for k, v in sums.items()}}
+            history.append(record)
+            log.info("epoch %d/%d %s", epoch + 1, tcfg["epochs"],
+                     " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
+            self.save_checkpoint(epoch + 1, history)
+            with open(self.out / "train_log.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+        return history
+
+    def predict(self) -> dict[str, np.ndarray]:
+        import torch
+        from tqdm import tqdm
+
+        from noisymlt.dataset import EvalImages, eval_loader
+
+        tcfg = self.cfg["train"]
+        data = EvalImages(self.test_images, self.test_table.paths, tcfg["image_size"])
+        loader = eval_loader(data, tcfg["eval_batch_size"], tcfg["workers"], self.device.type == "cuda")
+        self.model.eval()
+        outs: dict[str, list] = {}
+        with torch.no_grad():
+            for images in tqdm(loader, desc="predict", disable=not self.progress, leave=False):
+                images = images.to(self.device, non_blocking=True)
+                if self.device.type == "cuda" and tcfg["channels_last"]:
+                    images = images.contiguous(memory_format=torch.channels_last)
+                with self.autocast():
+                    heads = self.method.predict(self.model, images)
+                for name, logits in heads.items():
+                    outs.setdefault(name, []).append(torch.sigmoid(logits.float()).cpu().numpy())
+        return {name: np.concatenate(v) for name, v in outs.items()}
+
+    def run(self) -> Path:
+        from noisymlt.provenance import now, write_manifest
+
+        started = now()
+        history = self.fit()
+        scores = self.predict()
+        pred_path = self.out / "predictions.npz"
+        tmp = self.out / "predictions.tmp.npz"
+        np.savez_compressed(tmp, image_ids=np.array(self.test_table.image_ids), heads=np.array(list(scores)),
+                            **{f"scores_{k}": v for k, v in scores.items()})
+        tmp.replace(pred_path)
+        (self.out / "run_config.json").write_text(json.dumps(self.cfg, indent=1, sort_keys=True) + "\n")
+        write_manifest(
+            self.out / "manifest.json", step="train", started=started, device=str(self.device),
+            inputs=self.paths, outputs={"checkpoint": self.ckpt_path, "predictions": pred_path},
+            extra={"run_id": self.run_id, "run": self.cfg, "history": history},
+        )
+        return pred_path
+
+
+def _resolved_from_args(args: argparse.Namespace) -> dict:
+    from noisymlt.config import load_params, resolve_run
+
+    if args.run_config:
+        try:
+            text = args.run_config if args.run_config.lstrip().startswith("{") else Path(args.run_config).read_text()
+            return json.loads(text)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise NoisyMLTError(f"{args.run_config}: cannot read run config ({exc})") from exc
+    missing = [o for o in ("dataset", "method", "gamma", "seed") if getattr(args, o) is None]
+    if missing:
+        raise NoisyMLTError(f"without --run-config, --params needs --{' --'.join(missing)}")
+    params = load_params(*args.params)
+    return resolve_run(params, args.dataset, args.method, args.gamma, args.seed)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    resolved = _resolved_from_args(args)
+    out = Path(args.out)
+    if args.restart and (out / "checkpoint.pt").exists():
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        (out / "checkpoint.pt").rename(out / f"checkpoint.pt.replaced-{stamp}")
+        log.warning("kept the previous checkpoint as checkpoint.pt.replaced-%s", stamp)
+    trainer = Trainer(resolved, train_labels=args.train_labels, test_labels=args.test_labels, split=args.split,
+                      train_images=args.train_images, test_images=args.test_images, out_dir=out,
+                      device=args.device, threads=args.threads, progress=not args.no_progress)
+    log.info("run %s: %s on %s gamma=%s seed=%s, %d iterations/epoch on %s", trainer.run_id, resolved["method"],
+             resolved["dataset"], resolved["gamma"], resolved["seed"], trainer.iters, trainer.device)
+    trainer.run()
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser(
+        "train", help="train one method on one noisy training set and predict the test set",
+        description="Train one (dataset, noise rate, seed, method) run. The configuration comes either from "
+                    "--run-config (a resolved JSON, as the Snakemake workflow writes it) or from --params files "
+                    "(layered left to right) plus --dataset/--method/--gamma/--seed. Resumes from OUT/checkpoint.pt "
+                    "when present; refuses a checkpoint of a different configuration.",
+    )
+    src = p.add_argument_group("configuration")
+    src.add_argument("--run-config", help="resolved run config: a JSON file, or the JSON text itself")
+    src.add_argument("--params", nargs="+", default=["params.yaml"], help="params files (default: params.yaml)")
+    src.add_argument("--dataset")
+    src.add_argument("--method")
+    src.add_argument("--gamma", type=float)
+    src.add_argument("--seed", type=int)
+    io = p.add_argument_group("files")
+    io.add_argument("--train-labels", required=True, help="noisy train labels (Parquet from `noisymlt noise`)")
+    io.add_argument("--test-labels", required=True, help="clean test labels (Parquet from `noisymlt parse`)")
+    io.add_argument("--split", required=True, help="head/medium/tail class split JSON")
+    io.add_argument("--train-images", required=True, help="folder the train label paths are relative to")
+    io.add_argument("--test-images", required=True, help="folder the test label paths are relative to")
+    io.add_argument("--out", required=True, help="run folder (checkpoint, predictions, manifest)")
+    p.add_argument("--device", default="auto", help="auto (GPU if any, honouring CUDA_VISIBLE_DEVICES), cpu, cuda:N")
+    p.add_argument("--threads", type=int, help="CPU threads for torch")
+    p.add_argument("--restart", action="store_true", help="keep an existing checkpoint aside and start over")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_train)

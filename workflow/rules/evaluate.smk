@@ -1,0 +1,19 @@
+# Predictions -> AP per class and mAP total/head/medium/tail on the clean test set.
+
+
+rule evaluate:
+    input:
+        predictions="runs/{dataset}/g{gamma}/s{seed}/{method}/predictions.npz",
+        test="data/{dataset}/test_labels.parquet",
+        split="data/{dataset}/class_split.json",
+    output:
+        "runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.json",
+    params:
+        code=CODE,
+    log:
+        "logs/evaluate/{dataset}_g{gamma}_s{seed}_{method}.log",
+    benchmark:
+        "benchmarks/evaluate/{dataset}_g{gamma}_s{seed}_{method}.tsv"
+    shell:
+        "{NOISYMLT} evaluate --predictions {input.predictions} --test-labels {input.test} "
+        "--split {input.split} --out {output} > {log} 2>&1"

@@ -1,0 +1,30 @@
+# One training run per (dataset, noise rate, seed, method). The job picks its own GPU
+# (CUDA_VISIBLE_DEVICES under SLURM, else a per-GPU lock), so --resources gpu=N spreads jobs over N cards.
+
+
+rule train:
+    input:
+        train="data/{dataset}/noisy/g{gamma}_s{seed}.parquet",
+        test="data/{dataset}/test_labels.parquet",
+        split="data/{dataset}/class_split.json",
+        images=lambda w: train_images_ready(w.dataset),
+    output:
+        predictions="runs/{dataset}/g{gamma}/s{seed}/{method}/predictions.npz",
+        manifest="runs/{dataset}/g{gamma}/s{seed}/{method}/manifest.json",
+    params:
+        run_config=run_config,
+        out=run_dir,
+        train_images=lambda w: image_root(w.dataset, "train"),
+        test_images=lambda w: image_root(w.dataset, "test"),
+        code=CODE,
+    threads: 4
+    resources:
+        gpu=1,
+    log:
+        "logs/train/{dataset}_g{gamma}_s{seed}_{method}.log",
+    benchmark:
+        "benchmarks/train/{dataset}_g{gamma}_s{seed}_{method}.tsv"
+    shell:
+        "{NOISYMLT} train --run-config {params.run_config:q} --train-labels {input.train} "
+        "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
+        "--test-images {params.test_images} --out {params.out} --threads {threads} --no-progress > {log} 2>&1"
