@@ -100,3 +100,50 @@ def reference_dir() -> Path:
     if not (path / "voc_mlt_train_labels.csv").exists():
         pytest.skip(f"reference label data not found at {path}")
     return path
+
+
+# ---------------------------------------------------------------- a tiny embedded dataset, built once per session
+TINY_TOY = {"n_trainval": 600, "n_test": 200, "size": 32}
+TINY_LONGTAIL = {"b": 6, "max_count": 150, "min_count": 4, "seed": 0}
+
+
+@pytest.fixture(scope="session")
+def tiny_toy(tmp_path_factory):
+    """Toy dataset -> labels -> long-tail subset -> noisy labels (gamma 0.5, seed 0), at 32 px.
+
+    Returns a dict of paths: root (image folder), train_source, test, train, split, noisy.
+    """
+    from noisymlt.data.longtail import pareto_subsample
+    from noisymlt.data.toy import make_toy
+    from noisymlt.data.voc import parse_voc
+    from noisymlt.labels import split_from_counts, write_class_split, write_labels
+    from noisymlt.noise import make_noisy_table
+
+    base = tmp_path_factory.mktemp("tiny_toy")
+    root = make_toy(base / "raw", seed=0, n_trainval=TINY_TOY["n_trainval"], n_test=TINY_TOY["n_test"],
+                    image_size=TINY_TOY["size"])
+    source = parse_voc(root, "trainval")
+    test = parse_voc(root, "test")
+    rows = pareto_subsample(source.labels, **TINY_LONGTAIL)
+    train = source.subset(rows)
+    paths = {"root": root, "train_source": base / "train_source.parquet", "test": base / "test.parquet",
+             "train": base / "train.parquet", "split": base / "split.json", "noisy": base / "noisy.parquet"}
+    write_labels(source, paths["train_source"])
+    write_labels(test, paths["test"])
+    write_labels(train, paths["train"])
+    write_class_split(split_from_counts(train.labels.sum(0)), paths["split"])
+    make_noisy_table(paths["train"], 0.5, 0, paths["noisy"])
+    return paths
+
+
+def tiny_params(method: str = "erm", **train_overrides) -> dict:
+    """params.yaml + the demo layer, shrunk to seconds-long CPU runs on ``tiny_toy``."""
+    from noisymlt.config import deep_merge, load_params
+
+    repo = Path(__file__).resolve().parents[1]
+    params = load_params(repo / "params.yaml", repo / "workflow" / "profiles" / "demo" / "params.yaml")
+    small = {"epochs": 2, "batch_size": 16, "balanced_batch_size": 32, "image_size": 32, "workers": 0,
+             "warmup_iters": 2, "lr_steps": [2], "eval_batch_size": 64}
+    params["train"] = deep_merge(params["train"], {**small, **train_overrides})
+    params["grid"]["methods"] = [method]
+    return params

@@ -70,7 +70,8 @@ class Trainer:
             raise NoisyMLTError(f"method {resolved['method']!r}: unknown family {family!r}; known: {sorted(FAMILIES)}")
         torch.manual_seed(resolved["seed"])  # weight init; one process per run, so this is the run's own stream
         noisy = torch.as_tensor(self.train_table.labels, dtype=torch.float32, device=self.device)
-        self.ctx = TrainContext(resolved, noisy, self.split, self.device, self.iters)
+        self.ctx = TrainContext(resolved, noisy, self.split, self.device, self.iters,
+                                extra={"iterate_train": self.iterate_train_eval})
         self.method = FAMILIES[family](self.ctx)
         self.model = self.method.build_model().to(self.device)
         if self.device.type == "cuda" and tcfg["channels_last"]:
@@ -180,7 +181,7 @@ class Trainer:
                 self.optimizer.step()
                 for k, v in logs.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
-                bar.set_postfix(loss=f"{float(loss):.4f}", lr=f"{lr:.4g}")
+                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.4g}")
             record = {"epoch": epoch + 1, "seconds": round(time.time() - t0, 2), "lr": lr,
                       **{k: v / self.iters for k, v in sums.items()}}
             history.append(record)
@@ -190,6 +191,22 @@ class Trainer:
             with open(self.out / "train_log.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
         return history
+
+    def iterate_train_eval(self):
+        """Yield (row indices, images on device) over the whole train set with the test transform:
+        for methods that score every training image (DivideMix's per-sample losses)."""
+        import torch
+
+        from noisymlt.dataset import EvalImages, eval_loader
+
+        tcfg = self.cfg["train"]
+        data = EvalImages(self.train_images, self.train_table.paths, tcfg["image_size"])
+        loader = eval_loader(data, tcfg["eval_batch_size"], tcfg["workers"], self.device.type == "cuda")
+        start = 0
+        for images in loader:
+            idx = torch.arange(start, start + len(images), device=self.device)
+            start += len(images)
+            yield idx, images.to(self.device, non_blocking=True)
 
     def predict(self) -> dict[str, np.ndarray]:
         import torch

@@ -1,0 +1,170 @@
+"""Class word embeddings for ML-GCN: the GloVe vectors published with ML-GCN, or an offline stand-in.
+
+ML-GCN (Chen et al., CVPR 2019) feeds 300-d GloVe vectors of the class names to its GCN. Its
+repository ships them as pickled float32 arrays; they are fetched from a fixed commit, checked
+against the SHA-256 given in SPEC 4 *before* anything is unpickled, and unpickled by a restricted
+unpickler that can only rebuild numpy arrays (a pickle can otherwise run arbitrary code).
+
+Offline fallback (``embeddings: random``, and always for the embedded toy dataset, whose glyph
+classes have no words): deterministic pseudo-embeddings, one seeded unit-norm Gaussian vector per
+class name. ML-GCN then still propagates its label-graph prior (the co-occurrence adjacency), but the
+semantic word prior is lost: the GCN inputs carry no similarity between related class names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import pickle
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from noisymlt.data.classes import VOC_CLASSES
+from noisymlt.errors import NoisyMLTError
+
+log = logging.getLogger(__name__)
+
+EMBEDDING_DIM = 300
+MLGCN_COMMIT = "5517d6ff8012ead45c26a07b3a9d960cdaa0b9d1"
+RAW_BASE = f"https://raw.githubusercontent.com/megvii-research/ML-GCN/{MLGCN_COMMIT}"
+
+
+@dataclass(frozen=True)
+class GloveFile:
+    path: str  # inside the ML-GCN repository
+    sha256: str
+    rows: int
+
+
+GLOVE_FILES: dict[str, GloveFile] = {
+    # rows in VOC class order (which is alphabetical)
+    "voc": GloveFile("data/voc/voc_glove_word2vec.pkl",
+                     "0ca7081ae4d373e9c174c1ce25ed5d416e43c9d25b2f51462e9b6dbd6ffc3970", 20),
+    # rows follow the COCO class *names* sorted alphabetically (ML-GCN's category.json), not the ids
+    "coco": GloveFile("data/coco/coco_glove_word2vec.pkl",
+                      "a1215dd18e1e5f9560a4b25be4df5cbc83f02461f03774602492640a6c58ddf8", 80),
+}
+
+
+# ------------------------------------------------------------------ safe unpickling
+@cache
+def _allowed_globals() -> dict[tuple[str, str], object]:
+    """The only callables an ndarray pickle needs (numpy 1.x and 2.x module names)."""
+    import codecs
+
+    try:
+        from numpy._core import multiarray, numeric
+    except ImportError:  # numpy < 2
+        from numpy.core import multiarray, numeric  # type: ignore[no-redef]
+    allowed: dict[tuple[str, str], object] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+                                              ("_codecs", "encode"): codecs.encode}
+    for mod in ("numpy.core", "numpy._core"):
+        allowed[(f"{mod}.multiarray", "_reconstruct")] = multiarray._reconstruct
+        allowed[(f"{mod}.numeric", "_frombuffer")] = numeric._frombuffer
+    return allowed
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> object:
+        allowed = _allowed_globals()
+        if (module, name) not in allowed:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed (only numpy arrays are)")
+        return allowed[(module, name)]
+
+
+def load_array_pickle(data: bytes, source: str = "pickle") -> np.ndarray:
+    """Unpickle ``data`` that must hold one numpy array, refusing any other global (no code runs)."""
+    try:
+        # latin1: numpy arrays pickled under Python 2 keep their raw bytes in str objects
+        obj = _ArrayUnpickler(io.BytesIO(data), encoding="latin1").load()
+    except Exception as exc:  # UnpicklingError, EOFError, ValueError, ... on bad or hostile bytes
+        raise NoisyMLTError(f"{source}: not a plain pickled numpy array ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(obj, np.ndarray):
+        raise NoisyMLTError(f"{source}: pickle holds {type(obj).__name__}, expected a numpy array")
+    return obj
+
+
+# ------------------------------------------------------------------ GloVe from ML-GCN
+def glove_row_order(kind: str, classes: list[str]) -> np.ndarray:
+    """Row of the published file for each project class. COCO: the file's rows are the class names
+    sorted alphabetically, so project class i (category-id order) is row sorted(classes).index(name)."""
+    if kind == "voc":
+        if list(classes) != list(VOC_CLASSES):
+            raise NoisyMLTError(f"GloVe embeddings for voc expect the 20 VOC classes in VOC order, got {classes}")
+        return np.arange(len(classes))
+    if kind == "coco":
+        if len(set(classes)) != len(classes):
+            raise NoisyMLTError("GloVe embeddings for coco: duplicate class names")
+        alphabetical = {name: row for row, name in enumerate(sorted(classes))}
+        return np.array([alphabetical[name] for name in classes], dtype=np.int64)
+    raise NoisyMLTError(f"no published GloVe embeddings for dataset kind {kind!r} (only voc, coco)")
+
+
+def read_verified(path: Path, sha256: str) -> bytes:
+    """The bytes of ``path``, only if their SHA-256 is ``sha256`` (hashed in memory: what is checked is
+    exactly what gets unpickled)."""
+    data = path.read_bytes()
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != sha256.lower():
+        raise NoisyMLTError(f"{path}: sha256 {actual} differs from the expected {sha256}; refusing to unpickle it")
+    return data
+
+
+def fetch_array(url: str, dest: Path, sha256: str, *, retries: int = 3, backoff: float = 1.0) -> np.ndarray:
+    """Download (or reuse) ``dest`` from ``url``, verify it, then unpickle it safely."""
+    from noisymlt.data.download import fetch
+
+    fetch(url, dest, sha256=sha256, retries=retries, backoff=backoff, progress=False)
+    return load_array_pickle(read_verified(dest, sha256), str(dest))
+
+
+def load_glove(kind: str, classes: list[str], data_dir: str | Path, *, base_url: str = RAW_BASE,
+               retries: int = 3, backoff: float = 1.0) -> np.ndarray:
+    """ML-GCN's GloVe vectors as a float32 (C, 300) array in the project's class order, cached in
+    ``data_dir``. Download or checksum failures raise NoisyMLTError naming the offline fallback."""
+    if kind not in GLOVE_FILES:
+        raise NoisyMLTError(f"no published GloVe embeddings for dataset kind {kind!r} (only voc, coco)")
+    spec = GLOVE_FILES[kind]
+    order = glove_row_order(kind, classes)
+    dest = Path(data_dir) / Path(spec.path).name
+    try:
+        arr = fetch_array(f"{base_url.rstrip('/')}/{spec.path}", dest, spec.sha256, retries=retries, backoff=backoff)
+    except NoisyMLTError as exc:
+        raise NoisyMLTError(
+            f"ML-GCN GloVe class embeddings for {kind}: {exc}. Offline? Put the file at {dest} (sha256 "
+            f"{spec.sha256}), or set `embeddings: random` in the ML-GCN method block (pseudo-embeddings from the "
+            "class names: keeps the label-graph prior, loses the semantic word prior)."
+        ) from exc
+    if arr.shape != (spec.rows, EMBEDDING_DIM) or not np.issubdtype(arr.dtype, np.floating):
+        raise NoisyMLTError(f"{dest}: expected a float ({spec.rows}, {EMBEDDING_DIM}) array, got {arr.dtype} {arr.shape}")
+    if len(classes) != spec.rows:
+        raise NoisyMLTError(f"GloVe embeddings for {kind} have {spec.rows} rows but the labels have {len(classes)} classes")
+    return np.ascontiguousarray(arr[order], dtype=np.float32)
+
+
+# ------------------------------------------------------------------ offline stand-in
+def pseudo_embeddings(classes: list[str], dim: int = EMBEDDING_DIM) -> np.ndarray:
+    """One unit-norm Gaussian vector per class, seeded by the SHA-256 of its name: the same name always
+    gets the same vector, independent of class order and of any global random state."""
+    rows = []
+    for name in classes:
+        seed = int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "little")
+        v = np.random.default_rng(seed).standard_normal(dim)
+        rows.append(v / np.linalg.norm(v))
+    return np.asarray(rows, dtype=np.float32).reshape(len(classes), dim)
+
+
+def class_embeddings(kind: str, classes: list[str], mode: str, data_dir: str | Path, **fetch_kw) -> np.ndarray:
+    """(C, 300) class embeddings: ``mode`` glove (published vectors; the toy dataset has none and always
+    gets pseudo-embeddings) or random (pseudo-embeddings)."""
+    if mode not in ("glove", "random"):
+        raise NoisyMLTError(f"embeddings: unknown mode {mode!r}; choose glove or random")
+    if mode == "random" or kind == "toy":
+        if mode == "glove":
+            log.info("toy dataset: no GloVe vectors for its glyph classes; using name-seeded pseudo-embeddings")
+        return pseudo_embeddings(classes)
+    return load_glove(kind, classes, data_dir, **fetch_kw)

@@ -1,0 +1,78 @@
+"""The two-branch network of the paper (random branch f, balanced branch g) and its variants.
+
+Branches are held by name. [CL] gives every branch its own backbone (the default); the paper text
+says both branches share one backbone, selectable with ``shared_backbone``. A model may also hold a
+single branch (the single-branch Stitch-Up ablation). For feature-average Stitch-Up [CL] passes the
+partner image through a second BatchNorm in the neck; ``partner_bn`` adds that layer per branch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from noisymlt.errors import NoisyMLTError
+from noisymlt.models.backbones import build_backbone
+from noisymlt.models.branch import Branch
+
+
+class TwoBranch(nn.Module):
+    """Named branches (1 or 2) over separate or shared backbones, with optional partner BatchNorms."""
+
+    def __init__(self, branches: dict[str, Branch], *, shared_backbone: bool = False, partner_bn: bool = False):
+        super().__init__()
+        if not 1 <= len(branches) <= 2:
+            raise NoisyMLTError(f"a two-branch model holds 1 or 2 branches, got {len(branches)}")
+        self.branches = nn.ModuleDict(branches)
+        self.shared_backbone = shared_backbone
+        if shared_backbone and len({id(b.backbone) for b in branches.values()}) != 1:
+            raise ValueError("shared_backbone=True but the branches were built with different backbones")
+        # A second BatchNorm per branch for the partner's neck output (feature-average Stitch-Up).
+        self.partner_bns = nn.ModuleDict(
+            {name: nn.BatchNorm1d(b.neck.bn.num_features) for name, b in branches.items()} if partner_bn else {}
+        )
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.branches)
+
+    def embed_partner(self, name: str, maps: torch.Tensor) -> torch.Tensor:
+        """The neck of branch ``name`` (GAP -> fc -> BN -> dropout) with the partner BatchNorm."""
+        neck = self.branches[name].neck
+        return neck.drop(self.partner_bns[name](neck.fc(neck.pool(maps))))
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Logits of every branch on the same images (the backbone runs once when shared)."""
+        out = {}
+        shared_maps = None
+        for name, branch in self.branches.items():
+            if self.shared_backbone:
+                if shared_maps is None:
+                    shared_maps = branch.feature_maps(x)
+                maps = shared_maps
+            else:
+                maps = branch.feature_maps(x)
+            out[name] = branch.head(branch.embed(maps))
+        return out
+
+
+def ensemble_logits(f: torch.Tensor, g: torch.Tensor, tau: float) -> torch.Tensor:
+    """Test-time logits z = tau * f + (1 - tau) * g (paper Sec. 3.6; tau = 0.1)."""
+    return tau * f + (1.0 - tau) * g
+
+
+def build_two_branch(cfg: dict, num_classes: int, dropouts: dict[str, float], *, shared_backbone: bool = False,
+                     partner_bn: bool = False) -> TwoBranch:
+    """Branches named by ``dropouts`` (name -> neck dropout), in that order; ``cfg`` is the resolved
+    ``train`` block of params.yaml (backbone, pretrained weights, neck size, freezing policy)."""
+
+    def backbone() -> nn.Module:
+        return build_backbone(cfg["backbone"], pretrained=cfg["pretrained"], weights_path=cfg.get("weights_path"))
+
+    shared = backbone() if shared_backbone else None
+    branches = {
+        name: Branch(shared if shared is not None else backbone(), num_classes, neck_dim=cfg["neck_dim"],
+                     dropout=float(p), trainable=cfg["trainable"], frozen_bn=cfg["frozen_bn"])
+        for name, p in dropouts.items()
+    }
+    return TwoBranch(branches, shared_backbone=shared_backbone, partner_bn=partner_bn)

@@ -1,0 +1,115 @@
+"""Trainer: schedule, checkpoints, exact resume after an interruption, refusal to overwrite."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_params
+from noisymlt.config import resolve_run
+from noisymlt.errors import NoisyMLTError
+from noisymlt.train import Trainer, lr_at
+
+
+def make_trainer(tiny_toy, out, method="erm", **overrides):
+    resolved = resolve_run(tiny_params(method, **overrides), "toy", method, 0.5, 0)
+    return Trainer(resolved, train_labels=tiny_toy["noisy"], test_labels=tiny_toy["test"], split=tiny_toy["split"],
+                   train_images=tiny_toy["root"], test_images=tiny_toy["root"], out_dir=out, device="cpu",
+                   progress=False)
+
+
+def test_lr_schedule_warmup_and_steps():
+    cfg = {"lr": 0.3, "lr_gamma": 0.1, "lr_steps": [5, 7], "warmup_iters": 100, "warmup_ratio": 1 / 3}
+    assert lr_at(cfg, 0, 0, 35) == pytest.approx(0.1)
+    assert lr_at(cfg, 0, 50, 35) == pytest.approx(0.3 * (1 / 3 + (2 / 3) * 50 / 100))
+    assert lr_at(cfg, 2, 30, 35) == pytest.approx(0.3)  # iteration 100: warm-up over
+    assert lr_at(cfg, 5, 0, 35) == pytest.approx(0.03)
+    assert lr_at(cfg, 7, 3, 35) == pytest.approx(0.003)
+
+
+def test_erm_run_writes_predictions_manifest_and_learns(tiny_toy, tmp_path):
+    trainer = make_trainer(tiny_toy, tmp_path / "run", epochs=3, lr_steps=[3])
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.run()
+    after = trainer.model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before if after[k].is_floating_point())
+    pred = np.load(tmp_path / "run" / "predictions.npz")
+    assert list(pred["heads"]) == ["main"]
+    scores = pred["scores_main"]
+    assert scores.shape == (200, 20) and np.isfinite(scores).all() and (scores >= 0).all() and (scores <= 1).all()
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["run_id"] == trainer.run_id
+    assert set(manifest["inputs"]) == {"train_labels", "test_labels", "split"}
+    assert len(manifest["outputs"]["predictions"]["sha256"]) == 64
+    log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in log] == [1, 2, 3]
+    assert all(np.isfinite(r["loss"]) for r in log)
+
+
+def test_interrupted_run_resumes_to_the_same_result(tiny_toy, tmp_path, monkeypatch):
+    full = make_trainer(tiny_toy, tmp_path / "full", epochs=3, lr_steps=[2])
+    full.run()
+    reference = np.load(tmp_path / "full" / "predictions.npz")["scores_main"]
+
+    # Kill the second run in the middle of epoch 2 (after epoch 1's checkpoint was written).
+    broken = make_trainer(tiny_toy, tmp_path / "resumed", epochs=3, lr_steps=[2])
+    calls = {"n": 0}
+    original = broken.method.training_loss
+
+    def dying(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == broken.iters + 3:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(broken.method, "training_loss", dying)
+    with pytest.raises(KeyboardInterrupt):
+        broken.run()
+    state = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=True)
+    assert state["epoch"] == 1
+    assert not (tmp_path / "resumed" / "predictions.npz").exists()
+
+    resumed = make_trainer(tiny_toy, tmp_path / "resumed", epochs=3, lr_steps=[2])
+    resumed.run()
+    again = np.load(tmp_path / "resumed" / "predictions.npz")["scores_main"]
+    np.testing.assert_array_equal(again, reference)  # bit-identical on the CPU
+
+
+def test_checkpoint_of_another_config_is_refused_and_kept(tiny_toy, tmp_path):
+    make_trainer(tiny_toy, tmp_path / "run", epochs=1).fit()
+    ckpt = tmp_path / "run" / "checkpoint.pt"
+    digest = ckpt.read_bytes()
+    other = make_trainer(tiny_toy, tmp_path / "run", epochs=1, weight_decay=0.00123)
+    with pytest.raises(NoisyMLTError, match="configuration changed"):
+        other.fit()
+    assert ckpt.read_bytes() == digest
+
+
+def test_corrupt_image_names_the_file(tiny_toy, tmp_path):
+    import shutil
+
+    from noisymlt.labels import read_labels
+
+    root = tmp_path / "images"
+    shutil.copytree(tiny_toy["root"], root)
+    victim = root / read_labels(tiny_toy["noisy"]).paths[0]
+    victim.write_bytes(b"not a jpeg at all")
+    resolved = resolve_run(tiny_params("erm", epochs=1), "toy", "erm", 0.5, 0)
+    trainer = Trainer(resolved, train_labels=tiny_toy["noisy"], test_labels=tiny_toy["test"], split=tiny_toy["split"],
+                      train_images=root, test_images=root, out_dir=tmp_path / "run", device="cpu", progress=False)
+    with pytest.raises(NoisyMLTError, match=victim.name):
+        trainer.fit()
+
+
+def test_train_cli_rejects_unknown_method(tiny_toy, tmp_path, capsys):
+    from noisymlt.cli import main
+
+    repo_params = [str(p) for p in tiny_params.__globals__["Path"](__file__).resolve().parents[1].glob("params.yaml")]
+    rc = main(["train", "--params", *repo_params, "--dataset", "voc", "--method", "no_such_method", "--gamma", "0.5",
+               "--seed", "0", "--train-labels", str(tiny_toy["noisy"]), "--test-labels", str(tiny_toy["test"]),
+               "--split", str(tiny_toy["split"]), "--train-images", "x", "--test-images", "x", "--out", str(tmp_path)])
+    assert rc == 2
+    assert "unknown method 'no_such_method'" in capsys.readouterr().err
