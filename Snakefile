@@ -15,6 +15,15 @@ validate(config, "workflow/schemas/params.schema.yaml")
 
 
 include: "workflow/rules/common.smk"
+
+
+wildcard_constraints:
+    dataset="[a-z0-9_]+",
+    gamma="[0-9.]+",
+    seed="[0-9]+",
+    method="[A-Za-z0-9_]+",
+
+
 include: "workflow/rules/data.smk"
 include: "workflow/rules/noise.smk"
 include: "workflow/rules/train.smk"

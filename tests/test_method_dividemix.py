@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -42,7 +43,7 @@ BLOCK = {
 
 
 def dividemix_params(**block_overrides) -> dict:
-    params = tiny_params("dividemix")
+    params = tiny_params("dividemix", image_size=16)  # 16 px keeps the two-net runs to seconds
     params["methods"]["dividemix"] = {**BLOCK, **block_overrides}
     validate_params(params)
     return params
@@ -190,7 +191,7 @@ def test_net_loss_all_labelled_is_plain_bce_and_all_unlabelled_matches_coguess()
     lx, lu, frac = method.net_loss(net, copy.deepcopy(net), x, x, y, torch.ones(6), rng)
     z = net(x[:1])
     expected = (y[:1] * nn.functional.softplus(-z) + (1 - y[:1]) * nn.functional.softplus(z)).mean()
-    assert frac == 1.0 and float(lu) == 0.0
+    assert frac == 1.0 and lu.item() == 0.0
     torch.testing.assert_close(lx, expected)
     lx.backward()
     assert net.weight.grad is not None and net.weight.grad.abs().sum() > 0
@@ -199,7 +200,7 @@ def test_net_loss_all_labelled_is_plain_bce_and_all_unlabelled_matches_coguess()
     lx, lu, frac = method.net_loss(net, copy.deepcopy(net), x, x, y, torch.zeros(6), rng)
     p = torch.sigmoid(net(x[:1]))
     guess = p.detach() ** 2 / (p.detach() ** 2 + (1 - p.detach()) ** 2)  # both nets agree; T = 0.5
-    assert frac == 0.0 and float(lx) == 0.0
+    assert frac == 0.0 and lx.item() == 0.0
     torch.testing.assert_close(lu, ((p - guess) ** 2).mean())
     lu.backward()
     assert net.weight.grad.abs().sum() > 0
@@ -222,9 +223,18 @@ def test_net_loss_mixed_batch_uses_the_clean_probability_threshold():
 # ---------------------------------------------------------------- end to end on the tiny toy set
 @pytest.fixture(scope="module")
 def dividemix_run(tiny_toy, tmp_path_factory):
+    """One 2-epoch run (warm-up, then a co-divide epoch); keeps the epoch-1 checkpoint as ``epoch1.pt``."""
     out = tmp_path_factory.mktemp("dividemix") / "run"
     trainer = make_trainer(tiny_toy, out, warmup_epochs=1)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    save = trainer.save_checkpoint
+
+    def save_and_keep(epoch, history):
+        save(epoch, history)
+        if epoch == 1:
+            shutil.copy(trainer.ckpt_path, out / "epoch1.pt")
+
+    trainer.save_checkpoint = save_and_keep
     trainer.run()
     return trainer, before, out
 
@@ -259,22 +269,14 @@ def test_trainer_run_goes_through_the_co_divide(dividemix_run):
     torch.testing.assert_close(state["method"]["prob"], prob.cpu())
 
 
-def test_interrupted_run_resumes_to_the_same_result(dividemix_run, tiny_toy, tmp_path, monkeypatch):
-    _, _, out = dividemix_run
-    reference = np.load(out / "predictions.npz")["scores_main"]
-    broken = make_trainer(tiny_toy, tmp_path / "resumed", warmup_epochs=1)
-    calls = {"n": 0}
-    original = broken.method.training_loss
-
-    def dying(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == broken.iters + 2:  # inside epoch 2, after the co-divide
-            raise KeyboardInterrupt
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(broken.method, "training_loss", dying)
-    with pytest.raises(KeyboardInterrupt):
-        broken.run()
-    resumed = make_trainer(tiny_toy, tmp_path / "resumed", warmup_epochs=1)
+def test_run_resumed_after_warm_up_repeats_the_co_divide_epoch_exactly(dividemix_run, tiny_toy, tmp_path):
+    trainer, _, out = dividemix_run
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    shutil.copy(out / "epoch1.pt", resumed_dir / "checkpoint.pt")
+    resumed = make_trainer(tiny_toy, resumed_dir, warmup_epochs=1)
     resumed.run()
-    np.testing.assert_array_equal(np.load(tmp_path / "resumed" / "predictions.npz")["scores_main"], reference)
+    assert resumed.method.divided_epoch == 1
+    torch.testing.assert_close(resumed.method.prob, trainer.method.prob, rtol=0, atol=0)
+    np.testing.assert_array_equal(np.load(resumed_dir / "predictions.npz")["scores_main"],
+                                  np.load(out / "predictions.npz")["scores_main"])  # bit-identical on the CPU

@@ -51,7 +51,7 @@ def validate_params(params: dict, source: str = "params") -> None:
     import jsonschema
 
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
-    validator = jsonschema.Draft7Validator(schema)
+    validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
@@ -74,7 +74,7 @@ def validate_params(params: dict, source: str = "params") -> None:
             )
         options = {k: v for k, v in block.items() if k not in METHOD_COMMON_KEYS}
         family_schema = FAMILIES[block["family"]].options_schema
-        for e in sorted(jsonschema.Draft7Validator(family_schema).iter_errors(options), key=lambda e: list(e.path)):
+        for e in sorted(jsonschema.Draft202012Validator(family_schema).iter_errors(options), key=lambda e: list(e.path)):
             where = ".".join(str(p) for p in e.absolute_path)
             raise NoisyMLTError(f"{source}: methods.{name}{'.' + where if where else ''}: {e.message}")
 

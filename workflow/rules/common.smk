@@ -1,4 +1,4 @@
-# Helpers shared by the rule files: the grid, file layout per dataset kind, resolved run configs.
+# Helpers shared by every phase file: the grid, file layout per dataset kind, resolved run configs.
 import json
 import sys
 
@@ -7,16 +7,20 @@ from noisymlt.provenance import code_digest
 
 validate_params(config, source="params")
 
-NOISYMLT = f"{sys.executable} -m noisymlt"
-CODE = code_digest()  # a rule param: Snakemake reruns jobs when the package code changes
+
+
+def _cli():
+    """The interpreter that runs Snakemake has noisymlt installed (venv route); under
+    `--sdm conda` each job's own environment provides `python`."""
+    methods = getattr(workflow.deployment_settings, "deployment_method", ()) or ()
+    if any(str(m).lower().endswith("conda") for m in methods):
+        return "python -m noisymlt"
+    return f"{sys.executable} -m noisymlt"
+
+
+NOISYMLT = _cli()
+CODE = code_digest()  # passed as a param, so Snakemake reruns jobs when the package code changes
 GRID = config["grid"]
-
-
-wildcard_constraints:
-    dataset="[a-z0-9_]+",
-    gamma="[0-9.]+",
-    seed="[0-9]+",
-    method="[A-Za-z0-9_]+",
 
 
 def gtag(gamma):

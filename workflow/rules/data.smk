@@ -5,17 +5,20 @@ rule make_toy:
     output:
         "data/raw/toy/VOCdevkit/TOY/toy_manifest.json",
     params:
+        cli=NOISYMLT,
         args=lambda w: " ".join(
             f"--{k.replace('_', '-')} {v}"
             for k, v in next(d for d in config["datasets"].values() if d["kind"] == "toy")["toy"].items()
         ),
         code=CODE,
+    conda:
+        "../envs/noisymlt.yaml"
     log:
         "logs/data/make_toy.log",
     benchmark:
         "benchmarks/data/make_toy.tsv"
     shell:
-        "{NOISYMLT} make-toy --out data/raw/toy {params.args} > {log} 2>&1"
+        "{params.cli} make-toy --out data/raw/toy {params.args} > {log} 2>&1"
 
 
 rule download:
@@ -24,14 +27,17 @@ rule download:
     wildcard_constraints:
         kind="voc|coco",
     params:
+        cli=NOISYMLT,
         mirror=lambda w: f"--mirror {config['download']['mirror']}" if config.get("download", {}).get("mirror") else "",
         retries=config.get("download", {}).get("retries", 5),
+    conda:
+        "../envs/noisymlt.yaml"
     log:
         "logs/data/download_{kind}.log",
     benchmark:
         "benchmarks/data/download_{kind}.tsv"
     shell:
-        "{NOISYMLT} download --dataset {wildcards.kind} --root data/raw/{wildcards.kind} "
+        "{params.cli} download --dataset {wildcards.kind} --root data/raw/{wildcards.kind} "
         "{params.mirror} --retries {params.retries} > {log} 2>&1"
 
 
@@ -43,14 +49,17 @@ rule parse_labels:
     wildcard_constraints:
         part="train_source|test",
     params:
+        cli=NOISYMLT,
         args=lambda w: parse_args(w.dataset, "train" if w.part == "train_source" else "test"),
         code=CODE,
+    conda:
+        "../envs/noisymlt.yaml"
     log:
         "logs/data/parse_{dataset}_{part}.log",
     benchmark:
         "benchmarks/data/parse_{dataset}_{part}.tsv"
     shell:
-        "{NOISYMLT} parse {params.args} --out {output} > {log} 2>&1"
+        "{params.cli} parse {params.args} --out {output} > {log} 2>&1"
 
 
 rule longtail:
@@ -60,6 +69,7 @@ rule longtail:
         labels="data/{dataset}/train_labels.parquet",
         split="data/{dataset}/class_split.json",
     params:
+        cli=NOISYMLT,
         args=lambda w: (
             lambda lt: f"--source {lt['source']} --b {lt.get('b', 6)} "
             f"--max {lt.get('max', 800)} --min {lt.get('min', 1)} --seed {lt.get('seed', 0)}"
@@ -67,12 +77,14 @@ rule longtail:
             + (f" --dataset {kind(w.dataset)}" if lt["source"] == "official" else "")
         )(config["datasets"][w.dataset]["longtail"]),
         code=CODE,
+    conda:
+        "../envs/noisymlt.yaml"
     log:
         "logs/data/longtail_{dataset}.log",
     benchmark:
         "benchmarks/data/longtail_{dataset}.tsv"
     shell:
-        "{NOISYMLT} longtail --labels {input} --out {output.labels} --split-out {output.split} "
+        "{params.cli} longtail --labels {input} --out {output.labels} --split-out {output.split} "
         "{params.args} > {log} 2>&1"
 
 
@@ -83,12 +95,15 @@ rule fetch_coco_train_images:
     output:
         touch("data/{dataset}/train_images.done"),
     params:
+        cli=NOISYMLT,
         mirror=lambda w: f"--mirror {config['download']['mirror']}" if config.get("download", {}).get("mirror") else "",
         raw=lambda w: raw_dir(w.dataset),
+    conda:
+        "../envs/noisymlt.yaml"
     log:
         "logs/data/fetch_images_{dataset}.log",
     benchmark:
         "benchmarks/data/fetch_images_{dataset}.tsv"
     shell:
-        "{NOISYMLT} fetch-coco-images --annotations {params.raw}/annotations/instances_train2017.json "
+        "{params.cli} fetch-coco-images --annotations {params.raw}/annotations/instances_train2017.json "
         "--ids {input.labels} --out {params.raw}/train2017 {params.mirror} > {log} 2>&1"

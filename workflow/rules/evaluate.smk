@@ -9,11 +9,14 @@ rule evaluate:
     output:
         "runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.json",
     params:
+        cli=NOISYMLT,
         code=CODE,
+    conda:
+        "../envs/noisymlt.yaml"
     log:
         "logs/evaluate/{dataset}_g{gamma}_s{seed}_{method}.log",
     benchmark:
         "benchmarks/evaluate/{dataset}_g{gamma}_s{seed}_{method}.tsv"
     shell:
-        "{NOISYMLT} evaluate --predictions {input.predictions} --test-labels {input.test} "
+        "{params.cli} evaluate --predictions {input.predictions} --test-labels {input.test} "
         "--split {input.split} --out {output} > {log} 2>&1"

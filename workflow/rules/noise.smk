@@ -8,11 +8,14 @@ rule noise:
         labels="data/{dataset}/noisy/g{gamma}_s{seed}.parquet",
         stats="data/{dataset}/noisy/g{gamma}_s{seed}.json",
     params:
+        cli=NOISYMLT,
         code=CODE,
+    conda:
+        "../envs/noisymlt.yaml"
     log:
         "logs/noise/{dataset}_g{gamma}_s{seed}.log",
     benchmark:
         "benchmarks/noise/{dataset}_g{gamma}_s{seed}.tsv"
     shell:
-        "{NOISYMLT} noise --labels {input} --gamma {wildcards.gamma} --seed {wildcards.seed} "
+        "{params.cli} noise --labels {input} --gamma {wildcards.gamma} --seed {wildcards.seed} "
         "--out {output.labels} --stats {output.stats} > {log} 2>&1"

@@ -7,13 +7,16 @@ rule aggregate:
     output:
         "reports/results.parquet",
     params:
+        cli=NOISYMLT,
         code=CODE,
+    conda:
+        "../envs/noisymlt.yaml"
     log:
         "logs/report/aggregate.log",
     benchmark:
         "benchmarks/report/aggregate.tsv"
     shell:
-        "{NOISYMLT} aggregate {input} --out {output} > {log} 2>&1"
+        "{params.cli} aggregate {input} --out {output} > {log} 2>&1"
 
 
 rule table_total:
@@ -24,14 +27,17 @@ rule table_total:
         md="reports/table_total.md",
         cells="reports/table_total.cells.json",
     params:
+        cli=NOISYMLT,
         labels=json.dumps({m: b.get("label", m) for m, b in config["methods"].items()}),
         code=CODE,
+    conda:
+        "../envs/noisymlt.yaml"
     log:
         "logs/report/table_total.log",
     benchmark:
         "benchmarks/report/table_total.tsv"
     shell:
-        "{NOISYMLT} table --results {input} --out {output.tex} --labels {params.labels:q} > {log} 2>&1"
+        "{params.cli} table --results {input} --out {output.tex} --labels {params.labels:q} > {log} 2>&1"
 
 
 rule figure_map_vs_gamma:
@@ -40,10 +46,13 @@ rule figure_map_vs_gamma:
     output:
         "reports/map_vs_gamma.png",
     params:
+        cli=NOISYMLT,
         code=CODE,
+    conda:
+        "../envs/noisymlt.yaml"
     log:
         "logs/report/map_vs_gamma.log",
     benchmark:
         "benchmarks/report/map_vs_gamma.tsv"
     shell:
-        "{NOISYMLT} figure --results {input} --out {output} > {log} 2>&1"
+        "{params.cli} figure --results {input} --out {output} > {log} 2>&1"

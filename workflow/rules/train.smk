@@ -12,6 +12,7 @@ rule train:
         predictions="runs/{dataset}/g{gamma}/s{seed}/{method}/predictions.npz",
         manifest="runs/{dataset}/g{gamma}/s{seed}/{method}/manifest.json",
     params:
+        cli=NOISYMLT,
         run_config=run_config,
         out=run_dir,
         train_images=lambda w: image_root(w.dataset, "train"),
@@ -20,11 +21,13 @@ rule train:
     threads: 4
     resources:
         gpu=1,
+    conda:
+        "../envs/noisymlt.yaml"
     log:
         "logs/train/{dataset}_g{gamma}_s{seed}_{method}.log",
     benchmark:
         "benchmarks/train/{dataset}_g{gamma}_s{seed}_{method}.tsv"
     shell:
-        "{NOISYMLT} train --run-config {params.run_config:q} --train-labels {input.train} "
+        "{params.cli} train --run-config {params.run_config:q} --train-labels {input.train} "
         "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
         "--test-images {params.test_images} --out {params.out} --threads {threads} --no-progress > {log} 2>&1"

@@ -1,0 +1,364 @@
+"""Ours: Stitch-Up + Heterogeneous Co-Learning (paper Sec. 3, SPEC 3), every ablation an option.
+
+Two branches read their own data streams in lockstep: the random branch f (uniform sampling, BCE,
+batch 32, neck dropout 0) and the balanced branch g (class-aware sampling, DB-Focal, batch 256,
+dropout 0.5). Each training slot holds an anchor and K-1 Stitch-Up partners sharing one of its
+noisy classes. Per branch and step:
+
+1. logits of every view, and of the stitched sample (average of the neck outputs by default;
+   concatenation of backbone maps before pooling or of the input images as ablations);
+2. pseudo labels (Eq. 3) of every view from the peer branch's sigmoid outputs on the same views
+   (no gradient, the peer's neck and head in eval mode); ``self`` uses the branch's own outputs;
+3. the [CL] Stitch-Up loss with the union of the corrected labels of anchor and partners.
+
+The total loss is the sum over branches; the test logits are tau * f + (1 - tau) * g.
+Ablations: no Stitch-Up, no pseudo labels, other Stitch-Up modes, K, p, Mix-Up instead of
+Stitch-Up, self-training, other sampler pairs, and a single branch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from noisymlt.colearning import COLEARNING_DEFAULTS, group_thresholds, pseudo_labels
+from noisymlt.config import METHOD_COMMON_KEYS
+from noisymlt.dataset import StreamSpec
+from noisymlt.errors import NoisyMLTError
+from noisymlt.labels import GROUPS
+from noisymlt.methods.base import Method, register_family
+from noisymlt.methods.single import LOSS_NAMES, SAMPLER_NAMES, loss_for
+from noisymlt.models.twobranch import TwoBranch, build_two_branch, ensemble_logits
+from noisymlt.sampling import build_sampler
+from noisymlt.stitchup import (
+    NEGATIVE_TARGETS,
+    PartnerIndex,
+    mixup,
+    stitch_feature_maps_concat,
+    stitch_features_average,
+    stitch_images_concat,
+    stitchup_loss,
+)
+
+BRANCH_NAMES = ("random", "balanced")  # f and g; the test-time ensemble weighs them tau : 1 - tau
+BRANCH_DEFAULTS = {
+    "random": {"sampler": "random", "loss": "bce", "loss_params": {}, "batch_size": "random", "dropout": 0.0},
+    "balanced": {"sampler": "class_aware", "loss": "db_focal", "loss_params": {}, "batch_size": "balanced",
+                 "dropout": 0.5},
+}
+STITCH_MODES = ("feature_average", "feature_concat", "image_concat")
+PSEUDO_SOURCES = ("cross", "self", "none")
+STITCHUP_DEFAULTS = {"enabled": True, "mode": "feature_average", "k": 2, "p": 1.0, "negatives": "own",
+                     "partner_bn": True}
+MIXUP_DEFAULTS = {"enabled": False, "alpha": 1.0}
+# batch_size names the train setting a branch's stream uses
+BATCH_SIZE_KEYS = {"random": "batch_size", "balanced": "balanced_batch_size"}
+
+_GROUP_VALUES = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {g: {"type": ["number", "null"], "minimum": 0, "maximum": 1} for g in GROUPS},
+}
+THRESHOLDS_SCHEMA = {
+    "description": "per source branch (whose predictions correct the peer's labels): alpha and beta per "
+                   "class group; a missing group is off",
+    "type": "object",
+    "propertyNames": {"enum": list(BRANCH_NAMES)},
+    "additionalProperties": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"alpha": _GROUP_VALUES, "beta": _GROUP_VALUES},
+    },
+}
+_BRANCH_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "sampler": {"enum": SAMPLER_NAMES},
+        "loss": {"enum": LOSS_NAMES},
+        "loss_params": {"type": "object"},
+        "batch_size": {"enum": list(BATCH_SIZE_KEYS), "description": "which train batch size the stream uses"},
+        "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+    },
+}
+
+
+def _enabled(key: str) -> dict:
+    """Schema fragment: options[key].enabled is given and true."""
+    return {"required": [key], "properties": {key: {"required": ["enabled"], "properties": {"enabled": {"const": True}}}}}
+
+
+@dataclass(frozen=True)
+class BranchSpec:
+    name: str
+    sampler: str
+    loss: str
+    loss_params: dict
+    batch_size: int
+    dropout: float
+
+
+@contextlib.contextmanager
+def eval_mode(*modules: nn.Module):
+    """Switch modules to eval mode (BatchNorm running statistics, no dropout) and back."""
+    modes = [m.training for m in modules]
+    for m in modules:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, mode in zip(modules, modes):
+            m.train(mode)
+
+
+def check_options(opts: dict) -> None:
+    """Cross-field rules (also in the schema, where their messages are less clear)."""
+    stitch_on = (opts.get("stitchup") or {}).get("enabled", STITCHUP_DEFAULTS["enabled"])
+    mixup_on = (opts.get("mixup") or {}).get("enabled", MIXUP_DEFAULTS["enabled"])
+    if stitch_on and mixup_on:
+        raise NoisyMLTError("colearning options: mixup.enabled and stitchup.enabled are exclusive "
+                            "(Mix-Up replaces Stitch-Up); set stitchup.enabled: false")
+    branches = opts.get("branches") or BRANCH_DEFAULTS
+    source = (opts.get("pseudo") or {}).get("source", "cross")
+    if len(branches) == 1 and source == "cross":
+        raise NoisyMLTError("colearning options: pseudo.source 'cross' needs two branches; with one branch "
+                            "set pseudo.source to 'self' or 'none'")
+
+
+@register_family("colearning")
+class CoLearning(Method):
+    heads = ("ensemble", "random", "balanced")
+    options_schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "branches": {
+                "description": "branch name -> settings, merged over that branch's defaults; the names "
+                               "given are the branches built (one branch = single-branch ablation)",
+                "type": "object",
+                "minProperties": 1,
+                "propertyNames": {"enum": list(BRANCH_NAMES)},
+                "additionalProperties": _BRANCH_SCHEMA,
+            },
+            "shared_backbone": {"type": "boolean", "description": "paper text: one backbone; [CL]: two"},
+            "stitchup": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "mode": {"enum": list(STITCH_MODES)},
+                    "k": {"type": "integer", "minimum": 2, "maximum": 5},
+                    "p": {"type": "number", "minimum": 0, "maximum": 1},
+                    "negatives": {"enum": list(NEGATIVE_TARGETS)},
+                    "partner_bn": {"type": "boolean"},
+                },
+            },
+            "mixup": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"enabled": {"type": "boolean"}, "alpha": {"type": "number", "exclusiveMinimum": 0}},
+            },
+            "pseudo": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "source": {"enum": list(PSEUDO_SOURCES)},
+                    "thresholds": {"oneOf": [{"type": "null"}, THRESHOLDS_SCHEMA]},
+                },
+            },
+        },
+        "allOf": [
+            {  # Mix-Up replaces Stitch-Up (which is on by default)
+                "if": _enabled("mixup"),
+                "then": {"required": ["stitchup"],
+                         "properties": {"stitchup": {"required": ["enabled"],
+                                                     "properties": {"enabled": {"const": False}}}}},
+            },
+            {  # one branch has no peer to learn from
+                "if": {"required": ["branches"], "properties": {"branches": {"maxProperties": 1}}},
+                "then": {"required": ["pseudo"],
+                         "properties": {"pseudo": {"required": ["source"],
+                                                   "properties": {"source": {"enum": ["self", "none"]}}}}},
+            },
+        ],
+    }
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        opts = {k: v for k, v in self.opts.items() if k not in METHOD_COMMON_KEYS}
+        check_options(opts)
+        _validate(opts, self.options_schema, f"methods.{ctx.cfg.get('method', '?')}")
+        given = opts.get("branches") or {name: {} for name in BRANCH_NAMES}
+        self.specs = {}
+        for name in BRANCH_NAMES:  # fixed order: f first
+            if name in given:
+                b = {**BRANCH_DEFAULTS[name], **given[name]}
+                self.specs[name] = BranchSpec(name, b["sampler"], b["loss"], dict(b["loss_params"]),
+                                              int(ctx.train[BATCH_SIZE_KEYS[b["batch_size"]]]), float(b["dropout"]))
+        self.heads = ("ensemble", *self.specs) if len(self.specs) == 2 else ("main",)
+        self.losses = {name: loss_for(ctx, s.loss, s.loss_params) for name, s in self.specs.items()}
+        self.shared_backbone = bool(opts.get("shared_backbone", False))
+        self.stitch = {**STITCHUP_DEFAULTS, **opts.get("stitchup", {})}
+        self.mix = {**MIXUP_DEFAULTS, **opts.get("mixup", {})}
+        self.source = opts.get("pseudo", {}).get("source", "cross")
+        self.tau = float(ctx.train["tau"])
+        self.thresholds = self._thresholds(opts.get("pseudo", {}).get("thresholds"))
+
+    # ------------------------------------------------------------------ configuration
+    def _thresholds(self, given: dict | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """(alpha, beta) per-class vectors per source branch: the method block's thresholds, else the
+        dataset's ``colearning.thresholds``, else [CL]'s published values (the toy set uses VOC's)."""
+        if given is None:
+            block = self.ctx.cfg.get("colearning") or {}
+            unknown = sorted(set(block) - {"thresholds"})
+            if unknown:
+                raise NoisyMLTError(f"datasets.{self.ctx.cfg.get('dataset', '?')}.colearning: unknown key(s) "
+                                    f"{unknown}; accepted: ['thresholds']")
+            given = block.get("thresholds")
+            if given is not None:
+                _validate(given, THRESHOLDS_SCHEMA, f"datasets.{self.ctx.cfg.get('dataset', '?')}.colearning.thresholds")
+        if given is None:
+            kind = self.ctx.cfg["kind"]
+            given = COLEARNING_DEFAULTS["voc" if kind == "toy" else kind]
+        return {
+            name: group_thresholds(self.ctx.split, self.ctx.num_classes, (given.get(name) or {}).get("alpha"),
+                                   (given.get(name) or {}).get("beta"))
+            for name in self.specs
+        }
+
+    def _sampler_seed(self, i: int) -> int:
+        """The run seed, except for a branch whose sampler kind an earlier branch already uses
+        (R+R, B+B): a derived seed, so that the two streams differ."""
+        kinds = [s.sampler for s in self.specs.values()]
+        repeat = kinds[:i].count(kinds[i])
+        if repeat == 0:
+            return self.ctx.seed
+        return int(np.random.SeedSequence([self.ctx.seed, repeat]).generate_state(1)[0])
+
+    @property
+    def k(self) -> int:
+        return int(self.stitch["k"]) if self.stitch["enabled"] else 1
+
+    # ------------------------------------------------------------------ Method API
+    def build_model(self) -> TwoBranch:
+        partner_bn = bool(self.stitch["partner_bn"]) and self.k > 1 and self.stitch["mode"] == "feature_average"
+        return build_two_branch(self.ctx.train, self.ctx.num_classes, {n: s.dropout for n, s in self.specs.items()},
+                                shared_backbone=self.shared_backbone, partner_bn=partner_bn)
+
+    def streams(self) -> list[StreamSpec]:
+        labels = self.ctx.noisy.cpu().numpy()
+        partner_fn = None
+        if self.k > 1:
+            index = PartnerIndex(labels)
+            k = self.k
+            partner_fn = lambda anchors, rng: index.sample(anchors, rng, k)  # noqa: E731
+        return [
+            StreamSpec(name, build_sampler(s.sampler, labels, self._sampler_seed(i)), s.batch_size,
+                       k=self.k, p=float(self.stitch["p"]), partner_fn=partner_fn)
+            for i, (name, s) in enumerate(self.specs.items())
+        ]
+
+    def training_loss(self, model, batches, epoch, step):
+        total = None
+        logs: dict[str, torch.Tensor] = {}
+        for i, name in enumerate(self.specs):
+            loss, branch_logs = self._branch_loss(model, name, batches[name], epoch, step, i)
+            total = loss if total is None else total + loss
+            logs[f"loss_{name}"] = loss.detach()
+            logs.update(branch_logs)
+        logs["loss"] = total.detach()
+        return total, logs
+
+    def predict(self, model, images) -> dict[str, torch.Tensor]:
+        logits = model(images)
+        if len(logits) == 1:
+            return {"main": next(iter(logits.values()))}
+        f, g = logits["random"], logits["balanced"]
+        return {"ensemble": ensemble_logits(f, g, self.tau), "random": f, "balanced": g}
+
+    # ------------------------------------------------------------------ one branch, one step
+    def _branch_loss(self, model: TwoBranch, name: str, batch: dict, epoch: int, step: int,
+                     branch_idx: int) -> tuple[torch.Tensor, dict]:
+        branch = model.branches[name]
+        loss_fn = self.losses[name]
+        images, index = batch["images"], batch["index"]
+        B, K = index.shape
+        views = images.flatten(0, 1)  # (B*K, 3, H, W): anchors and partners
+        noisy = self.targets(index.flatten())  # (B*K, C)
+        used = torch.ones(B, K, dtype=torch.bool, device=noisy.device)
+        used[:, 1:] = batch["stitched"].reshape(B, 1).to(noisy.device)  # partners of unstitched rows are unused
+
+        if self.mix["enabled"]:
+            targets, logs = self._corrected(model, name, views, None, noisy, used.flatten())
+            rng = np.random.default_rng([self.ctx.seed, epoch, step, branch_idx, 0x6D6978])
+            mixed, mixed_targets, _, _ = mixup(images[:, 0], targets, self.mix["alpha"], rng)
+            return loss_fn(branch(mixed).float(), mixed_targets), logs
+
+        maps = branch.feature_maps(views)
+        targets, logs = self._corrected(model, name, views, maps, noisy, used.flatten())
+        feats = self._embed(model, name, maps, B, K)  # (B, K, d)
+        singles = branch.head(feats)  # (B, K, C)
+        if K == 1:
+            return loss_fn(singles[:, 0].float(), targets), logs
+        targets = targets.unflatten(0, (B, K))
+        mode = self.stitch["mode"]
+        if mode == "feature_average":
+            stitched = branch.head(stitch_features_average([feats[:, j] for j in range(K)]))
+        elif mode == "feature_concat":
+            per_view = maps.unflatten(0, (B, K))
+            stitched = branch.head(branch.embed(stitch_feature_maps_concat([per_view[:, j] for j in range(K)])))
+        else:
+            stitched = branch(stitch_images_concat([images[:, j] for j in range(K)]))
+        loss = stitchup_loss(loss_fn.elementwise, stitched.float(), [singles[:, j].float() for j in range(K)],
+                             [targets[:, j] for j in range(K)], mask=batch["stitched"],
+                             negatives=self.stitch["negatives"])
+        return loss, logs
+
+    def _embed(self, model: TwoBranch, name: str, maps: torch.Tensor, B: int, K: int) -> torch.Tensor:
+        """Neck outputs (B, K, d) of every view; partners through the partner BatchNorm if present."""
+        branch = model.branches[name]
+        if K > 1 and name in model.partner_bns:
+            per_view = maps.unflatten(0, (B, K))
+            anchor = branch.embed(per_view[:, 0])
+            partners = model.embed_partner(name, per_view[:, 1:].flatten(0, 1)).unflatten(0, (B, K - 1))
+            return torch.cat([anchor[:, None], partners], dim=1)
+        return branch.embed(maps).unflatten(0, (B, K))
+
+    def _corrected(self, model: TwoBranch, name: str, views: torch.Tensor, maps: torch.Tensor | None,
+                   noisy: torch.Tensor, used: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """Eq. 3 labels of every view, and how many labels of the used views were added / removed."""
+        if self.source == "none":
+            return noisy, {}
+        source = name if self.source == "self" else next(n for n in self.specs if n != name)
+        # The backbone maps of these views are reusable when the source runs the same backbone.
+        reuse = maps if maps is not None and (source == name or model.shared_backbone) else None
+        probs = self._probs(model, source, views, reuse)
+        alpha, beta = self.thresholds[source]
+        corrected = pseudo_labels(noisy, probs, alpha, beta)
+        rows = used.reshape(-1, 1)
+        logs = {f"pl_added_{name}": ((noisy < 0.5) & (corrected > 0.5) & rows).sum(),
+                f"pl_removed_{name}": ((noisy > 0.5) & (corrected < 0.5) & rows).sum()}
+        return corrected, logs
+
+    @staticmethod
+    def _probs(model: TwoBranch, source: str, views: torch.Tensor, maps: torch.Tensor | None) -> torch.Tensor:
+        """Sigmoid outputs of branch ``source``: no gradient, its neck and head in eval mode."""
+        branch = model.branches[source]
+        with torch.no_grad(), eval_mode(branch.neck, branch.head):
+            maps = branch.feature_maps(views) if maps is None else maps.detach()
+            return torch.sigmoid(branch.head(branch.embed(maps)).float())
+
+
+def _validate(obj: dict, schema: dict, where: str) -> None:
+    """JSON-schema check for configs that bypass params.yaml validation (a resolved run config)."""
+    import jsonschema
+
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(obj), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        path = ".".join(str(p) for p in e.absolute_path)
+        raise NoisyMLTError(f"{where}{'.' + path if path else ''}: {e.message}")

@@ -1,0 +1,77 @@
+"""params.yaml validation and run-config resolution."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from noisymlt.config import deep_merge, load_params, resolve_run, run_id, validate_params
+from noisymlt.errors import NoisyMLTError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def paper():
+    return load_params(REPO / "params.yaml")
+
+
+def test_paper_and_demo_params_are_valid(paper):
+    demo = load_params(REPO / "params.yaml", REPO / "workflow/profiles/demo/params.yaml")
+    assert paper["grid"]["datasets"] == ["voc", "coco"] and len(paper["grid"]["seeds"]) == 5
+    assert demo["grid"]["datasets"] == ["toy"]
+    assert demo["datasets"]["voc"] == paper["datasets"]["voc"]  # the layer adds, it does not drop
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda p: p["train"].update(learning_rate=0.1), "Additional properties"),
+        (lambda p: p["train"].update(lr=-1), "lr"),
+        (lambda p: p["grid"].update(gammas=[0.5, 1.5]), "grid.gammas.1"),
+        (lambda p: p["grid"].update(methods=["erm", "nonsense"]), "unknown method 'nonsense'"),
+        (lambda p: p["methods"]["erm"].update(family="nope"), "unknown family 'nope'"),
+        (lambda p: p["methods"]["erm"].update(sampler="sometimes"), "methods.erm.sampler"),
+        (lambda p: p["methods"]["erm"].update(colour="red"), "methods.erm"),
+        (lambda p: p["grid"].update(datasets=["voc", "imagenet"]), "'imagenet'"),
+        (lambda p: p["datasets"]["voc"]["longtail"].update(source="magic"), "datasets.voc.longtail.source"),
+        (lambda p: p.update(extra_section={}), "extra_section"),
+    ],
+)
+def test_bad_params_are_rejected_with_the_key(paper, mutate, message):
+    bad = copy.deepcopy(paper)
+    mutate(bad)
+    with pytest.raises(NoisyMLTError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        validate_params(bad, source="params.yaml")
+
+
+def test_load_params_names_the_file(tmp_path):
+    broken = tmp_path / "p.yaml"
+    broken.write_text("grid: [unclosed\n")
+    with pytest.raises(NoisyMLTError, match="p.yaml"):
+        load_params(broken)
+
+
+def test_resolve_run_layers_dataset_and_method_overrides(paper):
+    params = copy.deepcopy(paper)
+    params["methods"]["erm"]["train"] = {"epochs": 3}
+    r = resolve_run(params, "coco", "erm", 0.5, 2)
+    assert r["train"]["lr"] == 0.2  # dataset override
+    assert r["train"]["epochs"] == 3  # method override
+    assert r["train"]["batch_size"] == 32  # global
+    assert r["db_loss"] == {"neg_scale": 2.0, "map_mu": 0.2}
+    assert "train" not in r["method_cfg"]
+    assert run_id(r) == run_id(copy.deepcopy(r))
+    assert run_id(r) != run_id(resolve_run(params, "coco", "erm", 0.5, 3))
+
+
+def test_deep_merge_replaces_lists_and_merges_dicts():
+    assert deep_merge({"a": {"x": 1, "y": [1, 2]}, "b": 1}, {"a": {"y": [3]}}) == {"a": {"x": 1, "y": [3]}, "b": 1}
+
+
+def test_schema_file_is_valid_yaml_and_strict():
+    schema = yaml.safe_load((REPO / "workflow/schemas/params.schema.yaml").read_text())
+    assert schema["additionalProperties"] is False

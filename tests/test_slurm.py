@@ -1,0 +1,150 @@
+"""The SLURM profile, for real: the toy workflow submitted job by job through sbatch.
+
+Needs a running cluster (CI starts a single-node one with tests/slurm/start_cluster.sh); skipped
+when `sbatch` is missing or `sinfo` does not answer. The workflow files and the real
+workflow/profiles/slurm profile are copied into a temporary folder; a test profile is derived from
+that profile with only what a 2-core, GPU-less, accounting-free node needs changed (see
+`test_profile`), and a params layer shrinks the demo to one tiny run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slurm
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT_S = 480
+
+# One run (toy, gamma 0.5, seed 0, ERM) on 32 px images, one epoch. 600 trainval images with
+# max 110 give a 200-image long-tailed subset with 1 head, 4 medium and 15 tail classes.
+TINY_PARAMS = {
+    "grid": {"datasets": ["toy"], "gammas": [0.5], "seeds": [0], "methods": ["erm"]},
+    "datasets": {
+        "toy": {
+            "toy": {"seed": 0, "n_trainval": 600, "n_test": 200, "size": 32},
+            "longtail": {"source": "pareto", "b": 6, "max": 110, "min": 2, "seed": 0},
+        }
+    },
+    "train": {"image_size": 32, "epochs": 1, "warmup_iters": 2, "lr_steps": [], "eval_batch_size": 100},
+}
+
+# Every rule of the default target `all`; each must have been an sbatch job.
+RULES = [
+    "make_toy", "parse_labels", "longtail", "noise", "train", "evaluate",
+    "aggregate", "table_total", "figure_map_vs_gamma",
+]
+
+
+def default_partition() -> str:
+    """Name of the cluster's default partition; skips the test when there is no usable cluster."""
+    if shutil.which("sbatch") is None:
+        pytest.skip("no SLURM: sbatch not found (CI starts one with tests/slurm/start_cluster.sh)")
+    try:
+        out = subprocess.run(["sinfo", "--noheader", "--format=%P %a"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"no SLURM: sinfo does not answer ({exc})")
+    if out.returncode != 0:
+        pytest.skip(f"no SLURM: sinfo failed: {out.stderr.strip()}")
+    for line in out.stdout.splitlines():
+        name, avail = line.split()
+        if name.endswith("*") and avail == "up":
+            return name.rstrip("*")
+    pytest.skip(f"no SLURM default partition that is up in sinfo output: {out.stdout!r}")
+
+
+def test_profile(profile: dict, partition: str, configfiles: list[Path]) -> dict:
+    """The real profile, changed only where the local test node differs from a GPU cluster."""
+    p = dict(profile)
+    p["configfile"] = [str(f) for f in configfiles]
+    p["retries"] = 0                      # a failure should fail the test at once
+    # No slurmdbd: poll with squeue, submit without an account, and poll early (short jobs).
+    p["slurm-no-account"] = True
+    p["slurm-status-command"] = "squeue"
+    p["slurm-init-seconds-before-status-checks"] = 2
+    p["slurm-keep-successful-logs"] = True  # evidence that every job went through sbatch
+    p["set-threads"] = {**p.get("set-threads", {}), "train": 1}
+    default = dict(p["default-resources"], slurm_partition=partition, mem_mb=1000)
+    p["default-resources"] = default
+    res = {rule: dict(r) for rule, r in p["set-resources"].items()}
+    for r in res.values():
+        if "slurm_partition" in r:
+            r["slurm_partition"] = partition
+        if "mem_mb" in r:
+            r["mem_mb"] = 1000
+    for key in ("gpu_model", "gres"):
+        res["train"].pop(key, None)
+    res["train"]["gpu"] = 0               # no GPU on the test node: no --gpus on sbatch
+    p["set-resources"] = res
+    return p
+
+
+def snakemake_env() -> dict:
+    """The jobs inherit this environment (sbatch --export=ALL): make `python -m noisymlt` importable."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH", "")]))
+    for var in [v for v in env if v.startswith("SLURM_")]:
+        del env[var]                      # a test run inside an allocation must not leak its job id
+    return env
+
+
+test_profile.__test__ = False  # a helper, not a test
+
+
+def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> None:
+    partition = default_partition()
+    work = tmp_path / "wf"
+    work.mkdir()
+    shutil.copy2(ROOT / "Snakefile", work)
+    shutil.copy2(ROOT / "params.yaml", work)
+    shutil.copytree(ROOT / "workflow", work / "workflow")  # follows the schema symlink
+    tiny = tmp_path / "tiny_params.yaml"
+    tiny.write_text(yaml.safe_dump(TINY_PARAMS))
+    real = yaml.safe_load((work / "workflow/profiles/slurm/config.yaml").read_text())
+    assert real["executor"] == "slurm" and real["set-resources"]["train"]["gpu"] == 1
+    prof_dir = tmp_path / "profile"
+    prof_dir.mkdir()
+    demo_params = work / "workflow/profiles/demo/params.yaml"
+    (prof_dir / "config.yaml").write_text(yaml.safe_dump(test_profile(real, partition, [demo_params, tiny])))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", str(prof_dir), "--nocolor"],
+        cwd=work, env=snakemake_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    assert "10 of 10 steps (100%) done" in log, log[-3000:]
+
+    # The outputs of the whole chain.
+    table = (work / "reports/table_total.tex").read_text()
+    assert "\\begin{tabular}" in table and "Toy-MLT-Noise" in table
+    erm = re.search(r"^ERM & (?:\\textbf\{)?([0-9.]+)", table, re.M)
+    assert erm and 0 < float(erm.group(1)) <= 100, table
+    results = pd.read_parquet(work / "reports/results.parquet")
+    assert set(results["dataset"]) == {"toy"} and set(results["gamma"]) == {0.5}
+    assert results["run_id"].nunique() == 1
+    assert (work / "reports/map_vs_gamma.png").stat().st_size > 0
+    split = json.loads((work / "data/toy/class_split.json").read_text())
+    assert [len(split[g]) for g in ("head", "medium", "tail")] == [1, 4, 15]
+
+    # Every job went through SLURM: one kept sbatch log per job, and the train step saw its job id.
+    slurm_logs = work / ".snakemake/slurm_logs"
+    logs_by_rule = {rule: sorted((slurm_logs / f"rule_{rule}").rglob("*.log")) for rule in RULES}
+    assert {rule: len(files) for rule, files in logs_by_rule.items()} == {
+        rule: 2 if rule == "parse_labels" else 1 for rule in RULES
+    }
+    manifest = json.loads((work / "runs/toy/g0.5/s0/erm/manifest.json").read_text())
+    job_id = manifest["environment"]["slurm_job_id"]
+    assert job_id is not None and job_id.isdigit(), manifest["environment"]
+    assert [f.stem for f in logs_by_rule["train"]] == [job_id]
+    assert manifest["environment"]["device"] == "cpu"
