@@ -215,9 +215,9 @@ def test_net_loss_mixed_batch_uses_the_clean_probability_threshold():
     method = DivideMix(make_ctx(torch.zeros(8, 2)))
     lx, lu, frac = method.net_loss(net, peer, x1, x2, y, w, np.random.default_rng(5))
     assert frac == 0.5  # 0.5 itself is not > p_threshold
-    assert torch.isfinite(lx) and torch.isfinite(lu) and float(lx) > 0 and float(lu) > 0
+    assert torch.isfinite(lx) and torch.isfinite(lu) and lx.item() > 0 and lu.item() > 0
     again = method.net_loss(net, peer, x1, x2, y, w, np.random.default_rng(5))
-    assert float(again[0]) == float(lx) and float(again[1]) == float(lu)  # same rng -> same step
+    assert again[0].item() == lx.item() and again[1].item() == lu.item()  # same rng -> same step
 
 
 # ---------------------------------------------------------------- end to end on the tiny toy set

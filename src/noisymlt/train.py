@@ -35,7 +35,7 @@ def lr_at(cfg: dict, epoch: int, it: int, iters_per_epoch: int) -> float:
 class Trainer:
     def __init__(self, resolved: dict, *, train_labels: Path, test_labels: Path, split: Path,
                  train_images: Path, test_images: Path, out_dir: Path, device: str = "auto",
-                 threads: int | None = None, progress: bool = True):
+                 threads: int | None = None, progress: bool = True, limit_iters: int | None = None):
         import torch
 
         from noisymlt.config import run_id
@@ -65,13 +65,16 @@ class Trainer:
         self.iters = n // tcfg["batch_size"]
         if self.iters < 1:
             raise NoisyMLTError(f"train.batch_size={tcfg['batch_size']} exceeds the {n} training images")
+        if limit_iters:  # smoke tests and benchmarks: a few iterations per epoch
+            self.iters = min(self.iters, limit_iters)
         family = resolved["method_cfg"]["family"]
         if family not in FAMILIES:
             raise NoisyMLTError(f"method {resolved['method']!r}: unknown family {family!r}; known: {sorted(FAMILIES)}")
         torch.manual_seed(resolved["seed"])  # weight init; one process per run, so this is the run's own stream
         noisy = torch.as_tensor(self.train_table.labels, dtype=torch.float32, device=self.device)
         self.ctx = TrainContext(resolved, noisy, self.split, self.device, self.iters,
-                                extra={"iterate_train": self.iterate_train_eval})
+                                extra={"iterate_train": self.iterate_train_eval,
+                                       "classes": list(self.train_table.classes)})
         self.method = FAMILIES[family](self.ctx)
         self.model = self.method.build_model().to(self.device)
         if self.device.type == "cuda" and tcfg["channels_last"]:

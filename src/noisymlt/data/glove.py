@@ -129,6 +129,8 @@ def load_glove(kind: str, classes: list[str], data_dir: str | Path, *, base_url:
     if kind not in GLOVE_FILES:
         raise NoisyMLTError(f"no published GloVe embeddings for dataset kind {kind!r} (only voc, coco)")
     spec = GLOVE_FILES[kind]
+    if len(classes) != spec.rows:
+        raise NoisyMLTError(f"GloVe embeddings for {kind} have {spec.rows} rows, the labels {len(classes)} classes")
     order = glove_row_order(kind, classes)
     dest = Path(data_dir) / Path(spec.path).name
     try:
@@ -140,9 +142,8 @@ def load_glove(kind: str, classes: list[str], data_dir: str | Path, *, base_url:
             "class names: keeps the label-graph prior, loses the semantic word prior)."
         ) from exc
     if arr.shape != (spec.rows, EMBEDDING_DIM) or not np.issubdtype(arr.dtype, np.floating):
-        raise NoisyMLTError(f"{dest}: expected a float ({spec.rows}, {EMBEDDING_DIM}) array, got {arr.dtype} {arr.shape}")
-    if len(classes) != spec.rows:
-        raise NoisyMLTError(f"GloVe embeddings for {kind} have {spec.rows} rows but the labels have {len(classes)} classes")
+        raise NoisyMLTError(f"{dest}: expected a float ({spec.rows}, {EMBEDDING_DIM}) array, "
+                            f"got {arr.dtype} {arr.shape}")
     return np.ascontiguousarray(arr[order], dtype=np.float32)
 
 
@@ -158,7 +159,7 @@ def pseudo_embeddings(classes: list[str], dim: int = EMBEDDING_DIM) -> np.ndarra
     return np.asarray(rows, dtype=np.float32).reshape(len(classes), dim)
 
 
-def class_embeddings(kind: str, classes: list[str], mode: str, data_dir: str | Path, **fetch_kw) -> np.ndarray:
+def class_embeddings(kind: str, classes: list[str], mode: str, data_dir: str | Path) -> np.ndarray:
     """(C, 300) class embeddings: ``mode`` glove (published vectors; the toy dataset has none and always
     gets pseudo-embeddings) or random (pseudo-embeddings)."""
     if mode not in ("glove", "random"):
@@ -167,4 +168,4 @@ def class_embeddings(kind: str, classes: list[str], mode: str, data_dir: str | P
         if mode == "glove":
             log.info("toy dataset: no GloVe vectors for its glyph classes; using name-seeded pseudo-embeddings")
         return pseudo_embeddings(classes)
-    return load_glove(kind, classes, data_dir, **fetch_kw)
+    return load_glove(kind, classes, data_dir)
