@@ -33,6 +33,4 @@ include: "workflow/rules/report.smk"
 
 rule all:
     input:
-        "reports/table_total.tex",
-        "reports/results.parquet",
-        "reports/map_vs_gamma.png",
+        report_targets(),

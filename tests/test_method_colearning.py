@@ -338,8 +338,8 @@ def test_separate_backbones_run_the_peer_on_the_other_stream(base_params):
 @pytest.mark.parametrize("opts, where", [
     ({"stitchup": {"modes": "feature_average"}}, "stitchup"),
     ({"colearn": True}, ""),
-    ({"branches": {"random": {"sampler": "random", "lr": 1}}}, "branches.random"),
-    ({"branches": {"third": {}}}, "branches"),
+    ({"branches": {"random": {"sampler": "random", "lr": 1}, "balanced": {}}}, "branches.random"),
+    ({"branches": {"random": {}, "third": {}}}, "branches"),
     ({"mixup": {"enabled": True}}, ""),  # Stitch-Up is on by default
     ({"mixup": {"enabled": True}, "stitchup": {"enabled": True}}, "stitchup.enabled"),
     ({"stitchup": {"k": 1}}, "stitchup.k"),

@@ -102,6 +102,13 @@ def snakemake_env() -> dict:
 test_profile.__test__ = False  # a helper, not a test
 
 
+def run(cmd: list[str], cwd: Path, timeout: int) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, env=snakemake_env(), capture_output=True, text=True, timeout=timeout)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    return log
+
+
 def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> None:
     partition = default_partition()
     work = tmp_path / "wf"
@@ -111,20 +118,17 @@ def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> N
     shutil.copytree(ROOT / "workflow", work / "workflow")  # follows the schema symlink
     tiny = tmp_path / "tiny_params.yaml"
     tiny.write_text(yaml.safe_dump(TINY_PARAMS))
+    configfiles = [work / "workflow/profiles/demo/params.yaml", tiny]
     real = yaml.safe_load((work / "workflow/profiles/slurm/config.yaml").read_text())
     assert real["executor"] == "slurm" and real["set-resources"]["train"]["gpu"] == 1
     prof_dir = tmp_path / "profile"
     prof_dir.mkdir()
-    demo_params = work / "workflow/profiles/demo/params.yaml"
-    (prof_dir / "config.yaml").write_text(yaml.safe_dump(test_profile(real, partition, [demo_params, tiny])))
+    (prof_dir / "config.yaml").write_text(yaml.safe_dump(test_profile(real, partition, configfiles)))
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--profile", str(prof_dir), "--nocolor"],
-        cwd=work, env=snakemake_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-    )
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-6000:]
-    assert "10 of 10 steps (100%) done" in log, log[-3000:]
+    snakemake = [sys.executable, "-m", "snakemake", "--nocolor"]
+    run(snakemake + ["--cores", "2", "--configfile", *map(str, configfiles), "--", *DATA_TARGETS], work, 120)
+    log = run(snakemake + ["--profile", str(prof_dir)], work, RUN_TIMEOUT_S)
+    assert "6 of 6 steps (100%) done" in log, log[-3000:]  # train, evaluate, 3 report steps, all
 
     # The outputs of the whole chain.
     table = (work / "reports/table_total.tex").read_text()
@@ -138,14 +142,19 @@ def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> N
     split = json.loads((work / "data/toy/class_split.json").read_text())
     assert [len(split[g]) for g in ("head", "medium", "tail")] == [1, 4, 15]
 
-    # Every job went through SLURM: one kept sbatch log per job, and the train step saw its job id.
+    # Both groups were one sbatch job each (logs kept), and the train step saw its SLURM job id.
     slurm_logs = work / ".snakemake/slurm_logs"
-    logs_by_rule = {rule: sorted((slurm_logs / f"rule_{rule}").rglob("*.log")) for rule in RULES}
-    assert {rule: len(files) for rule, files in logs_by_rule.items()} == {
-        rule: 2 if rule == "parse_labels" else 1 for rule in RULES
+    group_logs = {
+        name: sorted((slurm_logs / f"group_{name}_{'_'.join(rules)}").rglob("*.log"))
+        for name, rules in SLURM_GROUPS.items()
     }
+    assert sorted(d.name for d in slurm_logs.iterdir()) == sorted(
+        f"group_{name}_{'_'.join(rules)}" for name, rules in SLURM_GROUPS.items()
+    )
+    assert {name: len(files) for name, files in group_logs.items()} == {"run": 1, "report": 1}
     manifest = json.loads((work / "runs/toy/g0.5/s0/erm/manifest.json").read_text())
     job_id = manifest["environment"]["slurm_job_id"]
     assert job_id is not None and job_id.isdigit(), manifest["environment"]
-    assert [f.stem for f in logs_by_rule["train"]] == [job_id]
+    assert group_logs["run"][0].stem == job_id
+    assert "localrule train:" in group_logs["run"][0].read_text()
     assert manifest["environment"]["device"] == "cpu"

@@ -62,6 +62,12 @@ def validate_params(params: dict, source: str = "params") -> None:
     for name in params["grid"]["datasets"]:
         if name not in params["datasets"]:
             raise NoisyMLTError(f"{source}: grid.datasets names {name!r}, which has no block under datasets")
+    for name in params["grid"].get("ablations", []):
+        if name not in params.get("ablations", {}):
+            raise NoisyMLTError(f"{source}: grid.ablations names {name!r}, which has no block under ablations")
+        if params["ablations"][name]["dataset"] not in params["datasets"]:
+            raise NoisyMLTError(f"{source}: ablations.{name}.dataset: unknown dataset "
+                                f"{params['ablations'][name]['dataset']!r}")
     for name in params["grid"]["methods"] + [m for a in params.get("ablations", {}).values() for m in a["methods"]]:
         if name not in params["methods"]:
             known = ", ".join(sorted(params["methods"]))

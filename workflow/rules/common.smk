@@ -83,3 +83,38 @@ def grid_runs(pattern):
         for s in GRID["seeds"]
         for m in GRID["methods"]
     ]
+
+
+def selected_ablations():
+    return {name: config["ablations"][name] for name in GRID.get("ablations", [])}
+
+
+def ablation_runs(name, pattern):
+    block = config["ablations"][name]
+    return [
+        pattern.format(dataset=block["dataset"], gamma=gtag(g), seed=s, method=m)
+        for g in block["gammas"]
+        for s in block["seeds"]
+        for m in block["methods"]
+    ]
+
+
+def all_runs(pattern):
+    """Main grid and selected ablations; a run shared by both is trained once."""
+    runs = grid_runs(pattern)
+    for name in selected_ablations():
+        runs += ablation_runs(name, pattern)
+    return list(dict.fromkeys(runs))
+
+
+def method_labels():
+    return json.dumps({m: b.get("label", m) for m, b in config["methods"].items()})
+
+
+def report_targets():
+    return [
+        "reports/table_total.tex",
+        "reports/results.parquet",
+        "reports/map_vs_gamma.png",
+        *[f"reports/ablation_{name}.tex" for name in selected_ablations()],
+    ]

@@ -3,7 +3,7 @@
 
 rule aggregate:
     input:
-        grid_runs("runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.json"),
+        all_runs("runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.json"),
     output:
         "reports/results.parquet",
     params:
@@ -28,7 +28,8 @@ rule table_total:
         cells="reports/table_total.cells.json",
     params:
         cli=NOISYMLT,
-        labels=json.dumps({m: b.get("label", m) for m, b in config["methods"].items()}),
+        labels=method_labels(),
+        methods=" ".join(GRID["methods"]),
         code=CODE,
     conda:
         "../envs/noisymlt.yaml"
@@ -37,7 +38,7 @@ rule table_total:
     benchmark:
         "benchmarks/report/table_total.tsv"
     shell:
-        "{params.cli} table --results {input} --out {output.tex} --labels {params.labels:q} > {log} 2>&1"
+        "{params.cli} table --results {input} --out {output.tex} --labels {params.labels:q} --methods {params.methods} > {log} 2>&1"
 
 
 rule figure_map_vs_gamma:
@@ -56,3 +57,28 @@ rule figure_map_vs_gamma:
         "benchmarks/report/map_vs_gamma.tsv"
     shell:
         "{params.cli} figure --results {input} --out {output} > {log} 2>&1"
+
+
+rule table_ablation:
+    input:
+        "reports/results.parquet",
+    output:
+        tex="reports/ablation_{name}.tex",
+        md="reports/ablation_{name}.md",
+        cells="reports/ablation_{name}.cells.json",
+    params:
+        cli=NOISYMLT,
+        labels=method_labels(),
+        methods=lambda w: " ".join(config["ablations"][w.name]["methods"]),
+        dataset=lambda w: config["ablations"][w.name]["dataset"],
+        caption=lambda w: config["ablations"][w.name]["label"],
+        code=CODE,
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/report/ablation_{name}.log",
+    benchmark:
+        "benchmarks/report/ablation_{name}.tsv"
+    shell:
+        "{params.cli} table --results {input} --out {output.tex} --layout ablation --dataset {params.dataset} "
+        "--caption {params.caption:q} --methods {params.methods} --labels {params.labels:q} > {log} 2>&1"
