@@ -427,17 +427,29 @@ def train_run(base_params, toy, name: str, out: str):
     cfg["train"].update(TOY_TRAIN)
     d = toy["dir"]
     trainer = Trainer(cfg, train_labels=d / "noisy.parquet", test_labels=d / "test.parquet", split=d / "split.json",
-                      train_images=toy["root"], test_images=toy["root"], out_dir=d / out, device="cpu", threads=1,
+                      train_images=toy["root"], test_images=toy["root"], out_dir=d / out, device="cpu",
                       progress=False)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     trainer.run()
-    return trainer, before
+    return trainer, before, d / out
+
+
+@pytest.fixture(scope="module")
+def runs(base_params, toy):
+    """Trainer runs by (method, copy), each trained once per module."""
+    cache = {}
+
+    def get(name: str, copy_tag: str = "a"):
+        if (name, copy_tag) not in cache:
+            cache[name, copy_tag] = train_run(base_params, toy, name, f"run_{name}_{copy_tag}")
+        return cache[name, copy_tag]
+
+    return get
 
 
 @pytest.mark.parametrize("name", ["ours", "ours_stitch_image_concat", "ours_mixup", "ours_single_balanced_stitchup"])
-def test_trainer_runs(base_params, toy, name):
-    trainer, before = train_run(base_params, toy, name, f"run_{name}")
-    out = toy["dir"] / f"run_{name}"
+def test_trainer_runs(runs, name):
+    trainer, before, out = runs(name)
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert len(log) == 1 and trainer.iters == 10
     branches = list(trainer.method.specs)
@@ -456,14 +468,12 @@ def test_trainer_runs(base_params, toy, name):
         assert s.shape == (60, 20) and np.isfinite(s).all() and (s >= 0).all() and (s <= 1).all()
 
 
-def test_two_cpu_runs_give_identical_predictions(base_params, toy):
-    train_run(base_params, toy, "ours", "det_a")
-    train_run(base_params, toy, "ours", "det_b")
-    a = np.load(toy["dir"] / "det_a" / "predictions.npz")
-    b = np.load(toy["dir"] / "det_b" / "predictions.npz")
+def test_two_cpu_runs_give_identical_predictions(runs):
+    outs = [runs("ours", tag)[2] for tag in ("a", "b")]
+    a, b = (np.load(out / "predictions.npz") for out in outs)
     for head in ("ensemble", "random", "balanced"):
         assert np.array_equal(a[f"scores_{head}"], b[f"scores_{head}"])
-    logs = [json.loads((toy["dir"] / run / "train_log.jsonl").read_text()) for run in ("det_a", "det_b")]
+    logs = [json.loads((out / "train_log.jsonl").read_text()) for out in outs]
     for log in logs:
         del log["seconds"]
     assert logs[0] == logs[1]

@@ -35,7 +35,8 @@ def lr_at(cfg: dict, epoch: int, it: int, iters_per_epoch: int) -> float:
 class Trainer:
     def __init__(self, resolved: dict, *, train_labels: Path, test_labels: Path, split: Path,
                  train_images: Path, test_images: Path, out_dir: Path, device: str = "auto",
-                 threads: int | None = None, progress: bool = True, limit_iters: int | None = None):
+                 threads: int | None = None, progress: bool = True, limit_iters: int | None = None,
+                 provenance_inputs: dict[str, Path] | None = None):
         import torch
 
         from noisymlt.config import run_id
@@ -46,6 +47,7 @@ class Trainer:
         self.cfg = resolved
         self.run_id = run_id(resolved)
         self.paths = {"train_labels": Path(train_labels), "test_labels": Path(test_labels), "split": Path(split)}
+        self.provenance_inputs = {k: Path(v) for k, v in (provenance_inputs or {}).items()}
         self.train_images, self.test_images = Path(train_images), Path(test_images)
         self.out = Path(out_dir)
         self.progress = progress
@@ -247,7 +249,8 @@ class Trainer:
         (self.out / "run_config.json").write_text(json.dumps(self.cfg, indent=1, sort_keys=True) + "\n")
         write_manifest(
             self.out / "manifest.json", step="train", started=started, device=str(self.device),
-            inputs=self.paths, outputs={"checkpoint": self.ckpt_path, "predictions": pred_path},
+            inputs={**self.provenance_inputs, **self.paths},
+            outputs={"checkpoint": self.ckpt_path, "predictions": pred_path},
             extra={"run_id": self.run_id, "run": self.cfg, "history": history},
         )
         return pred_path
@@ -276,9 +279,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         (out / "checkpoint.pt").rename(out / f"checkpoint.pt.replaced-{stamp}")
         log.warning("kept the previous checkpoint as checkpoint.pt.replaced-%s", stamp)
+    extra = {}
+    for item in args.provenance or []:
+        name, sep, path = item.partition("=")
+        if not sep or not Path(path).is_file():
+            raise NoisyMLTError(f"--provenance {item!r}: expected NAME=FILE with an existing file")
+        extra[name] = Path(path)
     trainer = Trainer(resolved, train_labels=args.train_labels, test_labels=args.test_labels, split=args.split,
                       train_images=args.train_images, test_images=args.test_images, out_dir=out,
-                      device=args.device, threads=args.threads, progress=not args.no_progress)
+                      device=args.device, threads=args.threads, progress=not args.no_progress,
+                      provenance_inputs=extra)
     log.info("run %s: %s on %s gamma=%s seed=%s, %d iterations/epoch on %s", trainer.run_id, resolved["method"],
              resolved["dataset"], resolved["gamma"], resolved["seed"], trainer.iters, trainer.device)
     trainer.run()
@@ -307,6 +317,8 @@ def add_cli(sub) -> None:
     io.add_argument("--train-images", required=True, help="folder the train label paths are relative to")
     io.add_argument("--test-images", required=True, help="folder the test label paths are relative to")
     io.add_argument("--out", required=True, help="run folder (checkpoint, predictions, manifest)")
+    io.add_argument("--provenance", nargs="*", metavar="NAME=FILE",
+                    help="further upstream files whose sha256 the manifest records (raw-data manifest, clean subset)")
     p.add_argument("--device", default="auto", help="auto (GPU if any, honouring CUDA_VISIBLE_DEVICES), cpu, cuda:N")
     p.add_argument("--threads", type=int, help="CPU threads for torch")
     p.add_argument("--restart", action="store_true", help="keep an existing checkpoint aside and start over")

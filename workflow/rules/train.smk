@@ -8,6 +8,8 @@ rule train:
         test="data/{dataset}/test_labels.parquet",
         split="data/{dataset}/class_split.json",
         images=lambda w: train_images_ready(w.dataset),
+        raw=lambda w: raw_marker(w.dataset),
+        subset="data/{dataset}/train_labels.parquet",
     output:
         predictions="runs/{dataset}/g{gamma}/s{seed}/{method}/predictions.npz",
         manifest="runs/{dataset}/g{gamma}/s{seed}/{method}/manifest.json",
@@ -30,4 +32,5 @@ rule train:
     shell:
         "{params.cli} train --run-config {params.run_config:q} --train-labels {input.train} "
         "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
-        "--test-images {params.test_images} --out {params.out} --threads {threads} --no-progress > {log} 2>&1"
+        "--test-images {params.test_images} --out {params.out} --threads {threads} --no-progress "
+        "--provenance raw_manifest={input.raw} clean_subset={input.subset} > {log} 2>&1"

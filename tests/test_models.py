@@ -1,0 +1,66 @@
+"""Backbones and the [CL] branch: freezing policy, frozen BatchNorm, neck/head init, offline weights."""
+
+from __future__ import annotations
+
+import urllib.error
+
+import pytest
+import torch
+
+from noisymlt.errors import NoisyMLTError
+from noisymlt.models.backbones import build_backbone
+from noisymlt.models.branch import Branch
+
+PAPER = {"backbone": "resnet50", "pretrained": False, "weights_path": None, "trainable": "layer4", "frozen_bn": True,
+         "neck_dim": 256}
+
+
+def test_resnet50_branch_trains_only_layer4_neck_head_with_frozen_bn():
+    torch.manual_seed(0)
+    branch = Branch(build_backbone("resnet50"), 20, neck_dim=256, dropout=0.5, trainable="layer4", frozen_bn=True)
+    trainable = {n.split(".")[0] + "." + n.split(".")[1] for n, p in branch.named_parameters() if p.requires_grad}
+    assert trainable == {"backbone.layer4", "neck.fc", "neck.bn", "head.fc"}
+    branch.train()
+    bns = [m for m in branch.backbone.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert bns and all(not m.training for m in bns)
+    assert branch.neck.bn.training and branch.neck.drop.training
+    # neck: fc 2048 -> 256 kaiming fan_out; head: N(0, 0.01), bias 0
+    assert branch.neck.fc.weight.shape == (256, 2048)
+    assert branch.neck.fc.weight.std().item() == pytest.approx((2 / 256) ** 0.5, rel=0.05)
+    assert branch.head.fc.weight.std().item() == pytest.approx(0.01, rel=0.1)
+    assert torch.count_nonzero(branch.head.fc.bias) == 0
+    x = torch.randn(2, 3, 64, 64)
+    running = bns[0].running_mean.clone()
+    branch(x).sum().backward()
+    assert torch.equal(bns[0].running_mean, running)  # statistics untouched in training mode
+    assert branch.backbone.layer3[0].conv1.weight.grad is None
+    assert branch.backbone.layer4[0].conv1.weight.grad is not None
+
+
+def test_offline_imagenet_weights_give_a_clear_message(monkeypatch):
+    import torchvision
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no route to host")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", offline, raising=False)
+    with pytest.raises(NoisyMLTError, match="pretrained: false"):
+        build_backbone("resnet18", pretrained=True)
+
+
+def test_local_weights_file_is_loaded(tmp_path):
+    import torchvision
+
+    net = torchvision.models.resnet18(weights=None)
+    torch.nn.init.constant_(net.layer1[0].conv1.weight, 0.5)
+    torch.save(net.state_dict(), tmp_path / "r18.pth")
+    trunk = build_backbone("resnet18", weights_path=str(tmp_path / "r18.pth"))
+    assert torch.all(trunk.layer1[0].conv1.weight == 0.5)
+    with pytest.raises(NoisyMLTError, match="does not exist"):
+        build_backbone("resnet18", weights_path=str(tmp_path / "missing.pth"))
+
+
+def test_unknown_backbone_is_refused():
+    with pytest.raises(NoisyMLTError, match="unknown backbone 'vgg'"):
+        build_backbone("vgg")
