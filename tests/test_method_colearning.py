@@ -43,6 +43,15 @@ BLOCKS = {
 }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: one intra-op thread is as fast, and far faster on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def base_params() -> dict:
     return load_params(PROJECT / "params.yaml", PROJECT / "workflow" / "profiles" / "demo" / "params.yaml")
@@ -109,6 +118,17 @@ def test_forward_backward_every_mode(base_params, name):
         assert bn.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("name", ["ours", "ours_stitch_image_concat", "ours_mixup"])
+def test_mixed_precision_step(base_params, name):
+    """The GPU path runs under autocast: half-precision logits must still give a float32 loss."""
+    method, model = make_method(base_params, BLOCKS[name])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, logs = method.training_loss(model, make_batches(method), 0, 0)
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+    loss.backward()
+    assert torch.isfinite(model.branches["random"].head.fc.weight.grad).all()
+
+
 def test_stream_shapes_and_partners(base_params):
     method, _ = make_method(base_params, {"stitchup": {"k": 3, "p": 0.5}},
                             train={**SMALL_TRAIN, "batch_size": 5, "balanced_batch_size": 7})
@@ -146,7 +166,8 @@ def test_feature_average_stitch_uses_partner_batchnorm(base_params, monkeypatch)
     seen = {}
 
     def spy(elementwise, stitched, singles, targets, *, mask, negatives):
-        seen.setdefault("calls", []).append((stitched.detach(), [s.detach() for s in singles], targets, mask, negatives))
+        singles = [s.detach() for s in singles]
+        seen.setdefault("calls", []).append((stitched.detach(), singles, targets, mask, negatives))
         return stitched.sum() * 0
 
     monkeypatch.setattr(family, "stitchup_loss", spy)
@@ -166,6 +187,9 @@ def test_feature_average_stitch_uses_partner_batchnorm(base_params, monkeypatch)
     assert not torch.allclose(partner, f.neck(maps[:, 1]))  # a different BatchNorm than the anchor's
     torch.testing.assert_close(targets[1], noisy_labels()[b["index"][:, 1]])
     assert mask.tolist() == b["stitched"].tolist() and negatives == "own"
+    union, _ = make_method(base_params, {"stitchup": {"negatives": "union"}, "pseudo": {"source": "none"}})
+    union.training_loss(model, batches, 0, 0)
+    assert seen["calls"][-1][4] == "union"
 
 
 def set_fixed_logits(branch, logits: list[float]) -> None:

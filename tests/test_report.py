@@ -77,3 +77,19 @@ def test_figure_is_written(tmp_path):
     files = [fake_run(tmp_path, "erm", g, s, [0.5 - g / 2 + s / 100]) for g in (0.3, 0.5) for s in (0, 1)]
     png = plot_map_vs_gamma(aggregate(files), tmp_path / "fig.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ablation_table_layout_rows_and_paper_column(tmp_path):
+    files = [fake_run(tmp_path, m, 0.5, s, [v + s / 100]) for s in (0, 1, 2)
+             for m, v in (("base", 0.60), ("variant", 0.65))]
+    block = {"label": "Ablation X", "dataset": "toy", "methods": ["base", "variant"],
+             "rows": {"base": "-- / --", "variant": "Stitch-Up"}, "paper": {"base": [66.84, 65.33, 77.02, 60.33]}}
+    from noisymlt.report.tables import write_ablation_table
+
+    out = tmp_path / "ab.tex"
+    sidecar = write_ablation_table(aggregate(files), out, {}, block)
+    md = out.with_suffix(".md").read_text()
+    assert "| -- / -- | _61.00 ± 2.48_ | _61.00 ± 2.48_ | _61.00 ± 2.48_ | _61.00 ± 2.48_ | 66.84 |" in md
+    assert "| Stitch-Up | **66.00 ± 2.48** |" in md
+    assert "Method & Total & Head & Medium & Tail & Paper" in out.read_text()
+    assert "variant/main/0.5/tail" in sidecar["cells"]

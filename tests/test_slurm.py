@@ -90,10 +90,10 @@ def test_profile(profile: dict, partition: str, configfiles: list[Path]) -> dict
     return p
 
 
-def snakemake_env() -> dict:
-    """The jobs inherit this environment (sbatch --export=ALL): make `python -m noisymlt` importable."""
+def snakemake_env(src: Path) -> dict:
+    """The jobs inherit this environment (sbatch --export=ALL): `python -m noisymlt` imports from src."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH", "")]))
     for var in [v for v in env if v.startswith("SLURM_")]:
         del env[var]                      # a test run inside an allocation must not leak its job id
     return env
@@ -102,8 +102,8 @@ def snakemake_env() -> dict:
 test_profile.__test__ = False  # a helper, not a test
 
 
-def run(cmd: list[str], cwd: Path, timeout: int) -> str:
-    proc = subprocess.run(cmd, cwd=cwd, env=snakemake_env(), capture_output=True, text=True, timeout=timeout)
+def run(cmd: list[str], cwd: Path, src: Path, timeout: int) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, env=snakemake_env(src), capture_output=True, text=True, timeout=timeout)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     return log
@@ -116,6 +116,10 @@ def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> N
     shutil.copy2(ROOT / "Snakefile", work)
     shutil.copy2(ROOT / "params.yaml", work)
     shutil.copytree(ROOT / "workflow", work / "workflow")  # follows the schema symlink
+    # A snapshot of the package: its code digest is a rule param, so an edit of src/ during the
+    # test would otherwise make the SLURM run redo the data steps.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "src/noisymlt", src / "noisymlt", ignore=shutil.ignore_patterns("__pycache__"))
     tiny = tmp_path / "tiny_params.yaml"
     tiny.write_text(yaml.safe_dump(TINY_PARAMS))
     configfiles = [work / "workflow/profiles/demo/params.yaml", tiny]
@@ -126,8 +130,8 @@ def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> N
     (prof_dir / "config.yaml").write_text(yaml.safe_dump(test_profile(real, partition, configfiles)))
 
     snakemake = [sys.executable, "-m", "snakemake", "--nocolor"]
-    run(snakemake + ["--cores", "2", "--configfile", *map(str, configfiles), "--", *DATA_TARGETS], work, 120)
-    log = run(snakemake + ["--profile", str(prof_dir)], work, RUN_TIMEOUT_S)
+    run(snakemake + ["--cores", "2", "--configfile", *map(str, configfiles), "--", *DATA_TARGETS], work, src, 120)
+    log = run(snakemake + ["--profile", str(prof_dir)], work, src, RUN_TIMEOUT_S)
     assert "6 of 6 steps (100%) done" in log, log[-3000:]  # train, evaluate, 3 report steps, all
 
     # The outputs of the whole chain.

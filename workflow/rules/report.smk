@@ -69,9 +69,7 @@ rule table_ablation:
     params:
         cli=NOISYMLT,
         labels=method_labels(),
-        methods=lambda w: " ".join(config["ablations"][w.name]["methods"]),
-        dataset=lambda w: config["ablations"][w.name]["dataset"],
-        caption=lambda w: config["ablations"][w.name]["label"],
+        spec=lambda w: json.dumps(config["ablations"][w.name]),
         code=CODE,
     conda:
         "../envs/noisymlt.yaml"
@@ -80,5 +78,5 @@ rule table_ablation:
     benchmark:
         "benchmarks/report/ablation_{name}.tsv"
     shell:
-        "{params.cli} table --results {input} --out {output.tex} --layout ablation --dataset {params.dataset} "
-        "--caption {params.caption:q} --methods {params.methods} --labels {params.labels:q} > {log} 2>&1"
+        "{params.cli} table --results {input} --out {output.tex} --ablation-spec {params.spec:q} "
+        "--labels {params.labels:q} > {log} 2>&1"

@@ -89,7 +89,8 @@ _BRANCH_SCHEMA = {
 
 def _enabled(key: str) -> dict:
     """Schema fragment: options[key].enabled is given and true."""
-    return {"required": [key], "properties": {key: {"required": ["enabled"], "properties": {"enabled": {"const": True}}}}}
+    enabled = {"required": ["enabled"], "properties": {"enabled": {"const": True}}}
+    return {"required": [key], "properties": {key: enabled}}
 
 
 @dataclass(frozen=True)
@@ -116,14 +117,20 @@ def eval_mode(*modules: nn.Module):
 
 
 def check_options(opts: dict) -> None:
-    """Cross-field rules (also in the schema, where their messages are less clear)."""
-    stitch_on = (opts.get("stitchup") or {}).get("enabled", STITCHUP_DEFAULTS["enabled"])
-    mixup_on = (opts.get("mixup") or {}).get("enabled", MIXUP_DEFAULTS["enabled"])
-    if stitch_on and mixup_on:
+    """Cross-field rules (also in the schema, where their messages are less clear); types are left
+    to the schema check that follows."""
+
+    def section(key: str) -> dict:
+        value = opts.get(key)
+        return value if isinstance(value, dict) else {}
+
+    stitch_on = section("stitchup").get("enabled", STITCHUP_DEFAULTS["enabled"])
+    mixup_on = section("mixup").get("enabled", MIXUP_DEFAULTS["enabled"])
+    if stitch_on is True and mixup_on is True:
         raise NoisyMLTError("colearning options: mixup.enabled and stitchup.enabled are exclusive "
                             "(Mix-Up replaces Stitch-Up); set stitchup.enabled: false")
-    branches = opts.get("branches") or BRANCH_DEFAULTS
-    source = (opts.get("pseudo") or {}).get("source", "cross")
+    branches = section("branches") or BRANCH_DEFAULTS
+    source = section("pseudo").get("source", "cross")
     if len(branches) == 1 and source == "cross":
         raise NoisyMLTError("colearning options: pseudo.source 'cross' needs two branches; with one branch "
                             "set pseudo.source to 'self' or 'none'")
@@ -213,14 +220,14 @@ class CoLearning(Method):
         """(alpha, beta) per-class vectors per source branch: the method block's thresholds, else the
         dataset's ``colearning.thresholds``, else [CL]'s published values (the toy set uses VOC's)."""
         if given is None:
+            where = f"datasets.{self.ctx.cfg.get('dataset', '?')}.colearning"
             block = self.ctx.cfg.get("colearning") or {}
             unknown = sorted(set(block) - {"thresholds"})
             if unknown:
-                raise NoisyMLTError(f"datasets.{self.ctx.cfg.get('dataset', '?')}.colearning: unknown key(s) "
-                                    f"{unknown}; accepted: ['thresholds']")
+                raise NoisyMLTError(f"{where}: unknown key(s) {unknown}; accepted: ['thresholds']")
             given = block.get("thresholds")
             if given is not None:
-                _validate(given, THRESHOLDS_SCHEMA, f"datasets.{self.ctx.cfg.get('dataset', '?')}.colearning.thresholds")
+                _validate(given, THRESHOLDS_SCHEMA, f"{where}.thresholds")
         if given is None:
             kind = self.ctx.cfg["kind"]
             given = COLEARNING_DEFAULTS["voc" if kind == "toy" else kind]

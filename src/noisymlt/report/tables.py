@@ -81,7 +81,8 @@ def fmt(cell: Cell | None, style: str, rank: int | None = None) -> str:
 
 
 def render(results: pd.DataFrame, cells: dict, methods: list[str], cols: list[tuple], labels: dict[str, str],
-           header_tex: list[str], header_md: str, spec: str, out_tex: Path, caption: str) -> dict:
+           header_tex: list[str], header_md: str, spec: str, out_tex: Path, caption: str,
+           unranked: set = frozenset()) -> dict:
     """Write the .tex/.md/.cells.json trio. Rows: each method's primary head, then its other heads."""
     rows = []
     for m in methods:
@@ -91,7 +92,7 @@ def render(results: pd.DataFrame, cells: dict, methods: list[str], cols: list[tu
         first = primary_head(results, m)
         rows += [(m, first, True)] + [(m, h, False) for h in heads if h != first]
     marks = {}
-    for col in cols:
+    for col in [c for c in cols if c not in unranked]:
         scored = sorted(((cells[(m, h, *col)].mean, (m, h)) for m, h, ranked in rows
                          if ranked and (m, h, *col) in cells and np.isfinite(cells[(m, h, *col)].mean)),
                         key=lambda t: -t[0])
@@ -139,10 +140,11 @@ def write_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, str], gr
     return render(results, cells, methods, cols, labels, header, header_md, spec, out_tex, f"{group} mAP")
 
 
-def write_ablation_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, str], methods: list[str],
-                         dataset: str, caption: str) -> dict:
-    """Ablation layout: columns = noise rate x (total, head, medium, tail) on one dataset.
+def write_ablation_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, str], block: dict) -> dict:
+    """Ablation layout: columns = noise rate x (total, head, medium, tail) on one dataset, rows titled by
+    the block's ``rows``; the published numbers (``paper``) follow in a last column for comparison.
     Cell keys: METHOD/HEAD/GAMMA/GROUP."""
+    methods, dataset = block["methods"], block["dataset"]
     sel = results[(results["dataset"] == dataset) & results["method"].isin(methods)
                   & results["group"].isin(("total", *GROUPS))]
     if sel.empty:
@@ -150,15 +152,26 @@ def write_ablation_table(results: pd.DataFrame, out_tex: Path, labels: dict[str,
     cells = collect_cells(sel, ["gamma", "group"])
     gammas = sorted({k[2] for k in cells})
     cols = [(g, grp) for g in gammas for grp in ("total", *GROUPS)]
+    paper = block.get("paper", {})
+    if paper:  # a pseudo-column holding the published values, never ranked
+        cols.append(("paper", "total"))
+        for m, values in paper.items():
+            if values[0] is not None:
+                cells[(m, primary_head(sel, m) if m in set(sel["method"]) else "main", "paper", "total")] = Cell(
+                    float(values[0]), None, [])
     header = []
     if len(gammas) > 1:
         header += ["Noise rate~$\\gamma$ & " + " & ".join(f"\\multicolumn{{4}}{{c}}{{{g:g}}}" for g in gammas)
-                   + " \\\\"]
-    header += ["Method & " + " & ".join(grp.capitalize() for _ in gammas for grp in ("total", *GROUPS)) + " \\\\"]
-    header_md = "| Method | " + " | ".join(f"{grp} (γ={g:g})" for g, grp in cols) + " |"
-    spec = "l|" + "||".join("cccc" for _ in gammas)
-    return render(results, cells, methods, cols, labels, header, header_md, spec, out_tex,
-                  f"{caption} ({DATASET_TITLES.get(dataset, dataset)})")
+                   + (" & " if paper else "") + " \\\\"]
+    header += ["Method & " + " & ".join(grp.capitalize() for _ in gammas for grp in ("total", *GROUPS))
+               + (" & Paper" if paper else "") + " \\\\"]
+    header_md = "| Method | " + " | ".join("paper total" if g == "paper" else f"{grp} (γ={g:g})"
+                                           for g, grp in cols) + " |"
+    spec = "l|" + "||".join("cccc" for _ in gammas) + ("|c" if paper else "")
+    row_labels = {**labels, **block.get("rows", {})}
+    sidecar = render(results, cells, methods, cols, row_labels, header, header_md, spec, out_tex,
+                     f"{block['label']} ({DATASET_TITLES.get(dataset, dataset)})", unranked={("paper", "total")})
+    return sidecar
 
 
 def _cmd_table(args: argparse.Namespace) -> int:
@@ -177,12 +190,9 @@ def _cmd_table(args: argparse.Namespace) -> int:
     if args.ablation:
         if params is None or args.ablation not in params.get("ablations", {}):
             raise NoisyMLTError(f"--ablation {args.ablation!r} needs --params files that define it")
-        block = params["ablations"][args.ablation]
-        write_ablation_table(results, Path(args.out), labels, block["methods"], block["dataset"], block["label"])
-    elif args.layout == "ablation":
-        if not (args.methods and args.dataset):
-            raise NoisyMLTError("--layout ablation needs --methods and --dataset")
-        write_ablation_table(results, Path(args.out), labels, args.methods, args.dataset, args.caption or "Ablation")
+        write_ablation_table(results, Path(args.out), labels, params["ablations"][args.ablation])
+    elif args.ablation_spec:
+        write_ablation_table(results, Path(args.out), labels, json.loads(args.ablation_spec))
     else:
         methods = args.methods or (params["grid"]["methods"] if params else None)
         write_table(results, Path(args.out), labels, args.group, methods)
@@ -204,8 +214,6 @@ def add_cli(sub) -> None:
     p.add_argument("--labels", help='method display names as JSON, e.g. \'{"erm": "ERM"}\'')
     p.add_argument("--params", nargs="*", help="params files: method labels, grid and ablation definitions")
     p.add_argument("--ablation", help="name of an `ablations` block of --params: write its table")
-    p.add_argument("--layout", choices=["main", "ablation"], default="main", help="table layout without --params")
-    p.add_argument("--dataset", help="dataset of an ablation-layout table")
-    p.add_argument("--caption", help="caption of an ablation-layout table")
+    p.add_argument("--ablation-spec", help="an `ablations` block as JSON (what the workflow passes)")
     p.add_argument("--print", action="store_true", help="print the Markdown version")
     p.set_defaults(func=_cmd_table)
