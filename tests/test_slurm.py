@@ -1,10 +1,11 @@
-"""The SLURM profile, for real: the toy workflow submitted job by job through sbatch.
+"""The SLURM profile, for real: the toy workflow's training and report steps submitted with sbatch.
 
-Needs a running cluster (CI starts a single-node one with tests/slurm/start_cluster.sh); skipped
-when `sbatch` is missing or `sinfo` does not answer. The workflow files and the real
+Needs a SLURM cluster on this machine (CI starts a single-node one with
+tests/slurm/start_cluster.sh); skipped when `sbatch` is missing, `sinfo` does not answer or this
+host is not a usable node of the default partition. The workflow files and the real
 workflow/profiles/slurm profile are copied into a temporary folder; a test profile is derived from
 that profile with only what a 2-core, GPU-less, accounting-free node needs changed (see
-`test_profile`), and a params layer shrinks the demo to one tiny run.
+`derive_test_profile`), and a params layer shrinks the demo to one tiny run.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -47,24 +49,30 @@ DATA_TARGETS = ["data/toy/noisy/g0.5_s0.parquet", "data/toy/test_labels.parquet"
 SLURM_GROUPS = {"run": ["evaluate", "train"], "report": ["aggregate", "figure_map_vs_gamma", "table_total"]}
 
 
-def default_partition() -> str:
-    """Name of the cluster's default partition; skips the test when there is no usable cluster."""
+def local_partition() -> str:
+    """The default partition, if this machine is one of its nodes and up; else skip.
+
+    Only a cluster on this machine is used: on a real cluster's login node the test's tmp folder
+    would not be on the compute nodes' file system.
+    """
     if shutil.which("sbatch") is None:
         pytest.skip("no SLURM: sbatch not found (CI starts one with tests/slurm/start_cluster.sh)")
     try:
-        out = subprocess.run(["sinfo", "--noheader", "--format=%P %a"], capture_output=True, text=True, timeout=20)
+        out = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%N %P %t"],
+                             capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"no SLURM: sinfo does not answer ({exc})")
     if out.returncode != 0:
         pytest.skip(f"no SLURM: sinfo failed: {out.stderr.strip()}")
+    host = socket.gethostname().split(".")[0]
     for line in out.stdout.splitlines():
-        name, avail = line.split()
-        if name.endswith("*") and avail == "up":
-            return name.rstrip("*")
-    pytest.skip(f"no SLURM default partition that is up in sinfo output: {out.stdout!r}")
+        node, partition, state = line.split()
+        if node == host and partition.endswith("*") and state.rstrip("*") in {"idle", "mix", "alloc", "comp"}:
+            return partition.rstrip("*")
+    pytest.skip(f"no usable local SLURM node {host!r} in the default partition: sinfo says {out.stdout!r}")
 
 
-def test_profile(profile: dict, partition: str, configfiles: list[Path]) -> dict:
+def derive_test_profile(profile: dict, partition: str, configfiles: list[Path]) -> dict:
     """The real profile, changed only where the local test node differs from a GPU cluster."""
     p = dict(profile)
     p["configfile"] = [str(f) for f in configfiles]
@@ -99,9 +107,6 @@ def snakemake_env(src: Path) -> dict:
     return env
 
 
-test_profile.__test__ = False  # a helper, not a test
-
-
 def run(cmd: list[str], cwd: Path, src: Path, timeout: int) -> str:
     proc = subprocess.run(cmd, cwd=cwd, env=snakemake_env(src), capture_output=True, text=True, timeout=timeout)
     log = proc.stdout + proc.stderr
@@ -110,7 +115,7 @@ def run(cmd: list[str], cwd: Path, src: Path, timeout: int) -> str:
 
 
 def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> None:
-    partition = default_partition()
+    partition = local_partition()
     work = tmp_path / "wf"
     work.mkdir()
     shutil.copy2(ROOT / "Snakefile", work)
@@ -127,7 +132,7 @@ def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> N
     assert real["executor"] == "slurm" and real["set-resources"]["train"]["gpu"] == 1
     prof_dir = tmp_path / "profile"
     prof_dir.mkdir()
-    (prof_dir / "config.yaml").write_text(yaml.safe_dump(test_profile(real, partition, configfiles)))
+    (prof_dir / "config.yaml").write_text(yaml.safe_dump(derive_test_profile(real, partition, configfiles)))
 
     snakemake = [sys.executable, "-m", "snakemake", "--nocolor"]
     run(snakemake + ["--cores", "2", "--configfile", *map(str, configfiles), "--", *DATA_TARGETS], work, src, 120)

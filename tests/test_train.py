@@ -113,3 +113,17 @@ def test_train_cli_rejects_unknown_method(tiny_toy, tmp_path, capsys):
                "--split", str(tiny_toy["split"]), "--train-images", "x", "--test-images", "x", "--out", str(tmp_path)])
     assert rc == 2
     assert "unknown method 'no_such_method'" in capsys.readouterr().err
+
+
+def test_workflow_rerun_after_config_change_keeps_the_old_checkpoint_aside(tiny_toy, tmp_path):
+    first = make_trainer(tiny_toy, tmp_path / "run", epochs=1)
+    first.fit()
+    old = (tmp_path / "run" / "checkpoint.pt").read_bytes()
+    resolved = resolve_run(tiny_params("erm", epochs=1, weight_decay=0.00123), "toy", "erm", 0.5, 0)
+    second = Trainer(resolved, train_labels=tiny_toy["noisy"], test_labels=tiny_toy["test"], split=tiny_toy["split"],
+                     train_images=tiny_toy["root"], test_images=tiny_toy["root"], out_dir=tmp_path / "run",
+                     device="cpu", progress=False, keep_stale=True)
+    history = second.fit()
+    assert len(history) == 1
+    assert (tmp_path / "run" / f"checkpoint.{first.run_id}.pt").read_bytes() == old
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["run_id"] == second.run_id

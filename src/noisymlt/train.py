@@ -36,7 +36,7 @@ class Trainer:
     def __init__(self, resolved: dict, *, train_labels: Path, test_labels: Path, split: Path,
                  train_images: Path, test_images: Path, out_dir: Path, device: str = "auto",
                  threads: int | None = None, progress: bool = True, limit_iters: int | None = None,
-                 provenance_inputs: dict[str, Path] | None = None):
+                 provenance_inputs: dict[str, Path] | None = None, keep_stale: bool = False):
         import torch
 
         from noisymlt.config import run_id
@@ -48,6 +48,7 @@ class Trainer:
         self.run_id = run_id(resolved)
         self.paths = {"train_labels": Path(train_labels), "test_labels": Path(test_labels), "split": Path(split)}
         self.provenance_inputs = {k: Path(v) for k, v in (provenance_inputs or {}).items()}
+        self.keep_stale = keep_stale
         self.train_images, self.test_images = Path(train_images), Path(test_images)
         self.out = Path(out_dir)
         self.progress = progress
@@ -115,6 +116,14 @@ class Trainer:
             state = torch.load(self.ckpt_path, map_location=self.device, weights_only=True)
         except Exception as exc:
             raise NoisyMLTError(f"{self.ckpt_path}: unreadable checkpoint ({exc}); move it away to restart") from exc
+        if state.get("run_id") != self.run_id and self.keep_stale:
+            # The workflow reran this job because its configuration changed: keep the old checkpoint
+            # under its own run id and start afresh.
+            aside = self.ckpt_path.with_name(f"checkpoint.{state.get('run_id')}.pt")
+            self.ckpt_path.rename(aside)
+            (self.out / "train_log.jsonl").unlink(missing_ok=True)
+            log.warning("checkpoint of run %s (another configuration) kept as %s", state.get("run_id"), aside)
+            return 0, []
         if state.get("run_id") != self.run_id:
             raise NoisyMLTError(
                 f"{self.ckpt_path}: checkpoint belongs to run {state.get('run_id')}, not {self.run_id} "
@@ -288,7 +297,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     trainer = Trainer(resolved, train_labels=args.train_labels, test_labels=args.test_labels, split=args.split,
                       train_images=args.train_images, test_images=args.test_images, out_dir=out,
                       device=args.device, threads=args.threads, progress=not args.no_progress,
-                      provenance_inputs=extra)
+                      provenance_inputs=extra, keep_stale=args.keep_stale)
     log.info("run %s: %s on %s gamma=%s seed=%s, %d iterations/epoch on %s", trainer.run_id, resolved["method"],
              resolved["dataset"], resolved["gamma"], resolved["seed"], trainer.iters, trainer.device)
     trainer.run()
@@ -322,5 +331,9 @@ def add_cli(sub) -> None:
     p.add_argument("--device", default="auto", help="auto (GPU if any, honouring CUDA_VISIBLE_DEVICES), cpu, cuda:N")
     p.add_argument("--threads", type=int, help="CPU threads for torch")
     p.add_argument("--restart", action="store_true", help="keep an existing checkpoint aside and start over")
+    p.add_argument("--keep-stale", action="store_true",
+                   help="a checkpoint of another configuration is kept as checkpoint.<its run id>.pt and training "
+                        "starts afresh (the workflow's choice: it reruns a job when its configuration changed); "
+                        "without it such a checkpoint stops the run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_train)

@@ -53,6 +53,11 @@ if [ -e "$CONF" ] && ! grep -qF "$MARK" "$CONF"; then
     exit 1
 fi
 mkdir -p /etc/slurm "$RUN" "$SPOOL/ctld" "$SPOOL/d" "$LOGS"
+# srun and slurmd look the node up by name; a fresh machine may not resolve its own name.
+if ! getent hosts "$HOST" >/dev/null; then
+    log "adding '127.0.0.1 $HOST' to /etc/hosts"
+    echo "127.0.0.1 $HOST" >>/etc/hosts
+fi
 
 # CPUs, topology and RealMemory exactly as slurmd detects them, so the node is not drained for
 # a mismatch; the name is forced to the short host name that slurmd will register under.

@@ -32,5 +32,5 @@ rule train:
     shell:
         "{params.cli} train --run-config {params.run_config:q} --train-labels {input.train} "
         "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
-        "--test-images {params.test_images} --out {params.out} --threads {threads} --no-progress "
+        "--test-images {params.test_images} --out {params.out} --threads {threads} --no-progress --keep-stale "
         "--provenance raw_manifest={input.raw} clean_subset={input.subset} > {log} 2>&1"
