@@ -24,8 +24,10 @@ log() { echo "[start_cluster] $*" >&2; }
 [ "$(id -u)" -eq 0 ] || { log "must run as root (installs packages, starts daemons)"; exit 1; }
 
 node_state() { sinfo --noheader --nodes="$HOST" --format=%t 2>/dev/null | head -n1 || true; }
+alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
-if command -v sinfo >/dev/null && [ "$(node_state)" = idle ]; then
+# (sinfo takes ~10 s to give up on a stopped controller, so ask it only when the daemons run.)
+if alive "$RUN/slurmctld.pid" && alive "$RUN/slurmd.pid" && [ "$(node_state)" = idle ]; then
     log "cluster already up: node $HOST idle"
     exit 0
 fi
@@ -40,11 +42,12 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! comm
         printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
         chmod 755 /usr/sbin/policy-rc.d
         own_policy=1
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
     fi
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null
-    [ "$own_policy" -eq 0 ] || rm -f /usr/sbin/policy-rc.d
+    if [ "$own_policy" -eq 1 ]; then rm -f /usr/sbin/policy-rc.d; trap - EXIT; fi
 fi
 
 # --- configuration --------------------------------------------------------------------------
@@ -61,7 +64,7 @@ fi
 
 # CPUs, topology and RealMemory exactly as slurmd detects them, so the node is not drained for
 # a mismatch; the name is forced to the short host name that slurmd will register under.
-hw="$(slurmd -C | head -n1 | tr ' ' '\n' \
+hw="$(slurmd -C | sed -n 1p | tr ' ' '\n' \
     | grep -E '^(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore|RealMemory)=' | tr '\n' ' ')"
 case "$hw" in *CPUs=*RealMemory=*) ;; *) log "could not read the hardware from 'slurmd -C'"; exit 1 ;; esac
 
@@ -113,8 +116,6 @@ chmod 400 /etc/munge/munge.key
 mkdir -p /run/munge /var/lib/munge /var/log/munge
 chown munge:munge /run/munge /var/lib/munge /var/log/munge
 chmod 755 /run/munge
-
-alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
     log "starting munged"
