@@ -30,7 +30,7 @@ lint: $(STAMP)
 	$(VENV)/bin/snakemake --lint
 
 dryrun: $(STAMP)
-	$(VENV)/bin/snakemake -n --quiet rules reports/table_total.tex
+	$(VENV)/bin/snakemake reports/table_total.tex -n --quiet rules
 
 clean-demo:
 	rm -rf data/raw/toy data/toy runs/toy reports/*.* logs benchmarks .snakemake

@@ -47,13 +47,10 @@ def _noisymlt_imports(path: Path, src: Path) -> set[Path]:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         else:
             continue
-        for name in names:
-            parts = name.split(".")
-            for i in range(1, len(parts) + 1) if parts[0] == "noisymlt" else ():
+        for parts in (n.split(".") for n in names if n.split(".")[0] == "noisymlt"):
+            for i in range(1, len(parts) + 1):  # each package on the way, then the module itself
                 base = src.joinpath(*parts[:i])
-                for candidate in (base / "__init__.py", base.with_suffix(".py")):
-                    if candidate.is_file():
-                        found.add(candidate)
+                found.update(c for c in (base / "__init__.py", base.with_suffix(".py")) if c.is_file())
     return found
 
 
@@ -107,7 +104,7 @@ def _run(args: list, root: Path, timeout: float = 300) -> str:
     return out
 
 
-def _project_copy(root: Path, params: dict | None = None, workflow: bool = False) -> Path:
+def _project_copy(root: Path, params: dict, workflow: bool = False) -> Path:
     root.mkdir()
     for name in ("dvc.yaml", ".dvcignore"):
         shutil.copy2(REPO / name, root / name)
@@ -116,10 +113,7 @@ def _project_copy(root: Path, params: dict | None = None, workflow: bool = False
     if workflow:
         shutil.copy2(REPO / "Snakefile", root / "Snakefile")
         shutil.copytree(REPO / "workflow", root / "workflow", symlinks=True)
-    if params is None:
-        shutil.copy2(REPO / "params.yaml", root / "params.yaml")
-    else:
-        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _run([DVC, "init", "--no-scm", "--quiet"], root)
     return root
 

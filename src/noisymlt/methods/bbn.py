@@ -12,7 +12,7 @@ from torch import nn
 
 from noisymlt.dataset import StreamSpec
 from noisymlt.methods.base import Method, register_family
-from noisymlt.methods.single import LOSS_NAMES, loss_for
+from noisymlt.methods.single import LOSS_OPTIONS, loss_for
 from noisymlt.models.backbones import build_backbone
 from noisymlt.models.bbn import SPLITS, BBNNet, bbn_alpha
 from noisymlt.sampling import build_sampler
@@ -25,8 +25,7 @@ class BBN(Method):
         "type": "object",
         "additionalProperties": False,
         "properties": {
-            "loss": {"enum": LOSS_NAMES},
-            "loss_params": {"type": "object"},
+            **LOSS_OPTIONS,
             "split_at": {"enum": list(SPLITS)},
         },
     }

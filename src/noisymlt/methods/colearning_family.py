@@ -31,7 +31,7 @@ from noisymlt.dataset import StreamSpec
 from noisymlt.errors import NoisyMLTError
 from noisymlt.labels import GROUPS
 from noisymlt.methods.base import Method, register_family
-from noisymlt.methods.single import LOSS_NAMES, SAMPLER_NAMES, loss_for
+from noisymlt.methods.single import LOSS_OPTIONS, SAMPLER_OPTION, loss_for
 from noisymlt.models.twobranch import TwoBranch, build_two_branch, ensemble_logits
 from noisymlt.sampling import build_sampler
 from noisymlt.stitchup import (
@@ -78,9 +78,8 @@ _BRANCH_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
-        "sampler": {"enum": SAMPLER_NAMES},
-        "loss": {"enum": LOSS_NAMES},
-        "loss_params": {"type": "object"},
+        **SAMPLER_OPTION,
+        **LOSS_OPTIONS,
         "batch_size": {"enum": list(BATCH_SIZE_KEYS), "description": "which train batch size the stream uses"},
         "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
     },

@@ -47,7 +47,7 @@ from noisymlt.dataset import StreamSpec
 from noisymlt.errors import NoisyMLTError
 from noisymlt.losses import build_loss
 from noisymlt.methods.base import Method, register_family
-from noisymlt.methods.single import SAMPLER_NAMES
+from noisymlt.methods.single import SAMPLER_OPTION
 from noisymlt.models.branch import build_branch
 from noisymlt.sampling import build_sampler
 
@@ -151,7 +151,7 @@ class DivideMix(Method):
         "type": "object",
         "additionalProperties": False,
         "properties": {
-            "sampler": {"enum": SAMPLER_NAMES},
+            **SAMPLER_OPTION,
             "warmup_epochs": {"type": ["integer", "null"], "minimum": 0},
             "p_threshold": {"type": "number", "minimum": 0, "maximum": 1},
             "temperature": {"type": "number", "exclusiveMinimum": 0},

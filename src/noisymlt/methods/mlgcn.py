@@ -14,7 +14,7 @@ from noisymlt.data.glove import class_embeddings
 from noisymlt.dataset import StreamSpec
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.base import Method, register_family
-from noisymlt.methods.single import LOSS_NAMES, SAMPLER_NAMES, loss_for
+from noisymlt.methods.single import LOSS_OPTIONS, SAMPLER_OPTION, loss_for
 from noisymlt.models.backbones import build_backbone
 from noisymlt.models.mlgcn import LabelGCN, MLGCNNet, label_adjacency, normalize_adjacency
 from noisymlt.sampling import build_sampler
@@ -27,9 +27,8 @@ class MLGCN(Method):
         "type": "object",
         "additionalProperties": False,
         "properties": {
-            "sampler": {"enum": SAMPLER_NAMES},
-            "loss": {"enum": LOSS_NAMES},
-            "loss_params": {"type": "object"},
+            **SAMPLER_OPTION,
+            **LOSS_OPTIONS,
             "t": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
             "p": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
             "embeddings": {"enum": ["glove", "random"]},

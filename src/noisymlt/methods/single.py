@@ -23,6 +23,9 @@ def loss_for(ctx, name: str, params: dict | None) -> nn.Module:
 
 SAMPLER_NAMES = ["random", "class_aware", "reversed"]
 LOSS_NAMES = ["bce", "focal", "db", "db_focal", "ldam"]
+# Option-schema fragments shared by the families that take a sampler and/or a loss.
+SAMPLER_OPTION = {"sampler": {"enum": SAMPLER_NAMES}}
+LOSS_OPTIONS = {"loss": {"enum": LOSS_NAMES}, "loss_params": {"type": "object"}}
 
 
 @register_family("single")
@@ -31,11 +34,7 @@ class SingleBranch(Method):
     options_schema = {
         "type": "object",
         "additionalProperties": False,
-        "properties": {
-            "sampler": {"enum": SAMPLER_NAMES},
-            "loss": {"enum": LOSS_NAMES},
-            "loss_params": {"type": "object"},
-        },
+        "properties": {**SAMPLER_OPTION, **LOSS_OPTIONS},
     }
 
     def __init__(self, ctx):

@@ -62,6 +62,27 @@ class SmallCNN(nn.Module):
         return [self]  # nothing pretrained to keep
 
 
+def apply_trainable(backbone: nn.Module, policy: str) -> None:
+    """``all`` trains everything; otherwise only the backbone's ``trainable_parts(policy)`` (ResNet:
+    layer4) keep gradients ([CL] trains layer4 + neck + head)."""
+    if policy == "all":
+        return
+    for p in backbone.parameters():
+        p.requires_grad_(False)
+    for part in backbone.trainable_parts(policy):
+        for p in part.parameters():
+            p.requires_grad_(True)
+
+
+def freeze_batchnorm(*modules: nn.Module) -> None:
+    """Put every BatchNorm layer of ``modules`` in eval mode: [CL] keeps the pretrained backbone
+    statistics. Call it from a model's ``train()`` after ``super().train(mode)``."""
+    for module in modules:
+        for m in module.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.eval()
+
+
 def build_backbone(name: str, *, pretrained: bool = False, weights_path: str | None = None) -> nn.Module:
     """Build a backbone. ImageNet weights come from torchvision's download (cached in TORCH_HOME)
     or from a local file; offline users set ``pretrained: false`` or ``weights_path``."""

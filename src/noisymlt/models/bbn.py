@@ -18,22 +18,10 @@ import torch
 from torch import nn
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.models.backbones import ResNetTrunk, SmallCNN
+from noisymlt.models.backbones import ResNetTrunk, SmallCNN, apply_trainable, freeze_batchnorm
 from noisymlt.models.heads import Head
 
 SPLITS = ("stage", "block")
-
-
-def apply_trainable(backbone: nn.Module, policy: str) -> None:
-    """``all`` trains everything; otherwise only the backbone's ``trainable_parts(policy)`` (ResNet:
-    layer4) keep gradients. Done before the split, so the duplicated stage copies the flags."""
-    if policy == "all":
-        return
-    for p in backbone.parameters():
-        p.requires_grad_(False)
-    for part in backbone.trainable_parts(policy):
-        for p in part.parameters():
-            p.requires_grad_(True)
 
 
 def split_last_stage(backbone: nn.Module, split_at: str = "stage") -> tuple[nn.Module, nn.Module]:
@@ -78,10 +66,7 @@ class BBNNet(nn.Module):
     def train(self, mode: bool = True) -> "BBNNet":
         super().train(mode)
         if mode and self.frozen_bn:  # keep the pretrained statistics, as the other methods do
-            for part in (self.shared, self.stage_c, self.stage_r):
-                for m in part.modules():
-                    if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                        m.eval()
+            freeze_batchnorm(self.shared, self.stage_c, self.stage_r)
         return self
 
     def branch_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from noisymlt.models.backbones import build_backbone
+from noisymlt.models.backbones import apply_trainable, build_backbone, freeze_batchnorm
 from noisymlt.models.heads import Head, Neck
 
 
@@ -18,24 +18,12 @@ class Branch(nn.Module):
         self.head = Head(neck_dim, num_classes)
         self.trainable = trainable
         self.frozen_bn = frozen_bn
-        self._apply_freeze()
-
-    def _apply_freeze(self) -> None:
-        if self.trainable == "all":
-            return
-        for p in self.backbone.parameters():
-            p.requires_grad_(False)
-        for part in self.backbone.trainable_parts(self.trainable):
-            for p in part.parameters():
-                p.requires_grad_(True)
+        apply_trainable(self.backbone, trainable)
 
     def train(self, mode: bool = True) -> "Branch":
         super().train(mode)
         if mode and self.frozen_bn:
-            # [CL] keeps the pretrained backbone statistics: BatchNorm layers stay in eval mode.
-            for m in self.backbone.modules():
-                if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                    m.eval()
+            freeze_batchnorm(self.backbone)
         return self
 
     def feature_maps(self, x: torch.Tensor) -> torch.Tensor:

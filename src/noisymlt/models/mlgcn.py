@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.models.bbn import apply_trainable
+from noisymlt.models.backbones import apply_trainable, freeze_batchnorm
 
 HIDDEN_DIM = 1024
 
@@ -95,9 +95,7 @@ class MLGCNNet(nn.Module):
     def train(self, mode: bool = True) -> "MLGCNNet":
         super().train(mode)
         if mode and self.frozen_bn:
-            for m in self.backbone.modules():
-                if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                    m.eval()
+            freeze_batchnorm(self.backbone)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
