@@ -125,5 +125,24 @@ def test_workflow_rerun_after_config_change_keeps_the_old_checkpoint_aside(tiny_
                      device="cpu", progress=False, keep_stale=True)
     history = second.fit()
     assert len(history) == 1
-    assert (tmp_path / "run" / f"checkpoint.{first.run_id}.pt").read_bytes() == old
+    aside = list((tmp_path / "run").glob(f"checkpoint.{first.run_id}-*.pt"))
+    assert len(aside) == 1 and aside[0].read_bytes() == old
     assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["run_id"] == second.run_id
+
+
+def test_checkpoint_trained_on_other_inputs_is_not_resumed(tiny_toy, tmp_path):
+    import shutil
+
+    from noisymlt.noise import make_noisy_table
+
+    make_trainer(tiny_toy, tmp_path / "run", epochs=1).fit()
+    other = tmp_path / "other_noisy.parquet"
+    make_noisy_table(tiny_toy["train"], 0.5, 1, other)  # same config, another noisy copy
+    resolved = resolve_run(tiny_params("erm", epochs=1), "toy", "erm", 0.5, 0)
+    kwargs = dict(test_labels=tiny_toy["test"], split=tiny_toy["split"], train_images=tiny_toy["root"],
+                  test_images=tiny_toy["root"], out_dir=tmp_path / "run", device="cpu", progress=False)
+    with pytest.raises(NoisyMLTError, match="other inputs"):
+        Trainer(resolved, train_labels=other, **kwargs).fit()
+    history = Trainer(resolved, train_labels=other, keep_stale=True, **kwargs).fit()
+    assert len(history) == 1  # trained afresh rather than resumed at epoch 1
+    shutil.rmtree(tmp_path / "run")

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "noisymlt.report.tables",
     "noisymlt.report.figures",
     "noisymlt.provenance",
+    "noisymlt.steps",
 )
 
 

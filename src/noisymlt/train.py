@@ -49,6 +49,11 @@ class Trainer:
         self.paths = {"train_labels": Path(train_labels), "test_labels": Path(test_labels), "split": Path(split)}
         self.provenance_inputs = {k: Path(v) for k, v in (provenance_inputs or {}).items()}
         self.keep_stale = keep_stale
+        from noisymlt.provenance import file_sha256
+
+        # A checkpoint belongs to a configuration (run id) *and* to the exact training inputs: a new
+        # long-tail subset or noisy copy under the same config must not resume the old model.
+        self.inputs_digest = "+".join(file_sha256(self.paths[k])[:16] for k in ("train_labels", "split"))
         self.train_images, self.test_images = Path(train_images), Path(test_images)
         self.out = Path(out_dir)
         self.progress = progress
@@ -96,6 +101,7 @@ class Trainer:
 
         state = {
             "run_id": self.run_id,
+            "inputs": self.inputs_digest,
             "epoch": epoch,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -116,14 +122,21 @@ class Trainer:
             state = torch.load(self.ckpt_path, map_location=self.device, weights_only=True)
         except Exception as exc:
             raise NoisyMLTError(f"{self.ckpt_path}: unreadable checkpoint ({exc}); move it away to restart") from exc
-        if state.get("run_id") != self.run_id and self.keep_stale:
-            # The workflow reran this job because its configuration changed: keep the old checkpoint
-            # under its own run id and start afresh.
-            aside = self.ckpt_path.with_name(f"checkpoint.{state.get('run_id')}.pt")
+        stale = state.get("run_id") != self.run_id or state.get("inputs") != self.inputs_digest
+        if stale and self.keep_stale:
+            # The workflow reran this job because its configuration or inputs changed: keep the old
+            # checkpoint under its own run id and input digest, and start afresh.
+            tag = f"{state.get('run_id')}-{str(state.get('inputs', 'unknown'))[:8]}"
+            aside = self.ckpt_path.with_name(f"checkpoint.{tag}.pt")
             self.ckpt_path.rename(aside)
             (self.out / "train_log.jsonl").unlink(missing_ok=True)
-            log.warning("checkpoint of run %s (another configuration) kept as %s", state.get("run_id"), aside)
+            log.warning("checkpoint of another configuration or other inputs kept as %s", aside)
             return 0, []
+        if state.get("run_id") == self.run_id and stale:
+            raise NoisyMLTError(
+                f"{self.ckpt_path}: checkpoint was trained on other inputs (train labels / class split changed); "
+                "refusing to resume or overwrite it. Move it away or pass --restart."
+            )
         if state.get("run_id") != self.run_id:
             raise NoisyMLTError(
                 f"{self.ckpt_path}: checkpoint belongs to run {state.get('run_id')}, not {self.run_id} "

@@ -1,12 +1,14 @@
 # Helpers shared by every phase file: the grid, file layout per dataset kind, resolved run configs.
+# The file layout per dataset kind lives in noisymlt.steps, which dvc.yaml's commands use too.
 import json
+import shlex
 import sys
 
-from noisymlt.config import resolve_run, run_id, validate_params
+from noisymlt import steps
+from noisymlt.config import resolve_run, validate_params
 from noisymlt.provenance import code_digest
 
 validate_params(config, source="params")
-
 
 
 def _cli():
@@ -24,47 +26,40 @@ GRID = config["grid"]
 
 
 def gtag(gamma):
-    """Noise rate as written in paths: 0.5 -> '0.5'."""
-    return f"{float(gamma):g}"
+    return steps.gtag(gamma)
 
 
 def kind(dataset):
     return config["datasets"][dataset]["kind"]
 
 
+def dataset_of_kind(k):
+    """The raw files are per kind: any dataset block of that kind tells how to get them."""
+    return next(name for name, block in config["datasets"].items() if block["kind"] == k)
+
+
 def raw_dir(dataset):
-    return f"data/raw/{kind(dataset)}"
+    return steps.raw_dir(config, dataset)
 
 
 def raw_marker(dataset):
-    """File that exists once a dataset's raw files are in place."""
-    return f"{raw_dir(dataset)}/" + ("VOCdevkit/TOY/toy_manifest.json" if kind(dataset) == "toy" else "manifest.json")
-
-
-def parse_args(dataset, part):
-    """`noisymlt parse` arguments for the train source pool or the test set."""
-    k, raw = kind(dataset), raw_dir(dataset)
-    if k == "toy":
-        return f"--format voc --source {raw}/VOCdevkit/TOY --image-set {'trainval' if part == 'train' else 'test'}"
-    if k == "voc":
-        year, image_set = ("VOC2012", "trainval") if part == "train" else ("VOC2007", "test")
-        return f"--format voc --source {raw}/VOCdevkit/{year} --image-set {image_set}"
-    name = "train2017" if part == "train" else "val2017"
-    return f"--format coco --source {raw}/annotations/instances_{name}.json --image-dir {name}"
+    return steps.raw_marker(config, dataset)
 
 
 def image_root(dataset, part):
-    k, raw = kind(dataset), raw_dir(dataset)
-    if k == "toy":
-        return f"{raw}/VOCdevkit/TOY"
-    if k == "voc":
-        return f"{raw}/VOCdevkit/{'VOC2012' if part == 'train' else 'VOC2007'}"
-    return raw
+    return steps.image_root(config, dataset, part)
+
+
+def argv(args):
+    """A step's argument list (from noisymlt.steps, shared with dvc.yaml) as shell words."""
+    return shlex.join(args)
 
 
 def train_images_ready(dataset):
     """COCO train images are fetched one by one for the subset only, after the long-tail step."""
-    return f"data/{dataset}/train_images.done" if kind(dataset) == "coco" else raw_marker(dataset)
+    if kind(dataset) == "coco":
+        return f"{steps.train_images_dir(dataset)}/train2017/manifest.json"
+    return raw_marker(dataset)
 
 
 def run_dir(w):

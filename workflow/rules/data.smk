@@ -1,4 +1,5 @@
 # Raw data -> label tables -> long-tailed training subset and class split.
+# Each command's arguments come from noisymlt.steps (the layout per dataset kind), which dvc.yaml uses too.
 
 
 rule make_toy:
@@ -6,10 +7,7 @@ rule make_toy:
         "data/raw/toy/VOCdevkit/TOY/toy_manifest.json",
     params:
         cli=NOISYMLT,
-        args=lambda w: " ".join(
-            f"--{k.replace('_', '-')} {v}"
-            for k, v in next(d for d in config["datasets"].values() if d["kind"] == "toy")["toy"].items()
-        ),
+        args=lambda w: argv(steps.raw_argv(config, dataset_of_kind("toy"))),
         code=CODE,
     conda:
         "../envs/noisymlt.yaml"
@@ -18,7 +16,7 @@ rule make_toy:
     benchmark:
         "benchmarks/data/make_toy.tsv"
     shell:
-        "{params.cli} make-toy --out data/raw/toy {params.args} > {log} 2>&1"
+        "{params.cli} {params.args} > {log} 2>&1"
 
 
 rule download:
@@ -28,8 +26,7 @@ rule download:
         kind="voc|coco",
     params:
         cli=NOISYMLT,
-        mirror=lambda w: f"--mirror {config['download']['mirror']}" if config.get("download", {}).get("mirror") else "",
-        retries=config.get("download", {}).get("retries", 5),
+        args=lambda w: argv(steps.raw_argv(config, dataset_of_kind(w.kind))),
     conda:
         "../envs/noisymlt.yaml"
     log:
@@ -37,8 +34,7 @@ rule download:
     benchmark:
         "benchmarks/data/download_{kind}.tsv"
     shell:
-        "{params.cli} download --dataset {wildcards.kind} --root data/raw/{wildcards.kind} "
-        "{params.mirror} --retries {params.retries} > {log} 2>&1"
+        "{params.cli} {params.args} > {log} 2>&1"
 
 
 rule parse_labels:
@@ -50,7 +46,7 @@ rule parse_labels:
         part="train_source|test",
     params:
         cli=NOISYMLT,
-        args=lambda w: parse_args(w.dataset, "train" if w.part == "train_source" else "test"),
+        args=lambda w, output: argv(steps.parse_argv(config, w.dataset, w.part, output[0])),
         code=CODE,
     conda:
         "../envs/noisymlt.yaml"
@@ -59,7 +55,7 @@ rule parse_labels:
     benchmark:
         "benchmarks/data/parse_{dataset}_{part}.tsv"
     shell:
-        "{params.cli} parse {params.args} --out {output} > {log} 2>&1"
+        "{params.cli} {params.args} > {log} 2>&1"
 
 
 rule longtail:
@@ -70,12 +66,9 @@ rule longtail:
         split="data/{dataset}/class_split.json",
     params:
         cli=NOISYMLT,
-        args=lambda w: (
-            lambda lt: f"--source {lt['source']} --b {lt.get('b', 6)} "
-            f"--max {lt.get('max', 800)} --min {lt.get('min', 1)} --seed {lt.get('seed', 0)}"
-            + (" --cap-to-available" if lt.get("cap_to_available") else "")
-            + (f" --dataset {kind(w.dataset)}" if lt["source"] == "official" else "")
-        )(config["datasets"][w.dataset]["longtail"]),
+        args=lambda w, input, output: argv(
+            steps.longtail_argv(config, w.dataset, input[0], output.labels, output.split)
+        ),
         code=CODE,
     conda:
         "../envs/noisymlt.yaml"
@@ -84,8 +77,7 @@ rule longtail:
     benchmark:
         "benchmarks/data/longtail_{dataset}.tsv"
     shell:
-        "{params.cli} longtail --labels {input} --out {output.labels} --split-out {output.split} "
-        "{params.args} > {log} 2>&1"
+        "{params.cli} {params.args} > {log} 2>&1"
 
 
 rule fetch_coco_train_images:
@@ -93,11 +85,12 @@ rule fetch_coco_train_images:
         labels="data/{dataset}/train_labels.parquet",
         raw=lambda w: raw_marker(w.dataset),
     output:
-        touch("data/{dataset}/train_images.done"),
+        "data/{dataset}/train_images/train2017/manifest.json",
     params:
         cli=NOISYMLT,
-        mirror=lambda w: f"--mirror {config['download']['mirror']}" if config.get("download", {}).get("mirror") else "",
-        raw=lambda w: raw_dir(w.dataset),
+        args=lambda w, input: argv(
+            steps.train_images_argv(config, w.dataset, input.labels, steps.train_images_dir(w.dataset))
+        ),
     conda:
         "../envs/noisymlt.yaml"
     log:
@@ -105,5 +98,4 @@ rule fetch_coco_train_images:
     benchmark:
         "benchmarks/data/fetch_images_{dataset}.tsv"
     shell:
-        "{params.cli} fetch-coco-images --annotations {params.raw}/annotations/instances_train2017.json "
-        "--ids {input.labels} --out {params.raw}/train2017 {params.mirror} > {log} 2>&1"
+        "{params.cli} {params.args} > {log} 2>&1"

@@ -1,0 +1,236 @@
+"""params.yaml -> the explicit arguments of the pipeline steps, and the file layout per dataset kind.
+
+Snakemake computes each rule's arguments in Python; DVC cannot branch on a dataset's kind (toy
+data are generated, VOC/COCO downloaded, each kind has its own folder layout) and cannot expand
+the run grid into a file list. ``noisymlt step <name> --params params.yaml --dataset NAME ...``
+does that resolution here, prints the equivalent explicit command and runs it, so dvc.yaml calls
+the same commands on the same paths as the Snakemake rules. ``workflow/rules/common.smk`` can build
+its commands from these functions too, so the layout is written down once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from pathlib import Path
+
+from noisymlt.errors import NoisyMLTError
+
+PARTS = ("train_source", "test")
+
+
+def gtag(gamma: float) -> str:
+    """Noise rate as written in paths: Python's float text, as DVC's ``${...}`` interpolation writes it
+    (0.5 -> '0.5', 0 -> '0.0'), so both tools name the same folders."""
+    return str(float(gamma))
+
+
+def dataset_block(params: dict, name: str) -> dict:
+    try:
+        return params["datasets"][name]
+    except KeyError:
+        known = ", ".join(sorted(params.get("datasets", {}))) or "none"
+        raise NoisyMLTError(f"params: no block datasets.{name} (configured: {known})") from None
+
+
+def raw_dir(params: dict, name: str) -> str:
+    """Raw files of a dataset: one folder per kind, shared by datasets of the same kind."""
+    return f"data/raw/{dataset_block(params, name)['kind']}"
+
+
+def raw_marker(params: dict, name: str) -> str:
+    """File that exists once a dataset's raw files are in place."""
+    kind, raw = dataset_block(params, name)["kind"], raw_dir(params, name)
+    return f"{raw}/VOCdevkit/TOY/toy_manifest.json" if kind == "toy" else f"{raw}/manifest.json"
+
+
+def train_images_dir(name: str) -> str:
+    """COCO train images of a dataset's subset (fetched one by one after the long-tail step). They
+    live beside the dataset, not in the raw folder, so that every folder has exactly one writer."""
+    return f"data/{name}/train_images"
+
+
+def image_root(params: dict, name: str, part: str) -> str:
+    """Folder the ``path`` column of a dataset's train ('train') or test ('test') table is relative to."""
+    kind, raw = dataset_block(params, name)["kind"], raw_dir(params, name)
+    if kind == "toy":
+        return f"{raw}/VOCdevkit/TOY"
+    if kind == "voc":
+        return f"{raw}/VOCdevkit/{'VOC2012' if part == 'train' else 'VOC2007'}"
+    return train_images_dir(name) if part == "train" else raw
+
+
+def _download_args(params: dict) -> list[str]:
+    dl = params.get("download") or {}
+    return (["--mirror", dl["mirror"]] if dl.get("mirror") else []) + ["--retries", str(dl.get("retries", 5))]
+
+
+def raw_argv(params: dict, name: str) -> list[str]:
+    """`noisymlt make-toy` (toy) or `noisymlt download` (voc, coco) into raw_dir."""
+    block = dataset_block(params, name)
+    kind, raw = block["kind"], raw_dir(params, name)
+    if kind == "toy":
+        opts = block.get("toy", {})
+        return ["make-toy", "--out", raw] + [a for k, v in opts.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    return ["download", "--dataset", kind, "--root", raw] + _download_args(params)
+
+
+def parse_argv(params: dict, name: str, part: str, out: str) -> list[str]:
+    """`noisymlt parse` of the train source pool ('train_source') or the test set ('test')."""
+    if part not in PARTS:
+        raise NoisyMLTError(f"--part must be one of {', '.join(PARTS)}, got {part!r}")
+    kind, raw = dataset_block(params, name)["kind"], raw_dir(params, name)
+    train = part == "train_source"
+    if kind == "toy":
+        src = ["--format", "voc", "--source", f"{raw}/VOCdevkit/TOY", "--image-set", "trainval" if train else "test"]
+    elif kind == "voc":
+        year, image_set = ("VOC2012", "trainval") if train else ("VOC2007", "test")
+        src = ["--format", "voc", "--source", f"{raw}/VOCdevkit/{year}", "--image-set", image_set]
+    else:
+        split = "train2017" if train else "val2017"
+        src = ["--format", "coco", "--source", f"{raw}/annotations/instances_{split}.json", "--image-dir", split]
+    return ["parse", *src, "--out", out]
+
+
+def longtail_argv(params: dict, name: str, labels: str, out: str, split_out: str) -> list[str]:
+    block = dataset_block(params, name)
+    lt = block["longtail"]
+    argv = ["longtail", "--labels", labels, "--out", out, "--split-out", split_out, "--source", lt["source"],
+            "--b", str(lt.get("b", 6)), "--max", str(lt.get("max", 800)), "--min", str(lt.get("min", 1)),
+            "--seed", str(lt.get("seed", 0))]
+    if lt.get("cap_to_available"):
+        argv.append("--cap-to-available")
+    if lt["source"] == "official":
+        argv += ["--dataset", block["kind"]]
+    return argv
+
+
+def train_images_argv(params: dict, name: str, ids: str, out: str) -> list[str] | None:
+    """`noisymlt fetch-coco-images` for COCO; None for kinds whose train images are in the raw folder."""
+    if dataset_block(params, name)["kind"] != "coco":
+        return None
+    return ["fetch-coco-images", "--annotations", f"{raw_dir(params, name)}/annotations/instances_train2017.json",
+            "--ids", ids, "--out", f"{out}/train2017"] + _download_args(params)
+
+
+def run_dir(dataset: str, gamma: float, seed: int, method: str, root: str = "runs") -> str:
+    return f"{root}/{dataset}/g{gtag(gamma)}/s{int(seed)}/{method}"
+
+
+def grid_runs(params: dict) -> list[tuple[str, float, int, str]]:
+    """(dataset, gamma, seed, method) of every run in the grid, in Snakemake's expansion order."""
+    g = params["grid"]
+    return [(d, float(gm), int(s), m) for d in g["datasets"] for gm in g["gammas"] for s in g["seeds"]
+            for m in g["methods"]]
+
+
+# ---------------------------------------------------------------------------------------- CLI
+
+def _run(argv: list[str]) -> int:
+    """Print the explicit command (what the Snakemake rule runs), then run it in this process."""
+    from noisymlt.cli import main
+
+    print("+ noisymlt " + shlex.join(argv), flush=True)
+    return main(argv)
+
+
+def _params(args: argparse.Namespace) -> dict:
+    from noisymlt.config import load_params
+
+    return load_params(*args.params)
+
+
+def _cmd_raw(args: argparse.Namespace) -> int:
+    return _run(raw_argv(_params(args), args.dataset))
+
+
+def _cmd_parse(args: argparse.Namespace) -> int:
+    return _run(parse_argv(_params(args), args.dataset, args.part, args.out))
+
+
+def _cmd_longtail(args: argparse.Namespace) -> int:
+    return _run(longtail_argv(_params(args), args.dataset, args.labels, args.out, args.split_out))
+
+
+def _cmd_train_images(args: argparse.Namespace) -> int:
+    params = _params(args)
+    argv = train_images_argv(params, args.dataset, args.ids, args.out)
+    if argv is not None:
+        return _run(argv)
+    # DVC runs this step for every dataset; other kinds need no download, only the declared output.
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    note = {"dataset": args.dataset, "kind": dataset_block(params, args.dataset)["kind"],
+            "train_images": image_root(params, args.dataset, "train")}
+    (out / "manifest.json").write_text(json.dumps(note, indent=1, sort_keys=True) + "\n")
+    print(f"{out}: nothing to fetch; {args.dataset} train images are read from {note['train_images']}")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    params = _params(args)
+    argv = ["train", "--params", *args.params, "--dataset", args.dataset, "--method", args.method,
+            "--gamma", gtag(args.gamma), "--seed", str(args.seed), "--train-labels", args.train_labels,
+            "--test-labels", args.test_labels, "--split", args.split,
+            "--train-images", image_root(params, args.dataset, "train"),
+            "--test-images", image_root(params, args.dataset, "test"), "--out", args.out,
+            "--provenance", f"raw_manifest={raw_marker(params, args.dataset)}",
+            f"clean_subset=data/{args.dataset}/train_labels.parquet"]
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
+    return _run(argv + ["--device", args.device, "--no-progress", "--keep-stale"])
+
+
+def _cmd_aggregate(args: argparse.Namespace) -> int:
+    params = _params(args)
+    if params["grid"].get("ablations"):
+        print("note: only the main grid is collected; ablation runs (grid.ablations) are Snakemake's "
+              "(`dvc repro` cannot expand them)", flush=True)
+    files = [f"{run_dir(*run, root=args.runs)}/metrics.json" for run in grid_runs(params)]
+    missing = [f for f in files if not Path(f).is_file()]
+    if missing:
+        raise NoisyMLTError(f"{len(missing)} of {len(files)} grid run(s) have no metrics yet, e.g. {missing[:3]}")
+    return _run(["aggregate", *files, "--out", args.out])
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser(
+        "step", help="run a pipeline step with its dataset-specific arguments resolved from params files",
+        description="Resolve a step's dataset-dependent arguments (raw data source, folder layout, long-tail "
+                    "settings, image folders, the run grid) from params files, print the explicit `noisymlt` "
+                    "command and run it. dvc.yaml uses this because DVC cannot branch on a dataset's kind.",
+    )
+    steps = p.add_subparsers(dest="step", metavar="STEP", required=True)
+
+    def step(name: str, help_text: str, func, dataset: bool = True) -> argparse.ArgumentParser:
+        q = steps.add_parser(name, help=help_text, description=help_text)
+        q.add_argument("--params", nargs="+", default=["params.yaml"], help="params files, layered left to right")
+        if dataset:
+            q.add_argument("--dataset", required=True, help="dataset name (a key under datasets:)")
+        q.set_defaults(func=func)
+        return q
+
+    step("raw", "generate (toy) or download (voc, coco) the raw files into data/raw/KIND", _cmd_raw)
+    q = step("parse", "parse the train source pool or the test set into a label table", _cmd_parse)
+    q.add_argument("--part", required=True, choices=PARTS)
+    q.add_argument("--out", required=True, help="label table to write")
+    q = step("longtail", "draw the long-tailed subset with the dataset's longtail settings", _cmd_longtail)
+    q.add_argument("--labels", required=True, help="train source label table")
+    q.add_argument("--out", required=True, help="subset label table to write")
+    q.add_argument("--split-out", required=True, help="class split JSON to write")
+    q = step("train-images", "fetch the subset's COCO train images (other kinds: write OUT/manifest.json only)",
+             _cmd_train_images)
+    q.add_argument("--ids", required=True, help="subset label table (its image ids)")
+    q.add_argument("--out", required=True, help="folder for the images (data/NAME/train_images)")
+    q = step("train", "train one run, with the dataset's image folders filled in", _cmd_train)
+    q.add_argument("--method", required=True)
+    q.add_argument("--gamma", required=True, type=float)
+    q.add_argument("--seed", required=True, type=int)
+    for opt in ("--train-labels", "--test-labels", "--split", "--out"):
+        q.add_argument(opt, required=True)
+    q.add_argument("--threads", type=int, help="CPU threads for torch")
+    q.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
+    q = step("aggregate", "collect the metrics of exactly the runs in the grid", _cmd_aggregate, dataset=False)
+    q.add_argument("--runs", default="runs", help="runs folder (default: runs)")
+    q.add_argument("--out", required=True, help="results Parquet to write")
