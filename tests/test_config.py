@@ -39,6 +39,7 @@ def test_paper_and_demo_params_are_valid(paper):
         (lambda p: p["grid"].update(datasets=["voc", "imagenet"]), "'imagenet'"),
         (lambda p: p["datasets"]["voc"]["longtail"].update(source="magic"), "datasets.voc.longtail.source"),
         (lambda p: p.update(extra_section={}), "extra_section"),
+        (lambda p: p["grid"].update(gammas=[0.5, 1]), "write the noise rate 1 as 1.0"),
     ],
 )
 def test_bad_params_are_rejected_with_the_key(paper, mutate, message):

@@ -62,6 +62,13 @@ def validate_params(params: dict, source: str = "params") -> None:
     for name in params["grid"]["datasets"]:
         if name not in params["datasets"]:
             raise NoisyMLTError(f"{source}: grid.datasets names {name!r}, which has no block under datasets")
+    gamma_lists = {"grid.gammas": params["grid"]["gammas"],
+                   **{f"ablations.{n}.gammas": a["gammas"] for n, a in params.get("ablations", {}).items()}}
+    for key, gammas in gamma_lists.items():
+        for g in gammas:
+            if not isinstance(g, float):  # DVC writes the YAML text into paths; Snakemake writes str(float)
+                raise NoisyMLTError(f"{source}: {key}: write the noise rate {g!r} as {float(g)!r}, so that "
+                                    "Snakemake and DVC name its folders alike")
     for name in params["grid"].get("ablations", []):
         if name not in params.get("ablations", {}):
             raise NoisyMLTError(f"{source}: grid.ablations names {name!r}, which has no block under ablations")
