@@ -55,8 +55,9 @@ def timed_steps(step, iters: int, warmup: int, device: torch.device) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def bench_method(params: dict, dataset: str, method: str, device: torch.device, iters: int, warmup: int,
-                 num_images: int, num_classes: int) -> dict:
+def method_step(params: dict, dataset: str, method: str, device: torch.device, num_images: int,
+                num_classes: int):
+    """(one training step of ``method`` on synthetic batches, images it processes)."""
     cfg = resolve_run(params, dataset, method, 0.5, 0)
     tcfg = cfg["train"]
     torch.manual_seed(0)
@@ -92,13 +93,10 @@ def bench_method(params: dict, dataset: str, method: str, device: torch.device, 
         torch.nn.utils.clip_grad_norm_(trainable, tcfg["grad_clip"] or 1e9)
         opt.step()
 
-    sec = timed_steps(step, iters, warmup, device)
-    return {"method": method, "ms_per_iter": 1000 * sec, "images_per_s": images_per_step / sec,
-            "images_per_step": images_per_step}
+    return step, images_per_step
 
 
-def bench_bare_backbone(params: dict, dataset: str, device: torch.device, iters: int, warmup: int,
-                        num_classes: int) -> dict:
+def bare_backbone_step(params: dict, dataset: str, device: torch.device, num_classes: int):
     """The reference: the configured backbone + a linear classifier, every weight trained, BCE."""
     from noisymlt.models.backbones import build_backbone
 
@@ -124,8 +122,7 @@ def bench_bare_backbone(params: dict, dataset: str, device: torch.device, iters:
         loss.backward()
         opt.step()
 
-    sec = timed_steps(step, iters, warmup, device)
-    return {"method": "bare backbone", "ms_per_iter": 1000 * sec, "images_per_s": b / sec, "images_per_step": b}
+    return step, b
 
 
 def main() -> int:
@@ -136,6 +133,7 @@ def main() -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median reported)")
     ap.add_argument("--num-images", type=int, default=1142, help="size of the synthetic train set (VOC-MLT: 1142)")
     ap.add_argument("--num-classes", type=int, default=20)
     ap.add_argument("--out", help="write the results as JSON")
@@ -145,13 +143,22 @@ def main() -> int:
     device = select_device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(torch.get_num_threads())
-    rows = [bench_bare_backbone(params, args.dataset, device, args.iters, args.warmup, args.num_classes)]
+    steps = {"bare backbone": bare_backbone_step(params, args.dataset, device, args.num_classes)}
     for method in args.methods:
         if method not in params["methods"]:
             print(f"skipping {method}: not defined in {' + '.join(args.params)}")
             continue
-        rows.append(bench_method(params, args.dataset, method, device, args.iters, args.warmup, args.num_images,
-                                 args.num_classes))
+        steps[method] = method_step(params, args.dataset, method, device, args.num_images, args.num_classes)
+    # Interleaved rounds, median per method: drifts of clock speed or background load hit all alike.
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(args.rounds):
+        for name, (step, _) in steps.items():
+            times[name].append(timed_steps(step, args.iters, args.warmup, device))
+    rows = []
+    for name, (_, images) in steps.items():
+        sec = float(np.median(times[name]))
+        rows.append({"method": name, "ms_per_iter": 1000 * sec, "images_per_s": images / sec,
+                     "images_per_step": images})
     bare = rows[0]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     tcfg = resolve_run(params, args.dataset, next(iter(params["methods"])), 0.5, 0)["train"]
