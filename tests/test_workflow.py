@@ -45,11 +45,17 @@ def test_paper_dry_run_plans_the_full_grid(tmp_path):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     grid = params["grid"]
     # The README's form: target first (a trailing target would be swallowed by --resources).
-    proc = snakemake(copy_workflow(tmp_path), "reports/table_total.tex", "--cores", "8", "--resources", "gpu=2",
+    proc = snakemake(copy_workflow(tmp_path), "reports/table_total.tex", "all", "--cores", "8", "--resources", "gpu=2",
                      "-n", "--quiet", "rules")
     counts = job_counts(proc.stdout + proc.stderr)
-    runs = len(grid["datasets"]) * len(grid["gammas"]) * len(grid["seeds"]) * len(grid["methods"])
-    assert counts["train"] == runs and counts["evaluate"] == runs
+    runs = {(d, g, s, m) for d in grid["datasets"] for g in grid["gammas"] for s in grid["seeds"]
+            for m in grid["methods"]}
+    for name in grid["ablations"]:  # results.parquet holds the ablation runs too; shared runs train once
+        a = params["ablations"][name]
+        runs |= {(a["dataset"], g, s, m) for g in a["gammas"] for s in a["seeds"] for m in a["methods"]}
+    assert len(runs) > 2 * 4 * 5 * 11  # the main grid and more
+    assert counts["train"] == len(runs) and counts["evaluate"] == len(runs)
+    assert counts["table_ablation"] == len(grid["ablations"])
     assert counts["noise"] == len(grid["datasets"]) * len(grid["gammas"]) * len(grid["seeds"])
     assert counts["download"] == 2 and counts["fetch_coco_train_images"] == 1
     assert counts["parse_labels"] == 4 and counts["longtail"] == 2
