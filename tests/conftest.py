@@ -147,3 +147,12 @@ def tiny_params(method: str = "erm", **train_overrides) -> dict:
     params["train"] = deep_merge(params["train"], {**small, **train_overrides})
     params["grid"]["methods"] = [method]
     return params
+
+
+def toy_trainer(tiny_toy: dict, resolved: dict, out_dir, **kwargs):
+    """A CPU Trainer over the ``tiny_toy`` files (kwargs: train_labels override, limit_iters, keep_stale...)."""
+    from noisymlt.train import Trainer
+
+    kwargs.setdefault("train_labels", tiny_toy["noisy"])
+    return Trainer(resolved, test_labels=tiny_toy["test"], split=tiny_toy["split"], train_images=tiny_toy["root"],
+                   test_images=tiny_toy["root"], out_dir=out_dir, device="cpu", progress=False, **kwargs)

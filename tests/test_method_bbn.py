@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_params
+from conftest import tiny_params, toy_trainer
 from noisymlt.config import resolve_run, validate_params
 from noisymlt.errors import NoisyMLTError
 from noisymlt.models.backbones import SmallCNN, build_backbone
@@ -119,12 +119,8 @@ def test_schema_rejects_unknown_split():
 
 
 def test_trainer_run_on_tiny_toy(tiny_toy, tmp_path):
-    from noisymlt.train import Trainer
-
     resolved = resolve_run(bbn_params(epochs=2, lr_steps=[2], image_size=16), "toy", "bbn", 0.5, 0)
-    trainer = Trainer(resolved, train_labels=tiny_toy["noisy"], test_labels=tiny_toy["test"], split=tiny_toy["split"],
-                      train_images=tiny_toy["root"], test_images=tiny_toy["root"], out_dir=tmp_path / "run",
-                      device="cpu", progress=False)
+    trainer = toy_trainer(tiny_toy, resolved, tmp_path / "run")
     assert [s.name for s in trainer.method.streams()] == ["conventional", "rebalancing"]
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     trainer.run()

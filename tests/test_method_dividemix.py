@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_params
+from conftest import tiny_params, toy_trainer
 from noisymlt.config import resolve_run, validate_params
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import TrainContext
@@ -51,9 +51,7 @@ def dividemix_params(**block_overrides) -> dict:
 
 def make_trainer(tiny_toy, out, **block_overrides) -> Trainer:
     resolved = resolve_run(dividemix_params(**block_overrides), "toy", "dividemix", 0.5, 0)
-    return Trainer(resolved, train_labels=tiny_toy["noisy"], test_labels=tiny_toy["test"], split=tiny_toy["split"],
-                   train_images=tiny_toy["root"], test_images=tiny_toy["root"], out_dir=out, device="cpu",
-                   progress=False)
+    return toy_trainer(tiny_toy, resolved, out)
 
 
 # ---------------------------------------------------------------- pure pieces

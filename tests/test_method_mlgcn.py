@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_params
+from conftest import tiny_params, toy_trainer
 from noisymlt.config import resolve_run, validate_params
 from noisymlt.data import glove
 from noisymlt.data.classes import VOC_CLASSES
@@ -187,12 +187,8 @@ def test_schema_rejects_bad_options():
 
 def test_trainer_run_on_tiny_toy(tiny_toy, tmp_path):
     from noisymlt.labels import read_labels
-    from noisymlt.train import Trainer
-
     resolved = resolve_run(mlgcn_params(epochs=2, lr_steps=[2], image_size=16), "toy", "mlgcn", 0.5, 0)
-    trainer = Trainer(resolved, train_labels=tiny_toy["noisy"], test_labels=tiny_toy["test"], split=tiny_toy["split"],
-                      train_images=tiny_toy["root"], test_images=tiny_toy["root"], out_dir=tmp_path / "run",
-                      device="cpu", progress=False)
+    trainer = toy_trainer(tiny_toy, resolved, tmp_path / "run")
     model = trainer.model
     noisy = read_labels(tiny_toy["noisy"]).labels
     expected_adj = normalize_adjacency(label_adjacency(noisy, 0.4, 0.2))

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_params
+from conftest import tiny_params, toy_trainer
 from noisymlt.config import resolve_run
-from noisymlt.train import Trainer
 
 ALL_METHODS = sorted(tiny_params()["methods"])
 
@@ -26,9 +25,7 @@ def test_every_grid_method_is_defined():
 def test_method_trains_and_predicts(method, tiny_toy, tmp_path):
     params = tiny_params(method, epochs=2, lr_steps=[2])
     resolved = resolve_run(params, "toy", method, 0.5, 0)
-    trainer = Trainer(resolved, train_labels=tiny_toy["noisy"], test_labels=tiny_toy["test"], split=tiny_toy["split"],
-                      train_images=tiny_toy["root"], test_images=tiny_toy["root"], out_dir=tmp_path, device="cpu",
-                      progress=False, limit_iters=3)
+    trainer = toy_trainer(tiny_toy, resolved, tmp_path, limit_iters=3)
     before = {k: v.detach().clone() for k, v in trainer.model.state_dict().items() if v.is_floating_point()}
     history = trainer.fit()
     assert len(history) == 2 and all(np.isfinite(r["loss"]) for r in history)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_params
+from conftest import tiny_params, toy_trainer
 from noisymlt.config import resolve_run
 from noisymlt.errors import NoisyMLTError
 from noisymlt.train import Trainer, lr_at
@@ -16,9 +16,7 @@ from noisymlt.train import Trainer, lr_at
 
 def make_trainer(tiny_toy, out, method="erm", **overrides):
     resolved = resolve_run(tiny_params(method, **overrides), "toy", method, 0.5, 0)
-    return Trainer(resolved, train_labels=tiny_toy["noisy"], test_labels=tiny_toy["test"], split=tiny_toy["split"],
-                   train_images=tiny_toy["root"], test_images=tiny_toy["root"], out_dir=out, device="cpu",
-                   progress=False)
+    return toy_trainer(tiny_toy, resolved, out)
 
 
 def test_lr_schedule_warmup_and_steps():
@@ -120,9 +118,7 @@ def test_workflow_rerun_after_config_change_keeps_the_old_checkpoint_aside(tiny_
     first.fit()
     old = (tmp_path / "run" / "checkpoint.pt").read_bytes()
     resolved = resolve_run(tiny_params("erm", epochs=1, weight_decay=0.00123), "toy", "erm", 0.5, 0)
-    second = Trainer(resolved, train_labels=tiny_toy["noisy"], test_labels=tiny_toy["test"], split=tiny_toy["split"],
-                     train_images=tiny_toy["root"], test_images=tiny_toy["root"], out_dir=tmp_path / "run",
-                     device="cpu", progress=False, keep_stale=True)
+    second = toy_trainer(tiny_toy, resolved, tmp_path / "run", keep_stale=True)
     history = second.fit()
     assert len(history) == 1
     aside = list((tmp_path / "run").glob(f"checkpoint.{first.run_id}-*.pt"))
@@ -139,10 +135,8 @@ def test_checkpoint_trained_on_other_inputs_is_not_resumed(tiny_toy, tmp_path):
     other = tmp_path / "other_noisy.parquet"
     make_noisy_table(tiny_toy["train"], 0.5, 1, other)  # same config, another noisy copy
     resolved = resolve_run(tiny_params("erm", epochs=1), "toy", "erm", 0.5, 0)
-    kwargs = dict(test_labels=tiny_toy["test"], split=tiny_toy["split"], train_images=tiny_toy["root"],
-                  test_images=tiny_toy["root"], out_dir=tmp_path / "run", device="cpu", progress=False)
     with pytest.raises(NoisyMLTError, match="other inputs"):
-        Trainer(resolved, train_labels=other, **kwargs).fit()
-    history = Trainer(resolved, train_labels=other, keep_stale=True, **kwargs).fit()
+        toy_trainer(tiny_toy, resolved, tmp_path / "run", train_labels=other).fit()
+    history = toy_trainer(tiny_toy, resolved, tmp_path / "run", train_labels=other, keep_stale=True).fit()
     assert len(history) == 1  # trained afresh rather than resumed at epoch 1
     shutil.rmtree(tmp_path / "run")
