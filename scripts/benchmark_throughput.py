@@ -142,7 +142,9 @@ def main() -> int:
     params = load_params(*args.params)
     device = select_device(args.device)
     if device.type == "cpu":
-        torch.set_num_threads(torch.get_num_threads())
+        # Denormal floats (freshly initialised nets on random inputs produce them) slow CPU kernels
+        # several-fold and would distort the comparison; the trainer flushes them too.
+        torch.set_flush_denormal(True)
     steps = {"bare backbone": bare_backbone_step(params, args.dataset, device, args.num_classes)}
     for method in args.methods:
         if method not in params["methods"]:
