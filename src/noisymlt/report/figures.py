@@ -1,4 +1,5 @@
-"""Figures from results.parquet: mAP against noise rate, one panel per dataset and class group."""
+"""Figures from results.parquet: mAP against noise rate, one panel per dataset and class group
+(mean over seeds; a 95% confidence band from three seeds on)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from noisymlt.errors import NoisyMLTError
 from noisymlt.labels import GROUPS
 from noisymlt.report.tables import mean_ci, primary_head
 
+MARKERS = "os^vD<>ph*"
+
 
 def plot_map_vs_gamma(results: pd.DataFrame, out: Path) -> Path:
     import matplotlib
@@ -18,6 +21,7 @@ def plot_map_vs_gamma(results: pd.DataFrame, out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colors = matplotlib.colormaps["tab20"]
     sel = results[results["metric"] == "mAP"]
     datasets = list(dict.fromkeys(sel["dataset"]))
     groups = ("total", *GROUPS)
@@ -27,15 +31,17 @@ def plot_map_vs_gamma(results: pd.DataFrame, out: Path) -> Path:
         for j, group in enumerate(groups):
             ax = axes[i][j]
             part = sel[(sel["dataset"] == ds) & (sel["group"] == group)]
-            for method in dict.fromkeys(part["method"]):
+            for k, method in enumerate(dict.fromkeys(part["method"])):
                 rows = part[(part["method"] == method) & (part["head"] == primary_head(results, method))]
                 stats = [(g, *mean_ci(100 * r["value"].to_numpy())) for g, r in rows.groupby("gamma")]
                 xs = [s[0] for s in stats]
                 ys = [s[1] for s in stats]
                 ci = [s[2] or 0.0 for s in stats]
-                line = ax.plot(xs, ys, marker="o", ms=3, label=method)[0]
-                ax.fill_between(xs, [y - c for y, c in zip(ys, ci)], [y + c for y, c in zip(ys, ci)],
-                                color=line.get_color(), alpha=0.15, lw=0)
+                line = ax.plot(xs, ys, marker=MARKERS[k % len(MARKERS)], ms=3, lw=1.2, label=method,
+                               color=colors(k % 20))[0]
+                if rows["seed"].nunique() >= 3:  # a t-interval over 2 seeds is too wide to read
+                    ax.fill_between(xs, [y - c for y, c in zip(ys, ci)], [y + c for y, c in zip(ys, ci)],
+                                    color=line.get_color(), alpha=0.1, lw=0)
             ax.set_title(f"{ds}: {group}", fontsize=9)
             ax.grid(alpha=0.3)
             if i == len(datasets) - 1:
