@@ -45,18 +45,26 @@ def load_params(*files: str | Path) -> dict:
     return params
 
 
+def check_schema(obj: dict, schema: dict, where: str) -> None:
+    """JSON-schema check whose error names the offending key path under ``where``."""
+    import jsonschema
+
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(obj), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        path = ".".join(str(p) for p in e.absolute_path)
+        raise NoisyMLTError(f"{where}{'.' + path if path else ''}: {e.message}")
+
+
+def method_options(block: dict) -> dict:
+    """A method block's family options: everything but family, label, description and train."""
+    return {k: v for k, v in block.items() if k not in METHOD_COMMON_KEYS}
+
+
 def validate_params(params: dict, source: str = "params") -> None:
     """JSON-schema validation (unknown keys, types, ranges) plus the cross-references a schema
     cannot express: grid entries must name configured datasets and registered methods."""
-    import jsonschema
-
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
-    if errors:
-        e = errors[0]
-        where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
-        raise NoisyMLTError(f"{source}: {where}: {e.message}")
+    check_schema(params, yaml.safe_load(SCHEMA_PATH.read_text()), source)
     from noisymlt.methods import FAMILIES
 
     for name in params["grid"]["datasets"]:
@@ -85,11 +93,7 @@ def validate_params(params: dict, source: str = "params") -> None:
                 f"{source}: methods.{name}.family: unknown family {block['family']!r}; "
                 f"known: {', '.join(sorted(FAMILIES))}"
             )
-        options = {k: v for k, v in block.items() if k not in METHOD_COMMON_KEYS}
-        family_schema = FAMILIES[block["family"]].options_schema
-        for e in sorted(jsonschema.Draft202012Validator(family_schema).iter_errors(options), key=lambda e: list(e.path)):
-            where = ".".join(str(p) for p in e.absolute_path)
-            raise NoisyMLTError(f"{source}: methods.{name}{'.' + where if where else ''}: {e.message}")
+        check_schema(method_options(block), FAMILIES[block["family"]].options_schema, f"{source}: methods.{name}")
 
 
 def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int) -> dict:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from noisymlt.config import check_schema, method_options
 from noisymlt.dataset import StreamSpec
 
 FAMILIES: dict[str, type["Method"]] = {}
@@ -67,6 +68,12 @@ class Method:
     def __init__(self, ctx: TrainContext):
         self.ctx = ctx
         self.opts = ctx.cfg["method_cfg"]
+        # A resolved run config (`train --run-config`) bypasses params validation: check here too.
+        self.check_options(method_options(self.opts), f"methods.{ctx.cfg.get('method', '?')}")
+
+    def check_options(self, options: dict, where: str) -> None:
+        """Validate the family's options; families with cross-field rules extend this."""
+        check_schema(options, self.options_schema, where)
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError

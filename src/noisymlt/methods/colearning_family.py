@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from noisymlt.colearning import COLEARNING_DEFAULTS, group_thresholds, pseudo_labels
-from noisymlt.config import METHOD_COMMON_KEYS
+from noisymlt.config import check_schema, method_options
 from noisymlt.dataset import StreamSpec
 from noisymlt.errors import NoisyMLTError
 from noisymlt.labels import GROUPS
@@ -193,11 +193,13 @@ class CoLearning(Method):
         ],
     }
 
+    def check_options(self, options: dict, where: str) -> None:
+        check_options(options)  # cross-field rules first: their messages are clearer than the schema's
+        super().check_options(options, where)
+
     def __init__(self, ctx):
         super().__init__(ctx)
-        opts = {k: v for k, v in self.opts.items() if k not in METHOD_COMMON_KEYS}
-        check_options(opts)
-        _validate(opts, self.options_schema, f"methods.{ctx.cfg.get('method', '?')}")
+        opts = method_options(self.opts)
         given = opts.get("branches") or {name: {} for name in BRANCH_NAMES}
         self.specs = {}
         for name in BRANCH_NAMES:  # fixed order: f first
@@ -226,7 +228,7 @@ class CoLearning(Method):
                 raise NoisyMLTError(f"{where}: unknown key(s) {unknown}; accepted: ['thresholds']")
             given = block.get("thresholds")
             if given is not None:
-                _validate(given, THRESHOLDS_SCHEMA, f"{where}.thresholds")
+                check_schema(given, THRESHOLDS_SCHEMA, f"{where}.thresholds")
         if given is None:
             kind = self.ctx.cfg["kind"]
             given = COLEARNING_DEFAULTS["voc" if kind == "toy" else kind]
@@ -357,14 +359,3 @@ class CoLearning(Method):
         with torch.no_grad(), eval_mode(branch.neck, branch.head):
             maps = branch.feature_maps(views) if maps is None else maps.detach()
             return torch.sigmoid(branch.head(branch.embed(maps)).float())
-
-
-def _validate(obj: dict, schema: dict, where: str) -> None:
-    """JSON-schema check for configs that bypass params.yaml validation (a resolved run config)."""
-    import jsonschema
-
-    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(obj), key=lambda e: list(e.absolute_path))
-    if errors:
-        e = errors[0]
-        path = ".".join(str(p) for p in e.absolute_path)
-        raise NoisyMLTError(f"{where}{'.' + path if path else ''}: {e.message}")

@@ -129,15 +129,10 @@ def eval_mode(net: nn.Module):
 
 def resolve_options(opts: dict, epochs: int) -> dict:
     """Defaults filled in and ranges checked (a resolved run config may bypass params validation)."""
-    import jsonschema
+    from noisymlt.config import check_schema, method_options
 
-    from noisymlt.config import METHOD_COMMON_KEYS
-
-    given = {k: v for k, v in opts.items() if k not in METHOD_COMMON_KEYS}
-    errors = sorted(jsonschema.Draft7Validator(DivideMix.options_schema).iter_errors(given), key=lambda e: list(e.path))
-    if errors:
-        where = ".".join(str(p) for p in errors[0].absolute_path)
-        raise NoisyMLTError(f"method option {where or '(block)'} of dividemix: {errors[0].message}")
+    given = method_options(opts)
+    check_schema(given, DivideMix.options_schema, "methods.dividemix")
     out = {**DEFAULTS, **given, "gmm": {**DEFAULTS["gmm"], **given.get("gmm", {})}}
     if out["warmup_epochs"] is None:
         out["warmup_epochs"] = max(1, epochs // 8)
