@@ -140,6 +140,8 @@ def main() -> int:
     args = ap.parse_args()
 
     params = load_params(*args.params)
+    # Timing does not depend on the weights: never download ImageNet weights for a benchmark.
+    params["train"].update(pretrained=False, weights_path=None)
     device = select_device(args.device)
     if device.type == "cpu":
         # Denormal floats (freshly initialised nets on random inputs produce them) slow CPU kernels
