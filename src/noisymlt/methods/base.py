@@ -8,6 +8,7 @@ maps test images to logits per reported head. Adding a method = one subclass reg
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,6 +17,20 @@ from torch import nn
 
 from noisymlt.config import check_schema, method_options
 from noisymlt.dataset import StreamSpec
+
+@contextlib.contextmanager
+def eval_mode(*modules: nn.Module):
+    """Switch modules to eval mode (BatchNorm running statistics, no dropout) and back: for the
+    no-gradient predictions some methods make on training batches (peer pseudo labels, co-guessing)."""
+    modes = [m.training for m in modules]
+    for m in modules:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, mode in zip(modules, modes):
+            m.train(mode)
+
 
 FAMILIES: dict[str, type["Method"]] = {}
 

@@ -18,19 +18,17 @@ Stitch-Up, self-training, other sampler pairs, and a single branch.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
 
 from noisymlt.colearning import COLEARNING_DEFAULTS, group_thresholds, pseudo_labels
 from noisymlt.config import check_schema, method_options
 from noisymlt.dataset import StreamSpec
 from noisymlt.errors import NoisyMLTError
 from noisymlt.labels import GROUPS
-from noisymlt.methods.base import Method, register_family
+from noisymlt.methods.base import Method, eval_mode, register_family
 from noisymlt.methods.single import LOSS_OPTIONS, SAMPLER_OPTION, loss_for
 from noisymlt.models.twobranch import TwoBranch, build_two_branch, ensemble_logits
 from noisymlt.sampling import build_sampler
@@ -100,19 +98,6 @@ class BranchSpec:
     loss_params: dict
     batch_size: int
     dropout: float
-
-
-@contextlib.contextmanager
-def eval_mode(*modules: nn.Module):
-    """Switch modules to eval mode (BatchNorm running statistics, no dropout) and back."""
-    modes = [m.training for m in modules]
-    for m in modules:
-        m.eval()
-    try:
-        yield
-    finally:
-        for m, mode in zip(modules, modes):
-            m.train(mode)
 
 
 def check_options(opts: dict) -> None:

@@ -35,7 +35,6 @@ from ``random_state=seed``, so runs are reproducible and a resumed run replays i
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import warnings
 
@@ -46,7 +45,7 @@ from torch import nn
 from noisymlt.dataset import StreamSpec
 from noisymlt.errors import NoisyMLTError
 from noisymlt.losses import build_loss
-from noisymlt.methods.base import Method, register_family
+from noisymlt.methods.base import Method, eval_mode, register_family
 from noisymlt.methods.single import SAMPLER_OPTION
 from noisymlt.models.branch import build_branch
 from noisymlt.sampling import build_sampler
@@ -115,16 +114,6 @@ def ramp(epoch: int, step: int, iters: int, warmup: int, rampup_epochs: float) -
     """DivideMix's linear ramp of lambda_u: 0 at the end of warm-up, 1 after ``rampup_epochs``."""
     current = epoch + step / max(iters, 1)
     return float(np.clip((current - warmup) / rampup_epochs, 0.0, 1.0))
-
-
-@contextlib.contextmanager
-def eval_mode(net: nn.Module):
-    was = net.training
-    net.eval()
-    try:
-        yield net
-    finally:
-        net.train(was)
 
 
 def resolve_options(opts: dict, epochs: int) -> dict:
