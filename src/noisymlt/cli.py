@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "noisymlt.data.parse",
     "noisymlt.data.longtail",
     "noisymlt.noise",
+    "noisymlt.pretrain",
     "noisymlt.train",
     "noisymlt.evaluate",
     "noisymlt.aggregate",

@@ -16,7 +16,8 @@ import yaml
 from noisymlt.errors import NoisyMLTError
 
 SCHEMA_PATH = Path(__file__).with_name("schemas") / "params.schema.yaml"
-METHOD_COMMON_KEYS = ("family", "label", "description", "train")
+METHOD_COMMON_KEYS = ("family", "label", "description", "schedule", "train")
+DEFAULT_SCHEDULE = "cl"
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -88,6 +89,11 @@ def validate_params(params: dict, source: str = "params") -> None:
             known = ", ".join(sorted(params["methods"]))
             raise NoisyMLTError(f"{source}: unknown method {name!r}; methods defined in params: {known}")
     for name, block in params["methods"].items():
+        schedule = block.get("schedule", DEFAULT_SCHEDULE)
+        if schedule not in params.get("schedules", {}):
+            known = ", ".join(sorted(params.get("schedules", {}))) or "none"
+            raise NoisyMLTError(f"{source}: methods.{name}.schedule: unknown schedule {schedule!r}; "
+                                f"schedules defined in params: {known}")
         if block["family"] not in FAMILIES:
             raise NoisyMLTError(
                 f"{source}: methods.{name}.family: unknown family {block['family']!r}; "
@@ -98,14 +104,21 @@ def validate_params(params: dict, source: str = "params") -> None:
 
 def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int) -> dict:
     """Everything one (dataset, gamma, seed, method) run depends on, with defaults layered:
-    global train block < dataset overrides < method overrides."""
+    global train block < dataset overrides < the method's schedule < the method's own overrides."""
     if dataset not in params["datasets"]:
         raise NoisyMLTError(f"unknown dataset {dataset!r}; configured: {', '.join(params['datasets'])}")
     if method not in params["methods"]:
         raise NoisyMLTError(f"unknown method {method!r}; configured: {', '.join(sorted(params['methods']))}")
     ds = params["datasets"][dataset]
     mcfg = copy.deepcopy(params["methods"][method])
-    train = deep_merge(deep_merge(params["train"], ds.get("train", {})), mcfg.pop("train", {}))
+    schedule = mcfg.pop("schedule", DEFAULT_SCHEDULE)
+    schedules = params.get("schedules", {})
+    if schedule not in schedules:
+        raise NoisyMLTError(f"methods.{method}.schedule: unknown schedule {schedule!r}; "
+                            f"configured: {', '.join(sorted(schedules)) or 'none'}")
+    train = params["train"]
+    for layer in (ds.get("train", {}), schedules[schedule].get("train", {}), mcfg.pop("train", {})):
+        train = deep_merge(train, layer)
     return {
         "dataset": dataset,
         "kind": ds["kind"],
@@ -113,6 +126,7 @@ def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int
         "seed": int(seed),
         "method": method,
         "method_cfg": mcfg,
+        "schedule": schedule,
         "train": train,
         "db_loss": ds["db_loss"],
         "colearning": ds.get("colearning", {}),

@@ -177,8 +177,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
             "--test-images", image_root(params, args.dataset, "test"), "--out", args.out,
             "--provenance", f"raw_manifest={raw_marker(params, args.dataset)}",
             f"clean_subset=data/{args.dataset}/train_labels.parquet"]
-    if args.threads:
-        argv += ["--threads", str(args.threads)]
     return _run(argv + ["--device", args.device, "--no-progress", "--keep-stale"])
 
 
@@ -229,7 +227,6 @@ def add_cli(sub) -> None:
     q.add_argument("--seed", required=True, type=int)
     for opt in ("--train-labels", "--test-labels", "--split", "--out"):
         q.add_argument(opt, required=True)
-    q.add_argument("--threads", type=int, help="CPU threads for torch")
     q.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
     q = step("aggregate", "collect the metrics of exactly the runs in the grid", _cmd_aggregate, dataset=False)
     q.add_argument("--runs", default="runs", help="runs folder (default: runs)")

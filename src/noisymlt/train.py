@@ -32,10 +32,25 @@ def lr_at(cfg: dict, epoch: int, it: int, iters_per_epoch: int) -> float:
     return lr
 
 
+def epoch_iterations(rule: str, streams: list, num_images: int, batch_size: int) -> int:
+    """Iterations per epoch. ``batches`` ([CL]): floor(N / batch_size) whatever the sampler;
+    ``sampler`` ([DB]): one pass over the first stream's sampler, floor(len(sampler) / its batch size)
+    (class-aware: int(max_class_count * C / 4) images; random: N)."""
+    if rule == "batches":
+        iters = num_images // batch_size
+    elif rule == "sampler":
+        iters = len(streams[0].sampler) // streams[0].batch_size
+    else:
+        raise NoisyMLTError(f"train.epoch_length: unknown rule {rule!r}; choose batches or sampler")
+    if iters < 1:
+        raise NoisyMLTError(f"train.epoch_length={rule}: an epoch would have no full batch of {batch_size} images")
+    return iters
+
+
 class Trainer:
     def __init__(self, resolved: dict, *, train_labels: Path, test_labels: Path, split: Path,
                  train_images: Path, test_images: Path, out_dir: Path, device: str = "auto",
-                 threads: int | None = None, progress: bool = True, limit_iters: int | None = None,
+                 progress: bool = True, limit_iters: int | None = None,
                  provenance_inputs: dict[str, Path] | None = None, keep_stale: bool = False):
         import torch
 
@@ -57,8 +72,8 @@ class Trainer:
         self.train_images, self.test_images = Path(train_images), Path(test_images)
         self.out = Path(out_dir)
         self.progress = progress
-        if threads:
-            torch.set_num_threads(threads)
+        # CPU float results depend on the thread count (reduction order), so it is part of the run config.
+        torch.set_num_threads(int(resolved["train"].get("cpu_threads", 1)))
         self.device = select_device(device)
         if self.device.type == "cpu":
             # Denormal floats slow CPU kernels several-fold (measured with scripts/benchmark_throughput.py);
@@ -74,20 +89,22 @@ class Trainer:
             raise NoisyMLTError(f"{test_labels}: class columns differ from {train_labels}")
         tcfg = resolved["train"]
         n = len(self.train_table)
-        self.iters = n // tcfg["batch_size"]
-        if self.iters < 1:
+        if tcfg["batch_size"] > n:
             raise NoisyMLTError(f"train.batch_size={tcfg['batch_size']} exceeds the {n} training images")
-        if limit_iters:  # smoke tests and benchmarks: a few iterations per epoch
-            self.iters = min(self.iters, limit_iters)
         family = resolved["method_cfg"]["family"]
         if family not in FAMILIES:
             raise NoisyMLTError(f"method {resolved['method']!r}: unknown family {family!r}; known: {sorted(FAMILIES)}")
         torch.manual_seed(resolved["seed"])  # weight init; one process per run, so this is the run's own stream
         noisy = torch.as_tensor(self.train_table.labels, dtype=torch.float32, device=self.device)
-        self.ctx = TrainContext(resolved, noisy, self.split, self.device, self.iters,
+        self.ctx = TrainContext(resolved, noisy, self.split, self.device, 0,
                                 extra={"iterate_train": self.iterate_train_eval,
                                        "classes": list(self.train_table.classes)})
         self.method = FAMILIES[family](self.ctx)
+        self.streams = self.method.streams()
+        self.iters = epoch_iterations(tcfg.get("epoch_length", "batches"), self.streams, n, tcfg["batch_size"])
+        if limit_iters:  # smoke tests and benchmarks: a few iterations per epoch
+            self.iters = min(self.iters, limit_iters)
+        self.ctx.iterations_per_epoch = self.iters
         self.model = self.method.build_model().to(self.device)
         if self.device.type == "cuda" and tcfg["channels_last"]:
             self.model = self.model.to(memory_format=torch.channels_last)
@@ -183,7 +200,7 @@ class Trainer:
         tcfg = self.cfg["train"]
         self.out.mkdir(parents=True, exist_ok=True)
         start_epoch, history = self.load_checkpoint()
-        streams = self.method.streams()
+        streams = self.streams
         plans = [EpochPlan(s, self.cfg["seed"], self.iters) for s in streams]
         dataset = TrainImages(self.train_images, self.train_table.paths, tcfg["image_size"], tcfg["photometric"])
         pin = self.device.type == "cuda"
@@ -262,6 +279,8 @@ class Trainer:
         return {name: np.concatenate(v) for name, v in outs.items()}
 
     def run(self) -> Path:
+        import torch
+
         from noisymlt.provenance import now, write_manifest
 
         started = now()
@@ -277,7 +296,8 @@ class Trainer:
             self.out / "manifest.json", step="train", started=started, device=str(self.device),
             inputs={**self.provenance_inputs, **self.paths},
             outputs={"checkpoint": self.ckpt_path, "predictions": pred_path},
-            extra={"run_id": self.run_id, "run": self.cfg, "history": history},
+            extra={"run_id": self.run_id, "run": self.cfg, "history": history,
+                   "iterations_per_epoch": self.iters, "cpu_threads": torch.get_num_threads()},
         )
         return pred_path
 
@@ -313,7 +333,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         extra[name] = Path(path)
     trainer = Trainer(resolved, train_labels=args.train_labels, test_labels=args.test_labels, split=args.split,
                       train_images=args.train_images, test_images=args.test_images, out_dir=out,
-                      device=args.device, threads=args.threads, progress=not args.no_progress,
+                      device=args.device, progress=not args.no_progress,
                       provenance_inputs=extra, keep_stale=args.keep_stale)
     log.info("run %s: %s on %s gamma=%s seed=%s, %d iterations/epoch on %s", trainer.run_id, resolved["method"],
              resolved["dataset"], resolved["gamma"], resolved["seed"], trainer.iters, trainer.device)
@@ -346,7 +366,6 @@ def add_cli(sub) -> None:
     io.add_argument("--provenance", nargs="*", metavar="NAME=FILE",
                     help="further upstream files whose sha256 the manifest records (raw-data manifest, clean subset)")
     p.add_argument("--device", default="auto", help="auto (GPU if any, honouring CUDA_VISIBLE_DEVICES), cpu, cuda:N")
-    p.add_argument("--threads", type=int, help="CPU threads for torch")
     p.add_argument("--restart", action="store_true", help="keep an existing checkpoint aside and start over")
     p.add_argument("--keep-stale", action="store_true",
                    help="a checkpoint of another configuration is kept as checkpoint.<its run id>.pt and training "

@@ -66,8 +66,30 @@ def run_dir(w):
     return f"runs/{w.dataset}/g{w.gamma}/s{w.seed}/{w.method}"
 
 
+def resolved(w):
+    return resolve_run(config, w.dataset, w.method, float(w.gamma), int(w.seed))
+
+
 def run_config(w):
-    return json.dumps(resolve_run(config, w.dataset, w.method, float(w.gamma), int(w.seed)), sort_keys=True)
+    return json.dumps(resolved(w), sort_keys=True)
+
+
+def train_threads(w):
+    """The run's own CPU thread count (part of its config: CPU results depend on it)."""
+    return resolved(w)["train"]["cpu_threads"]
+
+
+def backbone_weights(w):
+    """A run's weights_path, as an input: a file of data/pretrained/ is made by the pretrain rule."""
+    path = resolved(w)["train"].get("weights_path")
+    return [path] if path else []
+
+
+def pretrain_config(w):
+    if w.name not in config.get("pretrain", {}):
+        known = ", ".join(sorted(config.get("pretrain", {}))) or "none"
+        raise ValueError(f"data/pretrained/{w.name}.pt: no block pretrain.{w.name} in params (configured: {known})")
+    return json.dumps(config["pretrain"][w.name], sort_keys=True)
 
 
 def grid_runs(pattern):

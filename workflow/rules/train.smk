@@ -1,3 +1,26 @@
+# A backbone pretrained on the synthetic source task (the demo's ImageNet), once; runs whose
+# train.weights_path names it wait for it.
+
+
+rule pretrain:
+    output:
+        weights="data/pretrained/{name}.pt",
+        report="data/pretrained/{name}.json",
+    params:
+        cli=NOISYMLT,
+        config=pretrain_config,
+        code=CODE,
+    threads: 2
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/pretrain/{name}.log",
+    benchmark:
+        "benchmarks/pretrain/{name}.tsv"
+    shell:
+        "{params.cli} pretrain --config {params.config:q} --out {output.weights} --no-progress > {log} 2>&1"
+
+
 # One training run per (dataset, noise rate, seed, method). The job picks its own GPU
 # (CUDA_VISIBLE_DEVICES under SLURM, else a per-GPU lock), so --resources gpu=N spreads jobs over N cards.
 
@@ -10,6 +33,7 @@ rule train:
         images=lambda w: train_images_ready(w.dataset),
         raw=lambda w: raw_marker(w.dataset),
         subset="data/{dataset}/train_labels.parquet",
+        weights=backbone_weights,
     output:
         predictions="runs/{dataset}/g{gamma}/s{seed}/{method}/predictions.npz",
         manifest="runs/{dataset}/g{gamma}/s{seed}/{method}/manifest.json",
@@ -20,7 +44,7 @@ rule train:
         train_images=lambda w: image_root(w.dataset, "train"),
         test_images=lambda w: image_root(w.dataset, "test"),
         code=CODE,
-    threads: 4
+    threads: train_threads
     resources:
         gpu=1,
     conda:
@@ -32,5 +56,5 @@ rule train:
     shell:
         "{params.cli} train --run-config {params.run_config:q} --train-labels {input.train} "
         "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
-        "--test-images {params.test_images} --out {params.out} --threads {threads} --no-progress --keep-stale "
+        "--test-images {params.test_images} --out {params.out} --no-progress --keep-stale "
         "--provenance raw_manifest={input.raw} clean_subset={input.subset} > {log} 2>&1"

@@ -195,14 +195,13 @@ def _pattern(texture: str, size: int, period: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=None)
-def _glyph_masks(index: int, side: int):
-    """Anti-aliased L masks (colour part, dark part) of glyph ``index`` at ``side`` pixels.
-
-    Drawn at SUPERSAMPLE x and box-filtered down; cached because only a few sizes occur.
+def _glyph_masks(glyph: Glyph | int, side: int):
+    """Anti-aliased L masks (colour part, dark part) of ``glyph`` (or the index of a toy class) at
+    ``side`` pixels. Drawn at SUPERSAMPLE x and box-filtered down; cached because only a few sizes occur.
     """
     from PIL import Image
 
-    glyph = GLYPHS[index]
+    glyph = GLYPHS[glyph] if isinstance(glyph, int) else glyph
     big = side * SUPERSAMPLE
     shape = np.asarray(_shape_mask(glyph.shape, big), dtype=np.float32)
     on = _pattern(glyph.texture, big, period=max(2, round(big / 6)))
@@ -259,9 +258,10 @@ def _place(rng: np.random.Generator, size: int, boxes: list[tuple[int, int, int]
 
 
 def _render(
-    rng: np.random.Generator, classes: list[int], size: int
+    rng: np.random.Generator, classes: list[int], size: int, glyphs: tuple[Glyph, ...] = GLYPHS
 ) -> tuple[bytes, list[tuple[int, int, int, int, int]]]:
-    """One JPEG with the given glyph instances: its bytes and (class, xmin, ymin, xmax, ymax), 1-based."""
+    """One JPEG with instances of ``glyphs[c]`` for c in ``classes``: its bytes and
+    (class, xmin, ymin, xmax, ymax), 1-based."""
     from PIL import Image
 
     image = Image.fromarray(_background(rng, size))
@@ -270,8 +270,8 @@ def _render(
     for c in classes:
         x, y, side = _place(rng, size, boxes)
         boxes.append((x, y, side))
-        colour = np.asarray(COLOURS[GLYPHS[c].colour], dtype=np.float64) + rng.uniform(-15, 15, size=3)
-        on, off = _glyph_masks(c, side)
+        colour = np.asarray(COLOURS[glyphs[c].colour], dtype=np.float64) + rng.uniform(-15, 15, size=3)
+        on, off = _glyph_masks(glyphs[c], side)
         image.paste(tuple(int(v) for v in colour.round().clip(0, 255)), (x, y, x + side, y + side), on)
         if off is not None:
             dark = tuple(int(v) for v in (colour * 0.35).round().clip(0, 255))

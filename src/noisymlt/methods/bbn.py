@@ -2,7 +2,7 @@
 
 Two streams of the same batch size run in lockstep: ``conventional`` (uniform sampler) and
 ``rebalancing`` (reversed sampler, class c with probability ~ n_max / n_c on the noisy labels).
-Training logits z = classifier([alpha f_c, (1 - alpha) f_r]) with alpha = 1 - (T / T_max)^2 per epoch;
+Training logits z = classifier(2 * [alpha f_c, (1 - alpha) f_r]) (BBN's bbn_mix) with alpha = 1 - (T / T_max)^2 per epoch;
 loss = alpha * L(z, y_c) + (1 - alpha) * L(z, y_r) (L = BCE by default). Test: alpha = 0.5.
 """
 

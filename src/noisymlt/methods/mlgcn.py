@@ -1,7 +1,8 @@
 """ML-GCN (Chen et al., CVPR 2019) as a baseline: GCN classifiers over the noisy label graph.
 
 The adjacency is counted on the noisy training labels (training never reads clean ones), binarised at
-``t`` and re-weighted with ``p``. Class embeddings: ML-GCN's published GloVe vectors (voc, coco) or
+``t`` and scaled as ML-GCN's code does (``adjacency: code``) or re-weighted with ``p`` as its paper
+says (``adjacency: paper``); features are max-pooled as in its code (``pool: max``). Class embeddings: ML-GCN's published GloVe vectors (voc, coco) or
 name-seeded pseudo-embeddings (``embeddings: random``; always for the toy dataset), see
 noisymlt.data.glove. One stream (random sampler by default) and BCE by default.
 """
@@ -16,7 +17,7 @@ from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.base import Method, register_family
 from noisymlt.methods.single import LOSS_OPTIONS, SAMPLER_OPTION, loss_for
 from noisymlt.models.backbones import build_backbone
-from noisymlt.models.mlgcn import LabelGCN, MLGCNNet, label_adjacency, normalize_adjacency
+from noisymlt.models.mlgcn import ADJACENCIES, POOLINGS, LabelGCN, MLGCNNet, build_adjacency
 from noisymlt.sampling import build_sampler
 
 
@@ -33,6 +34,8 @@ class MLGCN(Method):
             "p": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
             "embeddings": {"enum": ["glove", "random"]},
             "embeddings_dir": {"type": "string", "minLength": 1},
+            "adjacency": {"enum": list(ADJACENCIES)},
+            "pool": {"enum": list(POOLINGS)},
         },
     }
 
@@ -53,10 +56,12 @@ class MLGCN(Method):
         cfg = self.ctx.train
         emb = class_embeddings(self.ctx.cfg["kind"], self.class_names(), self.opts.get("embeddings", "glove"),
                                self.opts.get("embeddings_dir", "data/embeddings"))
-        adj = label_adjacency(self.ctx.noisy.cpu().numpy(), self.opts.get("t", 0.4), self.opts.get("p", 0.2))
+        adj = build_adjacency(self.ctx.noisy.cpu().numpy(), self.opts.get("adjacency", "code"),
+                              self.opts.get("t", 0.4), self.opts.get("p", 0.2))
         backbone = build_backbone(cfg["backbone"], pretrained=cfg["pretrained"], weights_path=cfg.get("weights_path"))
-        gcn = LabelGCN(emb, normalize_adjacency(adj), out_dim=backbone.out_dim)
-        return MLGCNNet(backbone, gcn, trainable=cfg["trainable"], frozen_bn=cfg["frozen_bn"])
+        gcn = LabelGCN(emb, adj, out_dim=backbone.out_dim)
+        return MLGCNNet(backbone, gcn, trainable=cfg["trainable"], frozen_bn=cfg["frozen_bn"],
+                        pool=self.opts.get("pool", "max"))
 
     def streams(self) -> list[StreamSpec]:
         sampler = build_sampler(self.opts.get("sampler", "random"), self.ctx.noisy.cpu().numpy(), self.ctx.seed)

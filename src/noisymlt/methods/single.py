@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from noisymlt.dataset import StreamSpec
+from noisymlt.errors import NoisyMLTError
 from noisymlt.losses import build_loss
 from noisymlt.methods.base import Method, register_family
 from noisymlt.models.branch import build_branch
@@ -34,15 +35,23 @@ class SingleBranch(Method):
     options_schema = {
         "type": "object",
         "additionalProperties": False,
-        "properties": {**SAMPLER_OPTION, **LOSS_OPTIONS},
+        "properties": {**SAMPLER_OPTION, **LOSS_OPTIONS, "head": {"enum": ["linear", "cosine"]}},
     }
 
     def __init__(self, ctx):
         super().__init__(ctx)
         self.loss = loss_for(ctx, self.opts.get("loss", "bce"), self.opts.get("loss_params"))
 
+    def check_options(self, options: dict, where: str) -> None:
+        super().check_options(options, where)
+        scale = (options.get("loss_params") or {}).get("scale", 30.0)
+        if options.get("loss") == "ldam" and options.get("head", "linear") != "cosine" and scale != 1:
+            # LDAM-DRW scales cosine logits in [-1, 1]; scaled linear logits saturate the loss.
+            raise NoisyMLTError(f"{where}: loss ldam multiplies the logits by {scale}; use head: cosine (LDAM-DRW's "
+                                "NormedLinear) or loss_params: {scale: 1} with a linear head")
+
     def build_model(self) -> nn.Module:
-        return build_branch(self.ctx.train, self.ctx.num_classes)
+        return build_branch(self.ctx.train, self.ctx.num_classes, head=self.opts.get("head", "linear"))
 
     def streams(self) -> list[StreamSpec]:
         sampler = build_sampler(self.opts.get("sampler", "random"), self.ctx.noisy.cpu().numpy(), self.ctx.seed)

@@ -1,7 +1,12 @@
-"""Backbones: torchvision ResNets at paper scale, a small CNN for the embedded demo dataset.
+"""Backbones: torchvision ResNets at paper scale, a tiny ResNet for the embedded demo dataset.
 
 Every backbone maps images (B, 3, H, W) to feature maps (B, D, h, w) and exposes ``out_dim``;
 the neck does global pooling, so feature-level Stitch-Up can work on maps or pooled vectors.
+
+``resnet_tiny`` is the demo's stand-in for ResNet-50: the same stem / layer1-4 structure (one
+torchvision BasicBlock per stage, widths 16-32-64-128, a 3x3 stride-1 stem for 32 px inputs), so
+the demo goes through exactly the paper-scale code path: weights loaded from ``weights_path`` (the
+toy analogue of ImageNet weights, made by ``noisymlt pretrain``), lower stages frozen, BN frozen.
 """
 
 from __future__ import annotations
@@ -16,7 +21,50 @@ from noisymlt.errors import NoisyMLTError
 
 log = logging.getLogger(__name__)
 
-BACKBONES = ("resnet50", "resnet18", "smallcnn")
+BACKBONES = ("resnet50", "resnet18", "resnet_tiny", "smallcnn")
+# ``trainable`` policies: ``all``, or the first stage that trains (it and every later stage do;
+# the stem and earlier stages stay frozen). [CL]: layer4; [DB]'s frozen_stages=1: layer2.
+STAGES = ("layer1", "layer2", "layer3", "layer4")
+TRAINABLE = ("all", *STAGES[1:])
+OUT_DIMS = {"resnet50": 2048, "resnet18": 512, "resnet_tiny": 128}
+
+
+class TinyResNet(nn.Module):
+    """A torchvision-style ResNet (conv1/bn1/relu/maxpool/layer1-4/fc) with one BasicBlock per stage
+    and widths 16-32-64-128: about 0.7 M parameters, feature maps at 1/8 of the input side."""
+
+    def __init__(self, num_classes: int = 1000, widths: tuple[int, ...] = (16, 32, 64, 128)):
+        super().__init__()
+        from torchvision.models.resnet import BasicBlock
+
+        self.conv1 = nn.Conv2d(3, widths[0], 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.Identity()  # 32 px inputs: no early down-sampling
+
+        def stage(cin: int, cout: int, stride: int) -> nn.Sequential:
+            down = None
+            if stride != 1 or cin != cout:
+                down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            return nn.Sequential(BasicBlock(cin, cout, stride, down))
+
+        self.layer1 = stage(widths[0], widths[0], 1)
+        self.layer2 = stage(widths[0], widths[1], 2)
+        self.layer3 = stage(widths[1], widths[2], 2)
+        self.layer4 = stage(widths[2], widths[3], 2)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(widths[3], num_classes)
+        for m in self.modules():  # torchvision's ResNet initialisation
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
 class ResNetTrunk(nn.Module):
@@ -33,14 +81,16 @@ class ResNetTrunk(nn.Module):
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
     def trainable_parts(self, policy: str) -> list[nn.Module]:
-        """[CL] trains only layer4 (plus neck and head); ``all`` fine-tunes the whole trunk."""
-        if policy == "layer4":
-            return [self.layer4]
-        return [self]
+        """The stages from ``policy`` on ([CL]: layer4; [DB]: layer2); ``all``: the whole trunk."""
+        if policy == "all":
+            return [self]
+        if policy not in STAGES:
+            raise NoisyMLTError(f"train.trainable: unknown policy {policy!r}; choose one of {', '.join(TRAINABLE)}")
+        return [getattr(self, name) for name in STAGES[STAGES.index(policy):]]
 
 
 class SmallCNN(nn.Module):
-    """Four conv blocks; learns the embedded 64 px dataset in seconds on a CPU."""
+    """Four conv blocks trained from scratch (no stages): a quick backbone for unit tests."""
 
     def __init__(self, width: int = 32):
         super().__init__()
@@ -59,7 +109,7 @@ class SmallCNN(nn.Module):
         return self.body(x)
 
     def trainable_parts(self, policy: str) -> list[nn.Module]:
-        return [self]  # nothing pretrained to keep
+        return [self]  # trained from scratch: no stages to keep frozen
 
 
 def apply_trainable(backbone: nn.Module, policy: str) -> None:
@@ -88,30 +138,36 @@ def build_backbone(name: str, *, pretrained: bool = False, weights_path: str | N
     or from a local file; offline users set ``pretrained: false`` or ``weights_path``."""
     if name == "smallcnn":
         return SmallCNN()
-    if name not in ("resnet50", "resnet18"):
+    if name not in OUT_DIMS:
         raise NoisyMLTError(f"train.backbone: unknown backbone {name!r}; known: {', '.join(BACKBONES)}")
     import torchvision
 
-    ctor = getattr(torchvision.models, name)
-    net = ctor(weights=None)
+    net = TinyResNet() if name == "resnet_tiny" else getattr(torchvision.models, name)(weights=None)
     if weights_path:
         path = Path(weights_path)
         if not path.is_file():
             raise NoisyMLTError(f"train.weights_path: {path} does not exist")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        missing, unexpected = net.load_state_dict(state, strict=False)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            # the source task's classifier is not part of the backbone (its size differs per task)
+            state = {k: v for k, v in state.items() if not k.startswith("fc.")}
+            missing, _ = net.load_state_dict(state, strict=False)
+        except Exception as exc:  # unpickling errors, non-dict files, shape mismatches
+            raise NoisyMLTError(f"train.weights_path: {path} is not a {name} state dict ({exc})") from exc
         if [k for k in missing if not k.startswith("fc.")]:
             raise NoisyMLTError(f"train.weights_path: {path} lacks backbone weights, e.g. {missing[:3]}")
         log.info("loaded backbone weights from %s", path)
+    elif pretrained and name == "resnet_tiny":
+        raise NoisyMLTError("train.pretrained: resnet_tiny has no published weights; set train.weights_path to the "
+                            "file `noisymlt pretrain` writes, or train.pretrained: false")
     elif pretrained:
         weights = {"resnet50": "IMAGENET1K_V1", "resnet18": "IMAGENET1K_V1"}[name]
         try:
-            net = ctor(weights=weights)
+            net = getattr(torchvision.models, name)(weights=weights)
         except Exception as exc:  # URLError, SSL errors, hash mismatch...
             raise NoisyMLTError(
                 f"train.pretrained: cannot download torchvision {name} ImageNet weights ({exc}). "
                 "Offline? Put the file in TORCH_HOME's hub/checkpoints, set train.weights_path to a local "
                 "state dict, or set train.pretrained: false (results will not match the paper)."
             ) from exc
-    out_dim = {"resnet50": 2048, "resnet18": 512}[name]
-    return ResNetTrunk(net, out_dim)
+    return ResNetTrunk(net, OUT_DIMS[name])

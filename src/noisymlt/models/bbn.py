@@ -2,8 +2,9 @@
 
 The conventional and the re-balancing branch share the backbone up to its last stage; each branch has
 its own copy of that stage (initialised from the same, possibly pretrained, weights) followed by
-global average pooling. One linear classifier reads the concatenation [alpha f_c, (1 - alpha) f_r],
-which equals alpha W_c f_c + (1 - alpha) W_r f_r, as BBN implements it.
+global average pooling. One linear classifier reads 2 * [alpha f_c, (1 - alpha) f_r], i.e. the logits are
+2 * (alpha W_c f_c + (1 - alpha) W_r f_r) + b, as BBN's code (``bbn_mix``) computes them. The factor 2 makes
+the test-time input at alpha = 0.5 the plain concatenation [f_c, f_r], which is what BBN's code classifies.
 
 ``split_at``: ``stage`` (default, SPEC 4) duplicates the whole last residual stage (ResNet layer4);
 ``block`` duplicates only its last residual block, as BBN's released code does. The demo's SmallCNN
@@ -76,10 +77,10 @@ class BBNNet(nn.Module):
 
     def forward(self, x_c: torch.Tensor, x_r: torch.Tensor | None = None, alpha: float = 0.5) -> torch.Tensor:
         """Training: x_c from the uniform, x_r from the reversed sampler, alpha from ``bbn_alpha``.
-        Test: one batch through both branches, alpha 0.5."""
+        Test: one batch through both branches, alpha 0.5 (classifier input [f_c, f_r])."""
         if x_r is None:
             f_c, f_r = self.branch_features(x_c)
         else:  # separate trunk passes, so BatchNorm sees each sampler's batch on its own (as in BBN)
             f_c = self.stage_c(self.shared(x_c)).mean(dim=(2, 3))
             f_r = self.stage_r(self.shared(x_r)).mean(dim=(2, 3))
-        return self.classifier(torch.cat([alpha * f_c, (1.0 - alpha) * f_r], dim=1))
+        return self.classifier(2.0 * torch.cat([alpha * f_c, (1.0 - alpha) * f_r], dim=1))

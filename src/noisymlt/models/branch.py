@@ -5,17 +5,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from noisymlt.errors import NoisyMLTError
 from noisymlt.models.backbones import apply_trainable, build_backbone, freeze_batchnorm
-from noisymlt.models.heads import Head, Neck
+from noisymlt.models.heads import HEADS, Neck
 
 
 class Branch(nn.Module):
     def __init__(self, backbone: nn.Module, num_classes: int, *, neck_dim: int = 256, dropout: float = 0.0,
-                 trainable: str = "all", frozen_bn: bool = False):
+                 trainable: str = "all", frozen_bn: bool = False, head: str = "linear"):
         super().__init__()
+        if head not in HEADS:
+            raise NoisyMLTError(f"head: unknown classifier {head!r}; choose one of {', '.join(HEADS)}")
         self.backbone = backbone
         self.neck = Neck(backbone.out_dim, neck_dim, dropout)
-        self.head = Head(neck_dim, num_classes)
+        self.head = HEADS[head](neck_dim, num_classes)
         self.trainable = trainable
         self.frozen_bn = frozen_bn
         apply_trainable(self.backbone, trainable)
@@ -36,8 +39,11 @@ class Branch(nn.Module):
         return self.head(self.neck(self.backbone(x)))
 
 
-def build_branch(cfg: dict, num_classes: int, *, dropout: float = 0.0) -> Branch:
-    """``cfg`` is the resolved ``train`` block of params.yaml."""
+def build_branch(cfg: dict, num_classes: int, *, dropout: float | None = None, head: str = "linear") -> Branch:
+    """``cfg`` is the resolved ``train`` block of params.yaml; the neck's dropout defaults to its
+    ``neck_dropout`` ([DB]'s single-branch recipe: 0.5)."""
     backbone = build_backbone(cfg["backbone"], pretrained=cfg["pretrained"], weights_path=cfg.get("weights_path"))
+    if dropout is None:
+        dropout = float(cfg.get("neck_dropout", 0.0))
     return Branch(backbone, num_classes, neck_dim=cfg["neck_dim"], dropout=dropout,
-                  trainable=cfg["trainable"], frozen_bn=cfg["frozen_bn"])
+                  trainable=cfg["trainable"], frozen_bn=cfg["frozen_bn"], head=head)

@@ -31,3 +31,22 @@ class Head(nn.Module):
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
         return self.fc(feats)
+
+
+class CosineHead(nn.Module):
+    """LDAM-DRW's NormedLinear: cosine similarities between the L2-normalised features and the
+    L2-normalised class weights, in [-1, 1], no bias. LDAM's scale s = 30 multiplies them in the loss;
+    on an ordinary linear head that scale would blow the logits up instead.
+    The weight is laid out (in_dim, C) and initialised as LDAM-DRW does (uniform, columns renormed)."""
+
+    def __init__(self, in_dim: int, num_classes: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(in_dim, num_classes))
+        with torch.no_grad():
+            self.weight.uniform_(-1, 1).renorm_(2, 1, 1e-5).mul_(1e5)
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        return nn.functional.normalize(feats, dim=1) @ nn.functional.normalize(self.weight, dim=0)
+
+
+HEADS = {"linear": Head, "cosine": CosineHead}
