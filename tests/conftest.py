@@ -142,9 +142,15 @@ def tiny_params(method: str = "erm", **train_overrides) -> dict:
 
     repo = Path(__file__).resolve().parents[1]
     params = load_params(repo / "params.yaml", repo / "workflow" / "profiles" / "demo" / "params.yaml")
+    # A scratch backbone (no pretrained file to make) that trains whole: these tests check mechanics;
+    # the demo's pretrained resnet_tiny path has tests of its own (test_models, test_pretrain).
     small = {"epochs": 2, "batch_size": 16, "balanced_batch_size": 32, "image_size": 32, "workers": 0,
-             "warmup_iters": 2, "lr_steps": [2], "eval_batch_size": 64}
-    params["train"] = deep_merge(params["train"], {**small, **train_overrides})
+             "warmup_iters": 2, "lr_steps": [2], "eval_batch_size": 64, "epoch_length": "batches",
+             "backbone": "smallcnn", "weights_path": None, "trainable": "all", "frozen_bn": False}
+    overrides = {**small, **train_overrides}
+    params["train"] = deep_merge(params["train"], overrides)
+    for schedule in params["schedules"].values():  # a schedule's keys would win over the train block
+        schedule["train"] = {k: v for k, v in schedule.get("train", {}).items() if k not in overrides}
     params["grid"]["methods"] = [method]
     return params
 

@@ -56,17 +56,30 @@ def test_load_params_names_the_file(tmp_path):
         load_params(broken)
 
 
-def test_resolve_run_layers_dataset_and_method_overrides(paper):
+def test_resolve_run_layers_dataset_schedule_and_method_overrides(paper):
     params = copy.deepcopy(paper)
     params["methods"]["erm"]["train"] = {"epochs": 3}
     r = resolve_run(params, "coco", "erm", 0.5, 2)
-    assert r["train"]["lr"] == 0.2  # dataset override
+    assert r["schedule"] == "db"
+    assert r["train"]["lr"] == 0.02  # [DB]'s schedule wins over the dataset's [CL] lr
+    assert r["train"]["warmup_iters"] == 500 and r["train"]["epoch_length"] == "sampler"
+    assert r["train"]["trainable"] == "layer2" and r["train"]["neck_dropout"] == 0.5
     assert r["train"]["epochs"] == 3  # method override
+    ours = resolve_run(params, "coco", "ours", 0.5, 2)
+    assert ours["schedule"] == "cl" and ours["train"]["lr"] == 0.2  # dataset override on [CL]'s schedule
+    assert ours["train"]["trainable"] == "layer4" and ours["train"]["epoch_length"] == "batches"
+    params["methods"]["erm"]["schedule"] = "cl"  # the one-line switch to the uniform regime
+    assert resolve_run(params, "coco", "erm", 0.5, 2)["train"]["lr"] == 0.2
     assert r["train"]["batch_size"] == 32  # global
     assert r["db_loss"] == {"neg_scale": 2.0, "map_mu": 0.2}
-    assert "train" not in r["method_cfg"]
+    assert "train" not in r["method_cfg"] and "schedule" not in r["method_cfg"]
     assert run_id(r) == run_id(copy.deepcopy(r))
     assert run_id(r) != run_id(resolve_run(params, "coco", "erm", 0.5, 3))
+    params["methods"]["erm"]["schedule"] = "fast"
+    with pytest.raises(NoisyMLTError, match="methods.erm.schedule.*fast"):
+        validate_params(params)
+    with pytest.raises(NoisyMLTError, match="methods.erm.schedule.*fast"):
+        resolve_run(params, "coco", "erm", 0.5, 2)
 
 
 def test_deep_merge_replaces_lists_and_merges_dicts():
@@ -76,3 +89,38 @@ def test_deep_merge_replaces_lists_and_merges_dicts():
 def test_schema_file_is_valid_yaml_and_strict():
     schema = yaml.safe_load((REPO / "workflow/schemas/params.schema.yaml").read_text())
     assert schema["additionalProperties"] is False
+
+
+def test_baselines_run_their_reference_recipes(paper):
+    db_family = ["erm", "focal", "rs", "rs_focal", "ldam", "db", "db_focal"]
+    for dataset in ("voc", "coco"):
+        for method in db_family + ["bbn", "mlgcn", "dividemix"]:
+            r = resolve_run(paper, dataset, method, 0.5, 0)
+            t = r["train"]
+            assert r["schedule"] == "db", method
+            assert (t["lr"], t["warmup_iters"], t["warmup_ratio"], t["lr_steps"], t["epochs"]) == (
+                0.02, 500, pytest.approx(1 / 3), [5, 7], 8), method
+            assert (t["trainable"], t["frozen_bn"], t["epoch_length"], t["batch_size"], t["grad_clip"]) == (
+                "layer2", True, "sampler", 32, 35.0), method
+            assert t["neck_dropout"] == (0.0 if method == "ldam" else 0.5), method
+        for method in [m for m in paper["methods"] if m.startswith("ours")]:
+            r = resolve_run(paper, dataset, method, 0.5, 0)
+            assert r["schedule"] == "cl" and r["train"]["trainable"] == "layer4", method
+            assert r["train"]["lr"] == (0.02 if dataset == "voc" else 0.2)
+    ldam = paper["methods"]["ldam"]
+    assert ldam["loss"] == "ldam" and ldam["head"] == "cosine"
+    assert paper["methods"]["mlgcn"]["adjacency"] == "code" and paper["methods"]["mlgcn"]["pool"] == "max"
+    assert paper["methods"]["dividemix"]["warmup_epochs"] == "auto"
+
+
+def test_ldam_scale_on_a_linear_head_is_refused(tiny_toy, tmp_path):
+    from conftest import tiny_params, toy_trainer
+
+    params = tiny_params("ldam")
+    params["methods"]["ldam"]["head"] = "linear"
+    with pytest.raises(NoisyMLTError, match="methods.ldam.*head: cosine"):
+        validate_params(params)  # at params load, before any data step runs
+    with pytest.raises(NoisyMLTError, match="methods.ldam.*head: cosine"):  # and for a resolved run config
+        toy_trainer(tiny_toy, resolve_run(params, "toy", "ldam", 0.5, 0), tmp_path)
+    params["methods"]["ldam"]["loss_params"] = {"scale": 1.0}  # no scale: a linear head is fine
+    toy_trainer(tiny_toy, resolve_run(params, "toy", "ldam", 0.5, 0), tmp_path)

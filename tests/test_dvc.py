@@ -168,7 +168,9 @@ def _tiny_params() -> dict:
     params["methods"] = {"erm": params["methods"]["erm"]}
     params["train"] = deep_merge(params["train"], {
         "epochs": 1, "batch_size": 16, "image_size": 32, "workers": 0, "warmup_iters": 2, "lr_steps": [1],
-        "eval_batch_size": 64})
+        "eval_batch_size": 64, "weights_path": None})  # dvc.yaml has no pretrain stage: resnet_tiny from scratch
+    params.pop("pretrain", None)
+    params["schedules"]["db"]["train"]["warmup_iters"] = 2  # a schedule's keys win over the train block
     return params
 
 

@@ -81,11 +81,11 @@ def test_training_mix_and_test_time_alpha_half():
         f_r = model.stage_r(model.shared(x_r)).mean(dim=(2, 3))
         w, b = model.classifier.fc.weight, model.classifier.fc.bias
         w_c, w_r = w[:, :64], w[:, 64:]
-        expected = 0.3 * f_c @ w_c.T + 0.7 * f_r @ w_r.T + b
+        expected = 2 * (0.3 * f_c @ w_c.T + 0.7 * f_r @ w_r.T) + b  # BBN's bbn_mix: factor 2
         torch.testing.assert_close(model(x_c, x_r, alpha=0.3), expected)
-        # Test time: one image through both branches, alpha 0.5.
+        # Test time: one image through both branches, alpha 0.5: the classifier reads [f_c, f_r].
         g_c, g_r = model.branch_features(x_c)
-        torch.testing.assert_close(model(x_c), 0.5 * g_c @ w_c.T + 0.5 * g_r @ w_r.T + b)
+        torch.testing.assert_close(model(x_c), g_c @ w_c.T + g_r @ w_r.T + b)
         torch.testing.assert_close(model(x_c), model(x_c, x_c, alpha=0.5))
         assert not torch.allclose(model(x_c), model(x_c, x_c, alpha=0.9))
 

@@ -14,10 +14,12 @@ from torch import nn
 
 from conftest import tiny_params, toy_trainer
 from noisymlt.config import resolve_run, validate_params
+from noisymlt.labels import read_labels
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import TrainContext
 from noisymlt.methods.dividemix import (
     DivideMix,
+    auto_warmup_epochs,
     clean_probability,
     mixmatch_lambda,
     ramp,
@@ -32,7 +34,7 @@ BLOCK = {
     "label": "DivideMix",
     "description": "two nets, GMM co-divide, MixMatch; class-aware sampling + BCE",
     "sampler": "class_aware",
-    "warmup_epochs": None,
+    "warmup_epochs": "auto",
     "p_threshold": 0.5,
     "temperature": 0.5,
     "beta_alpha": 4.0,
@@ -105,19 +107,32 @@ def test_clean_probability_labels_the_low_loss_cluster():
         clean_probability(np.array([0.1, np.nan]))
 
 
-def test_options_defaults_scaling_and_validation():
-    assert resolve_options({"family": "dividemix"}, 8)["warmup_epochs"] == 1
-    assert resolve_options({"family": "dividemix"}, 16)["warmup_epochs"] == 2
-    assert resolve_options({"family": "dividemix"}, 2)["warmup_epochs"] == 1
-    o = resolve_options({"family": "dividemix", "warmup_epochs": 3, "gmm": {"tol": 0.1}}, 8)
+def test_options_defaults_and_validation():
+    assert resolve_options({"family": "dividemix"})["warmup_epochs"] == "auto"
+    o = resolve_options({"family": "dividemix", "warmup_epochs": 3, "gmm": {"tol": 0.1}})
     assert o["warmup_epochs"] == 3 and o["gmm"] == {"max_iter": 10, "reg_covar": 5e-4, "tol": 0.1}
     assert o["lambda_u"] == 2.5 and o["temperature"] == 0.5 and o["sampler"] == "class_aware"
     with pytest.raises(NoisyMLTError, match="p_threshold"):
-        resolve_options({"family": "dividemix", "p_threshold": 1.5}, 8)
+        resolve_options({"family": "dividemix", "p_threshold": 1.5})
+    with pytest.raises(NoisyMLTError, match="warmup_epochs"):
+        resolve_options({"family": "dividemix", "warmup_epochs": "soon"})
     with pytest.raises(NoisyMLTError, match="methods.dividemix.*lamda_u"):
         dividemix_params(lamda_u=1.0)
     with pytest.raises(NoisyMLTError, match="methods.dividemix.gmm"):
         dividemix_params(gmm={"max_iter": 0})
+
+
+@pytest.mark.parametrize("warmup_iters, iters, expected", [
+    (500, 121, 5),   # VOC-MLT, [DB] schedule (class-aware, 121 iterations an epoch): capped at the decay
+    (500, 705, 2),   # COCO-MLT, [DB] schedule: the lr warm-up fits in one epoch, plus one at full rate
+    (100, 35, 4),    # VOC-MLT on [CL]'s schedule
+    (320, 62, 5),    # the demo ([DB]'s warm-up scaled to the toy's size)
+    (0, 10, 1),      # no lr warm-up: one full-rate epoch
+])
+def test_auto_warmup_covers_the_lr_warmup_plus_one_epoch_before_the_first_decay(warmup_iters, iters, expected):
+    train = {"warmup_iters": warmup_iters, "lr_steps": [5, 7], "epochs": 8}
+    assert auto_warmup_epochs(train, iters) == expected
+    assert auto_warmup_epochs({**train, "warmup_iters": 10**6, "lr_steps": []}, iters) == 8  # no decay: the whole run
 
 
 # ---------------------------------------------------------------- co-divide and one step on hand-made nets
@@ -278,3 +293,26 @@ def test_run_resumed_after_warm_up_repeats_the_co_divide_epoch_exactly(dividemix
     torch.testing.assert_close(resumed.method.prob, trainer.method.prob, rtol=0, atol=0)
     np.testing.assert_array_equal(np.load(resumed_dir / "predictions.npz")["scores_main"],
                                   np.load(out / "predictions.npz")["scores_main"])  # bit-identical on the CPU
+
+
+def test_co_divide_separates_truly_noisy_from_clean_images(tiny_toy, tmp_path):
+    """DivideMix's premise on noisy multi-label data: after the warm-up, the clean probability ranks the
+    images whose noisy label vector is right above those it got wrong. The clean labels are read here,
+    by the test, and never reach training."""
+    import pandas as pd
+    from sklearn.metrics import roc_auc_score
+
+    params = tiny_params("dividemix", image_size=32, epochs=3, lr_steps=[5], warmup_iters=10, lr=0.05)
+    params["methods"]["dividemix"] = {**BLOCK, "warmup_epochs": "auto"}
+    trainer = toy_trainer(tiny_toy, resolve_run(params, "toy", "dividemix", 0.5, 0), tmp_path / "run")
+    assert trainer.method.warmup == 2  # ceil(10 / iterations per epoch) + 1: two warm-up epochs
+    trainer.fit()  # warm-up, warm-up, then the first co-divide and one epoch on its split
+    assert trainer.method.divided_epoch == 2
+    table = pd.read_parquet(tiny_toy["noisy"])
+    classes = list(read_labels(tiny_toy["noisy"]).classes)
+    clean = (table[classes].to_numpy() == table[[f"clean_{c}" for c in classes]].to_numpy()).all(1)
+    assert 0.2 < clean.mean() < 0.8  # both kinds are present at gamma 0.5
+    aucs = [roc_auc_score(clean, row) for row in trainer.method.prob.cpu().numpy()]  # each net's split
+    # Noisy rows carry more labels (kept + replacements): the split must beat that cue by far, not echo it.
+    by_count = roc_auc_score(clean, -table[classes].to_numpy().sum(1))
+    assert min(aucs) > 0.7 and min(aucs) > by_count + 0.1, (aucs, by_count)

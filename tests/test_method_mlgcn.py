@@ -19,7 +19,7 @@ from noisymlt.data import glove
 from noisymlt.data.classes import VOC_CLASSES
 from noisymlt.errors import NoisyMLTError
 from noisymlt.models.backbones import SmallCNN
-from noisymlt.models.mlgcn import LabelGCN, MLGCNNet, label_adjacency, normalize_adjacency
+from noisymlt.models.mlgcn import LabelGCN, MLGCNNet, code_adjacency, label_adjacency, normalize_adjacency
 
 MLGCN_BLOCK = {"family": "mlgcn", "label": "ML-GCN", "description": "test block", "sampler": "random",
                "loss": "bce", "t": 0.4, "p": 0.2, "embeddings": "glove"}
@@ -85,8 +85,10 @@ def test_gcn_shapes_and_arithmetic():
     net = MLGCNNet(SmallCNN(width=8), LabelGCN(emb, adj, out_dim=64)).eval()
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
-        logits = net(x)
-        torch.testing.assert_close(logits, net.backbone(x).mean(dim=(2, 3)) @ net.gcn().T)
+        logits = net(x)  # ML-GCN's code max-pools the last feature map
+        torch.testing.assert_close(logits, net.backbone(x).amax(dim=(2, 3)) @ net.gcn().T)
+        net.pool = "avg"
+        torch.testing.assert_close(net(x), net.backbone(x).mean(dim=(2, 3)) @ net.gcn().T)
     assert logits.shape == (3, 4)
     with pytest.raises(NoisyMLTError, match="do not match"):
         LabelGCN(emb, adj[:3, :3], out_dim=8)
@@ -178,7 +180,7 @@ def mlgcn_params(**train):
 
 
 def test_schema_rejects_bad_options():
-    for key, value in (("t", 1.5), ("p", 1.0), ("embeddings", "word2vec")):
+    for key, value in (("t", 1.5), ("p", 1.0), ("embeddings", "word2vec"), ("adjacency", "learned"), ("pool", "sum")):
         params = mlgcn_params()
         params["methods"]["mlgcn"][key] = value
         with pytest.raises(NoisyMLTError, match=key):
@@ -191,7 +193,7 @@ def test_trainer_run_on_tiny_toy(tiny_toy, tmp_path):
     trainer = toy_trainer(tiny_toy, resolved, tmp_path / "run")
     model = trainer.model
     noisy = read_labels(tiny_toy["noisy"]).labels
-    expected_adj = normalize_adjacency(label_adjacency(noisy, 0.4, 0.2))
+    expected_adj = normalize_adjacency(code_adjacency(noisy, 0.4))  # ML-GCN's gen_A by default
     np.testing.assert_allclose(model.gcn.adjacency.numpy(), expected_adj, rtol=1e-6)
     assert model.gcn.embeddings.shape == (20, 300) and model.gcn.gc2.weight.shape == (1024, 256)
     before = {k: v.clone() for k, v in model.state_dict().items()}

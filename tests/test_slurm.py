@@ -39,13 +39,17 @@ TINY_PARAMS = {
         }
     },
     "train": {"image_size": 32, "epochs": 1, "warmup_iters": 2, "lr_steps": [], "eval_batch_size": 100},
+    "schedules": {"db": {"train": {"warmup_iters": 2}}},  # a schedule's keys win over the train block
+    # the demo's pretrained backbone, made in seconds: a small source task, one epoch
+    "pretrain": {"toy_glyphs": {"epochs": 1, "source": {"classes": 8, "images_per_class": 16, "held_out_per_class": 4}}},
 }
 
 # Each rule run through SLURM costs Snakemake start-ups (sbatch -> jobstep, then srun -> one per
 # rule), about 15 s per rule here. So the cheap data steps run locally first, and the SLURM run does
 # the rest: the profile's `run` group (train, evaluate) and `report` group (aggregate, table,
 # figure), i.e. two sbatch jobs.
-DATA_TARGETS = ["data/toy/noisy/g0.5_s0.parquet", "data/toy/test_labels.parquet", "data/toy/class_split.json"]
+DATA_TARGETS = ["data/toy/noisy/g0.5_s0.parquet", "data/toy/test_labels.parquet", "data/toy/class_split.json",
+                "data/pretrained/toy_glyphs.pt"]
 SLURM_GROUPS = {"run": ["evaluate", "train"], "report": ["aggregate", "figure_map_vs_gamma", "table_total"]}
 
 

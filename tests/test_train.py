@@ -11,6 +11,7 @@ import torch
 from conftest import tiny_params, toy_trainer
 from noisymlt.config import resolve_run
 from noisymlt.errors import NoisyMLTError
+from noisymlt.labels import read_labels
 from noisymlt.train import Trainer, lr_at
 
 
@@ -140,3 +141,45 @@ def test_checkpoint_trained_on_other_inputs_is_not_resumed(tiny_toy, tmp_path):
     history = toy_trainer(tiny_toy, resolved, tmp_path / "run", train_labels=other, keep_stale=True).fit()
     assert len(history) == 1  # trained afresh rather than resumed at epoch 1
     shutil.rmtree(tmp_path / "run")
+
+
+def test_epoch_length_follows_the_schedule(tiny_toy, tmp_path):
+    """[CL]: floor(N / batch) iterations whatever the sampler; [DB]: one pass over the sampler."""
+    n = len(read_labels(tiny_toy["noisy"]))
+    cl = make_trainer(tiny_toy, tmp_path / "cl", method="db_focal", epoch_length="batches")
+    assert cl.iters == n // 16
+    db = make_trainer(tiny_toy, tmp_path / "db", method="db_focal", epoch_length="sampler")
+    counts = read_labels(tiny_toy["noisy"]).labels.sum(0)
+    assert db.iters == int(counts.max() * len(counts) / 4) // 16 != cl.iters
+    assert db.ctx.iterations_per_epoch == db.iters
+    erm = make_trainer(tiny_toy, tmp_path / "erm", method="erm", epoch_length="sampler")
+    assert erm.iters == n // 16  # the random sampler's length is N
+
+
+def test_db_schedule_gives_db_iterations_on_voc_mlt(reference_dir):
+    """[DB]'s class-aware epoch on the published VOC-MLT subset: int(775 * 20 / 4) images, 121 batches of 32."""
+    import pandas as pd
+
+    from noisymlt.dataset import StreamSpec
+    from noisymlt.sampling import build_sampler
+    from noisymlt.train import epoch_iterations
+
+    labels = pd.read_csv(reference_dir / "voc_mlt_train_labels.csv", dtype={"image_id": str}).drop(
+        columns="image_id").to_numpy()
+    assert labels.shape == (1142, 20)
+    stream = StreamSpec("main", build_sampler("class_aware", labels, 0), 32)
+    assert epoch_iterations("sampler", [stream], 1142, 32) == 121
+    assert epoch_iterations("batches", [stream], 1142, 32) == 35
+    with pytest.raises(NoisyMLTError, match="epoch_length"):
+        epoch_iterations("images", [stream], 1142, 32)
+
+
+def test_cpu_threads_come_from_the_run_config(tiny_toy, tmp_path):
+    before = torch.get_num_threads()
+    try:
+        trainer = make_trainer(tiny_toy, tmp_path / "run", epochs=1, cpu_threads=1)
+        assert torch.get_num_threads() == 1 and trainer.cfg["train"]["cpu_threads"] == 1
+        trainer.run()
+        assert json.loads((tmp_path / "run" / "manifest.json").read_text())["cpu_threads"] == 1
+    finally:
+        torch.set_num_threads(before)

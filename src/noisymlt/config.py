@@ -99,7 +99,7 @@ def validate_params(params: dict, source: str = "params") -> None:
                 f"{source}: methods.{name}.family: unknown family {block['family']!r}; "
                 f"known: {', '.join(sorted(FAMILIES))}"
             )
-        check_schema(method_options(block), FAMILIES[block["family"]].options_schema, f"{source}: methods.{name}")
+        FAMILIES[block["family"]].check_options(method_options(block), f"{source}: methods.{name}")
 
 
 def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int) -> dict:

@@ -86,9 +86,11 @@ class Method:
         # A resolved run config (`train --run-config`) bypasses params validation: check here too.
         self.check_options(method_options(self.opts), f"methods.{ctx.cfg.get('method', '?')}")
 
-    def check_options(self, options: dict, where: str) -> None:
-        """Validate the family's options; families with cross-field rules extend this."""
-        check_schema(options, self.options_schema, where)
+    @classmethod
+    def check_options(cls, options: dict, where: str) -> None:
+        """Validate the family's options (at params load and again when a run starts); families with
+        cross-field rules extend this."""
+        check_schema(options, cls.options_schema, where)
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError

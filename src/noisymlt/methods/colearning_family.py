@@ -178,8 +178,12 @@ class CoLearning(Method):
         ],
     }
 
-    def check_options(self, options: dict, where: str) -> None:
-        check_options(options)  # cross-field rules first: their messages are clearer than the schema's
+    @classmethod
+    def check_options(cls, options: dict, where: str) -> None:
+        try:  # cross-field rules first: their messages are clearer than the schema's
+            check_options(options)
+        except NoisyMLTError as exc:
+            raise NoisyMLTError(f"{where}: {exc}") from exc
         super().check_options(options, where)
 
     def __init__(self, ctx):

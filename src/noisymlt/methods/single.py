@@ -42,7 +42,8 @@ class SingleBranch(Method):
         super().__init__(ctx)
         self.loss = loss_for(ctx, self.opts.get("loss", "bce"), self.opts.get("loss_params"))
 
-    def check_options(self, options: dict, where: str) -> None:
+    @classmethod
+    def check_options(cls, options: dict, where: str) -> None:
         super().check_options(options, where)
         scale = (options.get("loss_params") or {}).get("scale", 30.0)
         if options.get("loss") == "ldam" and options.get("head", "linear") != "cosine" and scale != 1:

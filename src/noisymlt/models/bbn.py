@@ -6,6 +6,10 @@ global average pooling. One linear classifier reads 2 * [alpha f_c, (1 - alpha) 
 2 * (alpha W_c f_c + (1 - alpha) W_r f_r) + b, as BBN's code (``bbn_mix``) computes them. The factor 2 makes
 the test-time input at alpha = 0.5 the plain concatenation [f_c, f_r], which is what BBN's code classifies.
 
+alpha = 1 - (T / T_max)^2 follows BBN's paper; BBN's code divides by 100 * (T_max // 100 + 1) instead of
+T_max when T_max is 90 or 180 (its ImageNet / iNaturalist schedules). The 8-epoch schedules here are
+unaffected (tests/test_reference_baselines.py shows both).
+
 ``split_at``: ``stage`` (default, SPEC 4) duplicates the whole last residual stage (ResNet layer4);
 ``block`` duplicates only its last residual block, as BBN's released code does. The demo's SmallCNN
 has one conv block per stage, so both mean its last conv block.
