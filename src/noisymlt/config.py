@@ -14,6 +14,8 @@ from pathlib import Path
 import yaml
 
 from noisymlt.errors import NoisyMLTError
+from noisymlt.methods.options import SCHEMAS, check_options
+from noisymlt.schema import check_schema
 
 SCHEMA_PATH = Path(__file__).with_name("schemas") / "params.schema.yaml"
 METHOD_COMMON_KEYS = ("family", "label", "description", "schedule", "train")
@@ -46,17 +48,6 @@ def load_params(*files: str | Path) -> dict:
     return params
 
 
-def check_schema(obj: dict, schema: dict, where: str) -> None:
-    """JSON-schema check whose error names the offending key path under ``where``."""
-    import jsonschema
-
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(obj), key=lambda e: list(e.absolute_path))
-    if errors:
-        e = errors[0]
-        path = ".".join(str(p) for p in e.absolute_path)
-        raise NoisyMLTError(f"{where}{'.' + path if path else ''}: {e.message}")
-
-
 def method_options(block: dict) -> dict:
     """A method block's family options: everything but family, label, description and train."""
     return {k: v for k, v in block.items() if k not in METHOD_COMMON_KEYS}
@@ -66,7 +57,6 @@ def validate_params(params: dict, source: str = "params") -> None:
     """JSON-schema validation (unknown keys, types, ranges) plus the cross-references a schema
     cannot express: grid entries must name configured datasets and registered methods."""
     check_schema(params, yaml.safe_load(SCHEMA_PATH.read_text()), source)
-    from noisymlt.methods import FAMILIES
 
     for name in params["grid"]["datasets"]:
         if name not in params["datasets"]:
@@ -94,12 +84,12 @@ def validate_params(params: dict, source: str = "params") -> None:
             known = ", ".join(sorted(params.get("schedules", {}))) or "none"
             raise NoisyMLTError(f"{source}: methods.{name}.schedule: unknown schedule {schedule!r}; "
                                 f"schedules defined in params: {known}")
-        if block["family"] not in FAMILIES:
+        if block["family"] not in SCHEMAS:
             raise NoisyMLTError(
                 f"{source}: methods.{name}.family: unknown family {block['family']!r}; "
-                f"known: {', '.join(sorted(FAMILIES))}"
+                f"known: {', '.join(sorted(SCHEMAS))}"
             )
-        FAMILIES[block["family"]].check_options(method_options(block), f"{source}: methods.{name}")
+        check_options(block["family"], method_options(block), f"{source}: methods.{name}")
 
 
 def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int) -> dict:

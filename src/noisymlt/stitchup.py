@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from noisymlt.errors import NoisyMLTError
+from noisymlt.methods.options import NEGATIVE_TARGETS
 
 ElementwiseLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-NEGATIVE_TARGETS = ("own", "union")
 
 
 def _binary_matrix(Y: np.ndarray, what: str) -> np.ndarray:

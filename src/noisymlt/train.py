@@ -57,7 +57,8 @@ class Trainer:
         from noisymlt.config import run_id
         from noisymlt.devices import select_device
         from noisymlt.labels import read_class_split, read_labels
-        from noisymlt.methods import FAMILIES, TrainContext
+        from noisymlt.methods import FAMILY_MODULES, load_family
+        from noisymlt.methods.base import TrainContext
 
         self.cfg = resolved
         self.run_id = run_id(resolved)
@@ -92,14 +93,15 @@ class Trainer:
         if tcfg["batch_size"] > n:
             raise NoisyMLTError(f"train.batch_size={tcfg['batch_size']} exceeds the {n} training images")
         family = resolved["method_cfg"]["family"]
-        if family not in FAMILIES:
-            raise NoisyMLTError(f"method {resolved['method']!r}: unknown family {family!r}; known: {sorted(FAMILIES)}")
+        if family not in FAMILY_MODULES:
+            raise NoisyMLTError(f"method {resolved['method']!r}: unknown family {family!r}; "
+                                f"known: {sorted(FAMILY_MODULES)}")
         torch.manual_seed(resolved["seed"])  # weight init; one process per run, so this is the run's own stream
         noisy = torch.as_tensor(self.train_table.labels, dtype=torch.float32, device=self.device)
         self.ctx = TrainContext(resolved, noisy, self.split, self.device, 0,
                                 extra={"iterate_train": self.iterate_train_eval,
                                        "classes": list(self.train_table.classes)})
-        self.method = FAMILIES[family](self.ctx)
+        self.method = load_family(family)(self.ctx)
         self.streams = self.method.streams()
         self.iters = epoch_iterations(tcfg.get("epoch_length", "batches"), self.streams, n, tcfg["batch_size"])
         if limit_iters:  # smoke tests and benchmarks: a few iterations per epoch

@@ -1,9 +1,45 @@
-"""Method registry. Importing this package registers every method family."""
+"""Method registry, light: family name -> the module that implements it, imported on demand.
 
-from noisymlt.methods.base import FAMILIES, Method, TrainContext, register_family
-from noisymlt.methods import single  # noqa: F401  (registers "single")
-from noisymlt.methods import colearning_family  # noqa: F401  (registers "colearning")
-from noisymlt.methods import bbn, mlgcn  # noqa: F401  (register "bbn", "mlgcn")
-from noisymlt.methods import dividemix  # noqa: F401  (registers "dividemix")
+Importing this package imports no torch: params validation and the data steps only need the family
+names and their option checks (noisymlt.methods.options). ``load_family`` imports one family's module
+(which registers its class with ``@register_family``) when a run is built. ``FAMILIES``, ``Method``,
+``TrainContext``, ``register_family`` and ``eval_mode`` are still importable from here; asking for them
+imports the training code.
+"""
 
-__all__ = ["FAMILIES", "Method", "TrainContext", "register_family"]
+from __future__ import annotations
+
+import importlib
+
+from noisymlt.errors import NoisyMLTError
+
+FAMILY_MODULES = {
+    "single": "noisymlt.methods.single",
+    "bbn": "noisymlt.methods.bbn",
+    "mlgcn": "noisymlt.methods.mlgcn",
+    "dividemix": "noisymlt.methods.dividemix",
+    "colearning": "noisymlt.methods.colearning_family",
+}
+_BASE_NAMES = ("FAMILIES", "Method", "TrainContext", "register_family", "eval_mode")
+
+
+def load_family(name: str):
+    """The Method class of family ``name`` (its module imported now)."""
+    if name not in FAMILY_MODULES:
+        raise NoisyMLTError(f"unknown method family {name!r}; known: {', '.join(sorted(FAMILY_MODULES))}")
+    importlib.import_module(FAMILY_MODULES[name])
+    # by name, like the families: the package stays light for whoever imports it for its names
+    return importlib.import_module("noisymlt.methods.base").FAMILIES[name]
+
+
+def __getattr__(name: str):
+    if name in _BASE_NAMES:
+        base = importlib.import_module("noisymlt.methods.base")
+        if name == "FAMILIES":  # the complete registry: every family's module
+            for family in FAMILY_MODULES:
+                load_family(family)
+        return getattr(base, name)
+    raise AttributeError(f"module 'noisymlt.methods' has no attribute {name!r}")
+
+
+__all__ = ["FAMILY_MODULES", "load_family", *_BASE_NAMES]

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from noisymlt.config import check_schema, method_options
+from noisymlt.config import method_options
 from noisymlt.dataset import StreamSpec
+from noisymlt.methods import options as family_options
 
 @contextlib.contextmanager
 def eval_mode(*modules: nn.Module):
@@ -73,10 +74,7 @@ class TrainContext:
 
 
 class Method:
-    family = "?"
-    # JSON schema of the family's own keys in a params.yaml method block (besides family, label,
-    # description, train); unknown keys are rejected.
-    options_schema: dict = {"type": "object", "additionalProperties": False, "properties": {}}
+    family = "?"  # set by @register_family; its options are described in noisymlt.methods.options
     # Prediction heads written for evaluation; the first is the method's reported result.
     heads: tuple[str, ...] = ("main",)
 
@@ -88,9 +86,8 @@ class Method:
 
     @classmethod
     def check_options(cls, options: dict, where: str) -> None:
-        """Validate the family's options (at params load and again when a run starts); families with
-        cross-field rules extend this."""
-        check_schema(options, cls.options_schema, where)
+        """Validate the family's options (params validation does the same without importing torch)."""
+        family_options.check_options(cls.family, options, where)
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError

@@ -12,24 +12,15 @@ from torch import nn
 
 from noisymlt.dataset import StreamSpec
 from noisymlt.methods.base import Method, register_family
-from noisymlt.methods.single import LOSS_OPTIONS, loss_for
+from noisymlt.methods.single import loss_for
 from noisymlt.models.backbones import build_backbone
-from noisymlt.models.bbn import SPLITS, BBNNet, bbn_alpha
+from noisymlt.models.bbn import BBNNet, bbn_alpha
 from noisymlt.sampling import build_sampler
 
 
 @register_family("bbn")
 class BBN(Method):
     heads = ("main",)
-    options_schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            **LOSS_OPTIONS,
-            "split_at": {"enum": list(SPLITS)},
-        },
-    }
-
     def __init__(self, ctx):
         super().__init__(ctx)
         self.loss = loss_for(ctx, self.opts.get("loss", "bce"), self.opts.get("loss_params"))

@@ -24,16 +24,24 @@ import numpy as np
 import torch
 
 from noisymlt.colearning import COLEARNING_DEFAULTS, group_thresholds, pseudo_labels
-from noisymlt.config import check_schema, method_options
+from noisymlt.config import method_options
 from noisymlt.dataset import StreamSpec
 from noisymlt.errors import NoisyMLTError
 from noisymlt.labels import GROUPS
 from noisymlt.methods.base import Method, eval_mode, register_family
-from noisymlt.methods.single import LOSS_OPTIONS, SAMPLER_OPTION, loss_for
+from noisymlt.methods.options import (
+    BATCH_SIZE_KEYS,
+    BRANCH_DEFAULTS,
+    BRANCH_NAMES,
+    MIXUP_DEFAULTS,
+    STITCHUP_DEFAULTS,
+    THRESHOLDS_SCHEMA,
+)
+from noisymlt.methods.single import loss_for
 from noisymlt.models.twobranch import TwoBranch, build_two_branch, ensemble_logits
 from noisymlt.sampling import build_sampler
+from noisymlt.schema import check_schema
 from noisymlt.stitchup import (
-    NEGATIVE_TARGETS,
     PartnerIndex,
     mixup,
     stitch_feature_maps_concat,
@@ -41,54 +49,6 @@ from noisymlt.stitchup import (
     stitch_images_concat,
     stitchup_loss,
 )
-
-BRANCH_NAMES = ("random", "balanced")  # f and g; the test-time ensemble weighs them tau : 1 - tau
-BRANCH_DEFAULTS = {
-    "random": {"sampler": "random", "loss": "bce", "loss_params": {}, "batch_size": "random", "dropout": 0.0},
-    "balanced": {"sampler": "class_aware", "loss": "db_focal", "loss_params": {}, "batch_size": "balanced",
-                 "dropout": 0.5},
-}
-STITCH_MODES = ("feature_average", "feature_concat", "image_concat")
-PSEUDO_SOURCES = ("cross", "self", "none")
-STITCHUP_DEFAULTS = {"enabled": True, "mode": "feature_average", "k": 2, "p": 1.0, "negatives": "own",
-                     "partner_bn": True}
-MIXUP_DEFAULTS = {"enabled": False, "alpha": 1.0}
-# batch_size names the train setting a branch's stream uses
-BATCH_SIZE_KEYS = {"random": "batch_size", "balanced": "balanced_batch_size"}
-
-_GROUP_VALUES = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {g: {"type": ["number", "null"], "minimum": 0, "maximum": 1} for g in GROUPS},
-}
-THRESHOLDS_SCHEMA = {
-    "description": "per source branch (whose predictions correct the peer's labels): alpha and beta per "
-                   "class group; a missing group is off",
-    "type": "object",
-    "propertyNames": {"enum": list(BRANCH_NAMES)},
-    "additionalProperties": {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {"alpha": _GROUP_VALUES, "beta": _GROUP_VALUES},
-    },
-}
-_BRANCH_SCHEMA = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        **SAMPLER_OPTION,
-        **LOSS_OPTIONS,
-        "batch_size": {"enum": list(BATCH_SIZE_KEYS), "description": "which train batch size the stream uses"},
-        "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
-    },
-}
-
-
-def _enabled(key: str) -> dict:
-    """Schema fragment: options[key].enabled is given and true."""
-    enabled = {"required": ["enabled"], "properties": {"enabled": {"const": True}}}
-    return {"required": [key], "properties": {key: enabled}}
-
 
 @dataclass(frozen=True)
 class BranchSpec:
@@ -100,92 +60,9 @@ class BranchSpec:
     dropout: float
 
 
-def check_options(opts: dict) -> None:
-    """Cross-field rules (also in the schema, where their messages are less clear); types are left
-    to the schema check that follows."""
-
-    def section(key: str) -> dict:
-        value = opts.get(key)
-        return value if isinstance(value, dict) else {}
-
-    stitch_on = section("stitchup").get("enabled", STITCHUP_DEFAULTS["enabled"])
-    mixup_on = section("mixup").get("enabled", MIXUP_DEFAULTS["enabled"])
-    if stitch_on is True and mixup_on is True:
-        raise NoisyMLTError("colearning options: mixup.enabled and stitchup.enabled are exclusive "
-                            "(Mix-Up replaces Stitch-Up); set stitchup.enabled: false")
-    branches = section("branches") or BRANCH_DEFAULTS
-    source = section("pseudo").get("source", "cross")
-    if len(branches) == 1 and source == "cross":
-        raise NoisyMLTError("colearning options: pseudo.source 'cross' needs two branches; with one branch "
-                            "set pseudo.source to 'self' or 'none'")
-
-
 @register_family("colearning")
 class CoLearning(Method):
     heads = ("ensemble", "random", "balanced")
-    options_schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "branches": {
-                "description": "branch name -> settings, merged over that branch's defaults; the names "
-                               "given are the branches built (one branch = single-branch ablation)",
-                "type": "object",
-                "minProperties": 1,
-                "propertyNames": {"enum": list(BRANCH_NAMES)},
-                "additionalProperties": _BRANCH_SCHEMA,
-            },
-            "shared_backbone": {"type": "boolean", "description": "paper text: one backbone; [CL]: two"},
-            "stitchup": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    "enabled": {"type": "boolean"},
-                    "mode": {"enum": list(STITCH_MODES)},
-                    "k": {"type": "integer", "minimum": 2, "maximum": 5},
-                    "p": {"type": "number", "minimum": 0, "maximum": 1},
-                    "negatives": {"enum": list(NEGATIVE_TARGETS)},
-                    "partner_bn": {"type": "boolean"},
-                },
-            },
-            "mixup": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {"enabled": {"type": "boolean"}, "alpha": {"type": "number", "exclusiveMinimum": 0}},
-            },
-            "pseudo": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    "source": {"enum": list(PSEUDO_SOURCES)},
-                    "thresholds": {"oneOf": [{"type": "null"}, THRESHOLDS_SCHEMA]},
-                },
-            },
-        },
-        "allOf": [
-            {  # Mix-Up replaces Stitch-Up (which is on by default)
-                "if": _enabled("mixup"),
-                "then": {"required": ["stitchup"],
-                         "properties": {"stitchup": {"required": ["enabled"],
-                                                     "properties": {"enabled": {"const": False}}}}},
-            },
-            {  # one branch has no peer to learn from
-                "if": {"required": ["branches"], "properties": {"branches": {"maxProperties": 1}}},
-                "then": {"required": ["pseudo"],
-                         "properties": {"pseudo": {"required": ["source"],
-                                                   "properties": {"source": {"enum": ["self", "none"]}}}}},
-            },
-        ],
-    }
-
-    @classmethod
-    def check_options(cls, options: dict, where: str) -> None:
-        try:  # cross-field rules first: their messages are clearer than the schema's
-            check_options(options)
-        except NoisyMLTError as exc:
-            raise NoisyMLTError(f"{where}: {exc}") from exc
-        super().check_options(options, where)
-
     def __init__(self, ctx):
         super().__init__(ctx)
         opts = method_options(self.opts)

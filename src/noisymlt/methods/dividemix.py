@@ -54,23 +54,13 @@ from noisymlt.dataset import StreamSpec
 from noisymlt.errors import NoisyMLTError
 from noisymlt.losses import build_loss
 from noisymlt.methods.base import Method, eval_mode, register_family
-from noisymlt.methods.single import SAMPLER_OPTION
+from noisymlt.methods.options import DIVIDEMIX_DEFAULTS as DEFAULTS
 from noisymlt.models.branch import build_branch
 from noisymlt.sampling import build_sampler
 
 log = logging.getLogger(__name__)
 
 NETS = ("a", "b")
-DEFAULTS = {
-    "sampler": "class_aware",
-    "warmup_epochs": "auto",  # see the module docstring
-    "p_threshold": 0.5,
-    "temperature": 0.5,
-    "beta_alpha": 4.0,
-    "lambda_u": 2.5,
-    "rampup_epochs": 1.0,
-    "gmm": {"max_iter": 10, "reg_covar": 5e-4, "tol": 1e-2},
-}
 
 
 def sharpen(p: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -126,10 +116,11 @@ def ramp(epoch: int, step: int, iters: int, warmup: int, rampup_epochs: float) -
 
 def resolve_options(opts: dict) -> dict:
     """Defaults filled in and ranges checked (a resolved run config may bypass params validation)."""
-    from noisymlt.config import check_schema, method_options
+    from noisymlt.config import method_options
+    from noisymlt.methods.options import check_options
 
     given = method_options(opts)
-    check_schema(given, DivideMix.options_schema, "methods.dividemix")
+    check_options("dividemix", given, "methods.dividemix")
     return {**DEFAULTS, **given, "gmm": {**DEFAULTS["gmm"], **given.get("gmm", {})}}
 
 
@@ -143,29 +134,6 @@ def auto_warmup_epochs(train: dict, iterations_per_epoch: int) -> int:
 @register_family("dividemix")
 class DivideMix(Method):
     heads = ("main",)
-    options_schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            **SAMPLER_OPTION,
-            "warmup_epochs": {"anyOf": [{"type": "integer", "minimum": 0}, {"const": "auto"}]},
-            "p_threshold": {"type": "number", "minimum": 0, "maximum": 1},
-            "temperature": {"type": "number", "exclusiveMinimum": 0},
-            "beta_alpha": {"type": "number", "exclusiveMinimum": 0},
-            "lambda_u": {"type": "number", "minimum": 0},
-            "rampup_epochs": {"type": "number", "exclusiveMinimum": 0},
-            "gmm": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    "max_iter": {"type": "integer", "minimum": 1},
-                    "reg_covar": {"type": "number", "exclusiveMinimum": 0},
-                    "tol": {"type": "number", "exclusiveMinimum": 0},
-                },
-            },
-        },
-    }
-
     def __init__(self, ctx):
         super().__init__(ctx)
         self.o = resolve_options(self.opts)

@@ -15,30 +15,15 @@ from noisymlt.data.glove import class_embeddings
 from noisymlt.dataset import StreamSpec
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.base import Method, register_family
-from noisymlt.methods.single import LOSS_OPTIONS, SAMPLER_OPTION, loss_for
+from noisymlt.methods.single import loss_for
 from noisymlt.models.backbones import build_backbone
-from noisymlt.models.mlgcn import ADJACENCIES, POOLINGS, LabelGCN, MLGCNNet, build_adjacency
+from noisymlt.models.mlgcn import LabelGCN, MLGCNNet, build_adjacency
 from noisymlt.sampling import build_sampler
 
 
 @register_family("mlgcn")
 class MLGCN(Method):
     heads = ("main",)
-    options_schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            **SAMPLER_OPTION,
-            **LOSS_OPTIONS,
-            "t": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-            "p": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
-            "embeddings": {"enum": ["glove", "random"]},
-            "embeddings_dir": {"type": "string", "minLength": 1},
-            "adjacency": {"enum": list(ADJACENCIES)},
-            "pool": {"enum": list(POOLINGS)},
-        },
-    }
-
     def __init__(self, ctx):
         super().__init__(ctx)
         self.loss = loss_for(ctx, self.opts.get("loss", "bce"), self.opts.get("loss_params"))

@@ -6,7 +6,6 @@ import torch
 from torch import nn
 
 from noisymlt.dataset import StreamSpec
-from noisymlt.errors import NoisyMLTError
 from noisymlt.losses import build_loss
 from noisymlt.methods.base import Method, register_family
 from noisymlt.models.branch import build_branch
@@ -22,34 +21,13 @@ def loss_for(ctx, name: str, params: dict | None) -> nn.Module:
     return build_loss(name, ctx.class_counts, int(ctx.noisy.shape[0]), **params)
 
 
-SAMPLER_NAMES = ["random", "class_aware", "reversed"]
-LOSS_NAMES = ["bce", "focal", "db", "db_focal", "ldam"]
-# Option-schema fragments shared by the families that take a sampler and/or a loss.
-SAMPLER_OPTION = {"sampler": {"enum": SAMPLER_NAMES}}
-LOSS_OPTIONS = {"loss": {"enum": LOSS_NAMES}, "loss_params": {"type": "object"}}
-
-
 @register_family("single")
 class SingleBranch(Method):
     heads = ("main",)
-    options_schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {**SAMPLER_OPTION, **LOSS_OPTIONS, "head": {"enum": ["linear", "cosine"]}},
-    }
 
     def __init__(self, ctx):
         super().__init__(ctx)
         self.loss = loss_for(ctx, self.opts.get("loss", "bce"), self.opts.get("loss_params"))
-
-    @classmethod
-    def check_options(cls, options: dict, where: str) -> None:
-        super().check_options(options, where)
-        scale = (options.get("loss_params") or {}).get("scale", 30.0)
-        if options.get("loss") == "ldam" and options.get("head", "linear") != "cosine" and scale != 1:
-            # LDAM-DRW scales cosine logits in [-1, 1]; scaled linear logits saturate the loss.
-            raise NoisyMLTError(f"{where}: loss ldam multiplies the logits by {scale}; use head: cosine (LDAM-DRW's "
-                                "NormedLinear) or loss_params: {scale: 1} with a linear head")
 
     def build_model(self) -> nn.Module:
         return build_branch(self.ctx.train, self.ctx.num_classes, head=self.opts.get("head", "linear"))

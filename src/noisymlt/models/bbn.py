@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from noisymlt.errors import NoisyMLTError
+from noisymlt.methods.options import BBN_SPLITS as SPLITS
 from noisymlt.models.backbones import ResNetTrunk, SmallCNN, apply_trainable, freeze_batchnorm
 from noisymlt.models.heads import Head
 
-SPLITS = ("stage", "block")
 
 
 def split_last_stage(backbone: nn.Module, split_at: str = "stage") -> tuple[nn.Module, nn.Module]:

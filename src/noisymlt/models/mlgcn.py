@@ -19,13 +19,12 @@ import torch
 from torch import nn
 
 from noisymlt.errors import NoisyMLTError
+from noisymlt.methods.options import ADJACENCIES, POOLINGS
 from noisymlt.models.backbones import apply_trainable, freeze_batchnorm
 
 HIDDEN_DIM = 1024
 
 
-ADJACENCIES = ("code", "paper")
-POOLINGS = ("max", "avg")
 CODE_SCALE = 0.25  # gen_A's constant
 
 
