@@ -7,7 +7,6 @@ folders, so nothing here touches the checkout's .dvc or the user's DVC settings.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import os
@@ -23,12 +22,6 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DVC = BIN / "dvc"
 SNAKEMAKE = BIN / "snakemake"
-# Imported by the training code but without effect on its outputs: version string, error types,
-# manifest writing, and the download mechanics (what is downloaded is pinned by checksums in the code).
-NOT_TRAIN_INPUTS = {"__init__.py", "errors.py", "provenance.py", "data/__init__.py", "data/download.py",
-                    "data/archive.py"}
-
-
 def _dvc_yaml() -> dict:
     return yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
 
@@ -37,47 +30,56 @@ def _stage_body(stage: dict) -> dict:
     return stage.get("do", stage)
 
 
-def _noisymlt_imports(path: Path, src: Path) -> set[Path]:
-    """Package files a module imports (at any depth in the file: the CLI imports lazily)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        else:
+STEP_COMMANDS = {"raw": "make-toy", "train-images": "fetch-coco-images"}  # `noisymlt step X` runs these
+
+
+def _commands(cmd: str) -> list[str]:
+    """The noisymlt commands a stage's command line runs: `step X` runs steps.py and X's command."""
+    words = cmd.split()
+    first = words[words.index("noisymlt") + 1]
+    if first != "step":
+        return [first]
+    step = words[words.index("step") + 1]
+    return ["step", STEP_COMMANDS.get(step, step)]
+
+
+def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_source_file():
+    """No hand-kept list of modules: each stage's code dependency is the digest file of the commands it
+    runs (data/code/COMMAND.json, training: data/code/train/METHOD.json), written by `code_digests` from
+    the static import closures (noisymlt.codedeps), the same digests Snakemake passes its jobs."""
+    from noisymlt import codedeps
+
+    commands = codedeps.command_modules()
+    for name, stage in _dvc_yaml().items():
+        body = _stage_body(stage)
+        deps = body.get("deps", [])
+        if name == "code_digests":
+            assert deps == ["src/noisymlt"] and "code-deps" in body["cmd"]
             continue
-        for parts in (n.split(".") for n in names if n.split(".")[0] == "noisymlt"):
-            for i in range(1, len(parts) + 1):  # each package on the way, then the module itself
-                base = src.joinpath(*parts[:i])
-                found.update(c for c in (base / "__init__.py", base.with_suffix(".py")) if c.is_file())
-    return found
+        assert not [d for d in deps if d.startswith("src/")], name
+        code = sorted(d for d in deps if d.startswith("data/code/"))
+        expected = {f"data/code/{c}.json" for c in _commands(body["cmd"])}
+        if name == "train":
+            expected = {"data/code/step.json", "data/code/train/${item.method}.json"}
+        if name == "raw":  # toy data are generated, voc/coco downloaded: one stage runs either
+            expected |= {"data/code/download.json"}
+        assert set(code) == expected, name
+        assert all(c.split("/")[-1].removesuffix(".json") in commands or "/train/" in c for c in code), name
 
 
-def test_train_stage_depends_on_every_module_training_imports():
-    """A new loss or method module must rerun training under DVC as it does under Snakemake."""
-    src = REPO / "src"
-    todo, closure = [src / "noisymlt" / "train.py"], set()
-    while todo:
-        path = todo.pop()
-        if path not in closure:
-            closure.add(path)
-            todo.extend(_noisymlt_imports(path, src) - closure)
-    deps = [d for d in _stage_body(_dvc_yaml()["train"])["deps"] if d.startswith("src/")]
-    package = src / "noisymlt"
-    needed = {p.relative_to(package).as_posix() for p in closure} - NOT_TRAIN_INPUTS
-    assert "methods/single.py" in needed and "losses.py" in needed  # the walk follows imports
-    uncovered = sorted(m for m in needed if not any(
-        f"src/noisymlt/{m}" == d or f"src/noisymlt/{m}".startswith(d + "/") for d in deps))
-    assert uncovered == [], f"dvc.yaml stage train: add these code deps: {uncovered}"
+def test_code_digest_files_change_only_for_the_steps_an_edit_touches(tmp_path):
+    from noisymlt import codedeps
+    from noisymlt.config import load_params
 
-
-def test_code_deps_exist():
-    """A renamed module must not leave a dvc.yaml dep pointing nowhere (DVC would refuse to run)."""
-    pytest.importorskip("noisymlt.steps", reason="dvc.yaml needs `noisymlt step` (noisymlt/steps.py)")
-    missing = sorted({d for name, stage in _dvc_yaml().items() for d in _stage_body(stage).get("deps", [])
-                      if d.startswith("src/") and not (REPO / d).exists()})
-    assert missing == [], f"dvc.yaml names code that does not exist: {missing}"
+    params = load_params(REPO / "params.yaml")
+    before = codedeps.digests(params)
+    assert before["train/erm"] == before["train/rs"]  # same family, same loss: same code
+    assert before["train/erm"] != before["train/db"] == before["train/db_focal"]
+    paths = codedeps.write_digests(params, tmp_path / "code")
+    stamps = {p: p.stat().st_mtime_ns for p in paths}
+    codedeps.write_digests(params, tmp_path / "code")  # unchanged digests: files untouched
+    assert {p: p.stat().st_mtime_ns for p in paths} == stamps
+    assert json.loads((tmp_path / "code" / "train" / "bbn.json").read_text())["code_digest"] == before["train/bbn"]
 
 
 # ------------------------------------------------------------------------------------ with the CLIs
@@ -192,7 +194,7 @@ def test_dvc_repro_push_wipe_pull_roundtrip(tmp_path):
 
     log = _run([DVC, "repro"], root)
     run = root / "runs" / "toy" / "g0.5" / "s0" / "erm"
-    assert log.count("Running stage") == 11, log
+    assert log.count("Running stage") == 12, log
     assert "| ERM |" in (root / "reports" / "table_total.md").read_text()
     # the same run (same resolved config, hence id) the Snakemake rule would train
     manifest = json.loads((run / "manifest.json").read_text())

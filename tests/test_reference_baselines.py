@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import noisymlt.losses as losses_mod
+import noisymlt.losses.ldam as losses_mod  # the module whose _bce LDAM calls
 from noisymlt.losses import BCELoss, LDAMLoss
 from noisymlt.methods.bbn import BBN
 from noisymlt.models.backbones import build_backbone

@@ -10,8 +10,11 @@ depends on its own family and losses and on no other.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import hashlib
+import importlib
+import json
 from functools import lru_cache
 from pathlib import Path
 
@@ -137,3 +140,111 @@ def cycles() -> list[list[str]]:
         if name not in index:
             visit(name)
     return found
+
+
+# ---------------------------------------------------------------------------------------- per pipeline step
+
+@lru_cache(maxsize=None)
+def command_modules() -> dict[str, str]:
+    """Pipeline command -> the module that registers it (each command module's ``add_cli``, run here)."""
+    from noisymlt.cli import COMMAND_MODULES
+
+    out = {}
+    for name in COMMAND_MODULES:
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(name).add_cli(sub)
+        out.update({command: name for command in sub.choices})
+    return out
+
+
+def step_entries(command: str) -> tuple[str, ...]:
+    """What `python -m noisymlt COMMAND` runs: the CLI and the command's module."""
+    modules_of = command_modules()
+    if command not in modules_of:
+        raise ValueError(f"unknown command {command!r}; known: {', '.join(sorted(modules_of))}")
+    return (*CLI, modules_of[command])
+
+
+def step_digest(command: str) -> str:
+    return digest(*step_entries(command))
+
+
+def run_entries(resolved: dict) -> tuple[str, ...]:
+    """A training run: the generic trainer, its method's family module and the modules of the losses
+    it trains with (both loaded by name at run time, hence not in the trainer's own closure)."""
+    from noisymlt.config import method_options
+    from noisymlt.losses import LOSSES
+    from noisymlt.methods import FAMILY_MODULES
+    from noisymlt.methods.options import losses_used
+
+    family = resolved["method_cfg"]["family"]
+    losses = losses_used(family, method_options(resolved["method_cfg"]))
+    return (*step_entries("train"), FAMILY_MODULES[family], *sorted({LOSSES[name] for name in losses}))
+
+
+def run_digest(resolved: dict) -> str:
+    return digest(*run_entries(resolved))
+
+
+def digests(params: dict) -> dict[str, str]:
+    """Every pipeline command's digest, and one per method for training (``train/METHOD``)."""
+    from noisymlt.config import resolve_run
+
+    out = {command: step_digest(command) for command in sorted(command_modules())}
+    dataset = next(iter(params["datasets"]))  # a run's code depends on its method block, not its data
+    for method in sorted(params["methods"]):
+        out[f"train/{method}"] = run_digest(resolve_run(params, dataset, method, 0.5, 0))
+    return out
+
+
+def write_digests(params: dict, out_dir: Path) -> list[Path]:
+    """One small file per digest (DVC stages depend on their own file); files whose digest did not
+    change are left untouched, and stale ones removed."""
+    out_dir = Path(out_dir)
+    written = []
+    for key, value in digests(params).items():
+        path = out_dir / f"{key}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"step": key, "code_digest": value}) + "\n"
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        written.append(path)
+    for stale in set(out_dir.rglob("*.json")) - set(written):
+        stale.unlink()
+    return written
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    from noisymlt.config import load_params
+
+    params = load_params(*args.params)
+    if args.out:
+        paths = write_digests(params, Path(args.out))
+        print(f"{args.out}: {len(paths)} code digests")
+        return 0
+    entries = run_entries if args.method else None
+    if args.method:
+        from noisymlt.config import resolve_run
+
+        resolved = resolve_run(params, next(iter(params["datasets"])), args.method, 0.5, 0)
+        names = closure(*entries(resolved))
+    else:
+        names = closure(*step_entries(args.command))
+    for name in names:
+        print(name)
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser(
+        "code-deps", help="the package modules a step runs, and their digests (what makes a step rerun)",
+        description="A step's code dependency is the static import closure of its entry module (a training run: "
+                    "the trainer, its method family and its losses). Snakemake passes each closure's digest to "
+                    "its job as a param; DVC stages depend on the digest files that --out writes.",
+    )
+    p.add_argument("--params", nargs="+", default=["params.yaml"], help="params files, layered left to right")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--out", help="write one digest file per command and per method (train/METHOD.json) here")
+    what.add_argument("--command", help="list the modules of this command's closure")
+    what.add_argument("--method", help="list the modules of this method's training closure")
+    p.set_defaults(func=_cmd)

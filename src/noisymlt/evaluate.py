@@ -61,6 +61,7 @@ def evaluate_predictions(pred_path: Path, test_labels: Path, split_path: Path) -
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from noisymlt.codedeps import step_entries
     from noisymlt.provenance import now, write_manifest
 
     started = now()
@@ -75,7 +76,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     tmp.replace(out)
     write_manifest(out.with_name(out.stem + ".manifest.json"), step="evaluate", started=started,
                    inputs={"predictions": args.predictions, "test_labels": args.test_labels, "split": args.split},
-                   outputs={"metrics": out})
+                   outputs={"metrics": out}, code=step_entries("evaluate"))
     for head, rec in result["heads"].items():
         m = rec["map"]
         print(f"{head:>10}: mAP {100 * m['total']:.2f} (head {100 * m['head']:.2f}, "

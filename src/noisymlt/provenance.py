@@ -27,15 +27,6 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def code_digest(root: Path = PACKAGE_DIR) -> str:
-    """Hash of the package's Python sources: Snakemake reruns jobs when it changes (a rule param)."""
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*.py")) + sorted(root.rglob("*.yaml")):
-        h.update(str(p.relative_to(root)).encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16]
-
-
 def git_info(cwd: Path | None = None) -> dict:
     cwd = cwd or Path.cwd()
     try:
@@ -69,15 +60,18 @@ def now() -> str:
 
 
 def write_manifest(path: str | Path, *, step: str, inputs: dict[str, str | Path], outputs: dict[str, str | Path],
-                   started: str, extra: dict | None = None, device: str | None = None) -> Path:
-    from noisymlt import __version__
+                   started: str, code: tuple[str, ...], extra: dict | None = None, device: str | None = None) -> Path:
+    """``code``: the entry modules of the step (noisymlt.codedeps); their import closure and its digest
+    (the value Snakemake passes the job as its code param) go into the manifest."""
+    from noisymlt import __version__, codedeps
 
     path = Path(path)
     manifest = {
         "step": step,
         "noisymlt_version": __version__,
         "git": git_info(),
-        "code_digest": code_digest(),
+        "code_digest": codedeps.digest(*code),
+        "code_modules": codedeps.closure(*code),
         "inputs": {k: {"path": str(v), "sha256": file_sha256(v)} for k, v in inputs.items() if v},
         "outputs": {k: {"path": str(v), "sha256": file_sha256(v)} for k, v in outputs.items() if v},
         "environment": environment(device),
@@ -113,6 +107,7 @@ def _cmd_trace(args: argparse.Namespace) -> int:
             continue
         print(f"run {m.get('run_id')}  {m.get('run', {}).get('method')}  gamma={m.get('run', {}).get('gamma')} "
               f"seed={m.get('run', {}).get('seed')}  git={m['git'].get('commit')}{' (dirty)' if m['git'].get('dirty') else ''}")
+        print(f"    code {m.get('code_digest')}  ({len(m.get('code_modules', []))} package modules)")
         for name, rec in m["inputs"].items():
             print(f"    in  {name:<14} {rec['sha256'][:16]}  {rec['path']}")
         for name, rec in m["outputs"].items():

@@ -283,6 +283,7 @@ class Trainer:
     def run(self) -> Path:
         import torch
 
+        from noisymlt.codedeps import run_entries
         from noisymlt.provenance import now, write_manifest
 
         started = now()
@@ -297,7 +298,7 @@ class Trainer:
         write_manifest(
             self.out / "manifest.json", step="train", started=started, device=str(self.device),
             inputs={**self.provenance_inputs, **self.paths},
-            outputs={"checkpoint": self.ckpt_path, "predictions": pred_path},
+            outputs={"checkpoint": self.ckpt_path, "predictions": pred_path}, code=run_entries(self.cfg),
             extra={"run_id": self.run_id, "run": self.cfg, "history": history,
                    "iterations_per_epoch": self.iters, "cpu_threads": torch.get_num_threads()},
         )

@@ -4,9 +4,8 @@ import json
 import shlex
 import sys
 
-from noisymlt import steps
+from noisymlt import codedeps, steps
 from noisymlt.config import resolve_run, validate_params
-from noisymlt.provenance import code_digest
 
 validate_params(config, source="params")
 
@@ -21,7 +20,17 @@ def _cli():
 
 
 NOISYMLT = _cli()
-CODE = code_digest()  # passed as a param, so Snakemake reruns jobs when the package code changes
+
+
+def code(command):
+    """Digest of the package modules `noisymlt COMMAND` runs (its static import closure): a rule's code
+    param, so a job reruns when, and only when, code it runs changes (noisymlt.codedeps)."""
+    return codedeps.step_digest(command)
+
+
+def run_code(w):
+    """A training run's code: the trainer, its method's family and the losses it trains with."""
+    return codedeps.run_digest(resolved(w))
 GRID = config["grid"]
 
 

@@ -8,7 +8,7 @@ rule make_toy:
     params:
         cli=NOISYMLT,
         args=lambda w: argv(steps.raw_argv(config, dataset_of_kind("toy"))),
-        code=CODE,
+        code=code("make-toy"),
     conda:
         "../envs/noisymlt.yaml"
     log:
@@ -47,7 +47,7 @@ rule parse_labels:
     params:
         cli=NOISYMLT,
         args=lambda w, output: argv(steps.parse_argv(config, w.dataset, w.part, output[0])),
-        code=CODE,
+        code=code("parse"),
     conda:
         "../envs/noisymlt.yaml"
     log:
@@ -69,7 +69,7 @@ rule longtail:
         args=lambda w, input, output: argv(
             steps.longtail_argv(config, w.dataset, input[0], output.labels, output.split)
         ),
-        code=CODE,
+        code=code("longtail"),
     conda:
         "../envs/noisymlt.yaml"
     log:

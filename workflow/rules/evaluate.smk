@@ -10,7 +10,7 @@ rule evaluate:
         "runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.json",
     params:
         cli=NOISYMLT,
-        code=CODE,
+        code=code("evaluate"),
     conda:
         "../envs/noisymlt.yaml"
     log:

@@ -9,7 +9,7 @@ rule noise:
         stats="data/{dataset}/noisy/g{gamma}_s{seed}.json",
     params:
         cli=NOISYMLT,
-        code=CODE,
+        code=code("noise"),
     conda:
         "../envs/noisymlt.yaml"
     log:

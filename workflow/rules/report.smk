@@ -8,7 +8,7 @@ rule aggregate:
         "reports/results.parquet",
     params:
         cli=NOISYMLT,
-        code=CODE,
+        code=code("aggregate"),
     conda:
         "../envs/noisymlt.yaml"
     log:
@@ -30,7 +30,7 @@ rule table_total:
         cli=NOISYMLT,
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
-        code=CODE,
+        code=code("table"),
     conda:
         "../envs/noisymlt.yaml"
     log:
@@ -48,7 +48,7 @@ rule figure_map_vs_gamma:
         "reports/map_vs_gamma.png",
     params:
         cli=NOISYMLT,
-        code=CODE,
+        code=code("figure"),
     conda:
         "../envs/noisymlt.yaml"
     log:
@@ -70,7 +70,7 @@ rule table_ablation:
         cli=NOISYMLT,
         labels=method_labels(),
         spec=lambda w: json.dumps(config["ablations"][w.name]),
-        code=CODE,
+        code=code("table"),
     conda:
         "../envs/noisymlt.yaml"
     log:

@@ -9,7 +9,7 @@ rule pretrain:
     params:
         cli=NOISYMLT,
         config=pretrain_config,
-        code=CODE,
+        code=code("pretrain"),
     threads: 2
     conda:
         "../envs/noisymlt.yaml"
@@ -43,7 +43,7 @@ rule train:
         out=run_dir,
         train_images=lambda w: image_root(w.dataset, "train"),
         test_images=lambda w: image_root(w.dataset, "test"),
-        code=CODE,
+        code=run_code,
     threads: train_threads
     resources:
         gpu=1,

@@ -219,6 +219,19 @@ def check_colearning(opts: dict) -> None:
                             "set pseudo.source to 'self' or 'none'")
 
 
+def losses_used(family: str, opts: dict) -> list[str]:
+    """The loss names a method block trains with: a run's code depends on those loss modules only.
+    (tests/test_methods_registry.py checks this against the losses each family really builds.)"""
+    if family in ("single", "bbn", "mlgcn"):
+        return [opts.get("loss", "bce")]
+    if family == "dividemix":
+        return ["bce"]
+    if family == "colearning":
+        branches = opts.get("branches") or {name: {} for name in BRANCH_NAMES}
+        return sorted({{**BRANCH_DEFAULTS[name], **(given or {})}["loss"] for name, given in branches.items()})
+    raise NoisyMLTError(f"unknown method family {family!r}; known: {', '.join(sorted(SCHEMAS))}")
+
+
 # ------------------------------------------------------------------ per family
 SCHEMAS = {
     "single": SINGLE_SCHEMA,
