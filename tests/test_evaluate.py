@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -88,3 +89,45 @@ def test_evaluate_refuses_predictions_of_another_test_set(tmp_path):
              scores_main=np.eye(3))
     with pytest.raises(NoisyMLTError, match="image ids do not match"):
         evaluate_predictions(tmp_path / "pred.npz", tmp_path / "test.parquet", tmp_path / "split.json")
+
+
+def test_damaged_or_incomplete_predictions_name_the_file(tmp_path, capsys):
+    from noisymlt.cli import main
+
+    labels = np.eye(3, dtype=np.uint8)
+    _write_case(tmp_path, ["x", "y", "z"], labels, np.eye(3))
+    pred = tmp_path / "pred.npz"
+    args = ["evaluate", "--predictions", str(pred), "--test-labels", str(tmp_path / "test.parquet"),
+            "--split", str(tmp_path / "split.json"), "--out", str(tmp_path / "m.json")]
+    whole = pred.read_bytes()
+    cases = [
+        (whole[: len(whole) // 2], "damaged or incomplete"),  # a copy cut short
+        (b"not a zip file", "damaged or incomplete"),
+    ]
+    for content, message in cases:
+        pred.write_bytes(content)
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert str(pred) in err and message in err
+    np.savez(pred, image_ids=np.array(["x", "y", "z"]), heads=np.array(["main"]))  # a head without scores
+    assert main(args) == 2 and "head 'main' has no 'scores_main' array" in capsys.readouterr().err
+    np.savez(pred, image_ids=np.array(["x", "y", "z"]), heads=np.array(["main"]), scores_main=np.eye(2))
+    assert main(args) == 2 and "shape (2, 2), expected (3, 3)" in capsys.readouterr().err
+    np.savez(pred, heads=np.array(["main"]), scores_main=np.eye(3))
+    assert main(args) == 2 and "no 'image_ids' array" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_a_label_table_that_lost_columns_is_refused_naming_them(tmp_path):
+    import pyarrow.parquet as pq
+
+    from noisymlt.labels import read_labels
+
+    table = LabelTable(["1", "2"], ["a", "b", "c"], np.eye(3, dtype=np.uint8)[:2], paths=["1.jpg", "2.jpg"])
+    write_labels(table, tmp_path / "t.parquet")
+    arrow = pq.read_table(tmp_path / "t.parquet")
+    for dropped in (["b"], ["path"], ["path", "a"]):  # named in the order the table had them
+        pq.write_table(arrow.drop_columns(dropped), tmp_path / "edited.parquet")  # keeps the metadata
+        with pytest.raises(NoisyMLTError, match=rf"edited.parquet: column\(s\) {re.escape(str(dropped))} missing"):
+            read_labels(tmp_path / "edited.parquet")
+    assert read_labels(tmp_path / "t.parquet").classes == ["a", "b", "c"]

@@ -15,19 +15,29 @@ from noisymlt.report.tables import mean_ci, write_table
 
 
 def fake_run(root, method, gamma, seed, maps, heads=("main",)):
+    """A run folder as train + evaluate leave it: files and the manifests that record their hashes."""
+    from noisymlt.provenance import file_sha256
+
     run = root / "runs" / "toy" / f"g{gamma:g}" / f"s{seed}" / method
     run.mkdir(parents=True)
     (run / "noisy.parquet").write_bytes(f"{gamma}-{seed}".encode())
+    (run / "predictions.npz").write_bytes(f"{method}-{gamma}-{seed}".encode())
+
+    def rec(name):
+        return {"path": str(run / name), "sha256": file_sha256(run / name)}
+
     manifest = {
         "run_id": f"{method}-{gamma}-{seed}", "run": {"dataset": "toy", "method": method, "gamma": gamma, "seed": seed},
         "git": {"commit": "abc", "dirty": False}, "code_digest": "d1", "finished": "now",
-        "inputs": {"train_labels": {"path": str(run / "noisy.parquet"), "sha256": "f" * 64}}, "outputs": {},
+        "inputs": {"train_labels": rec("noisy.parquet")}, "outputs": {"predictions": rec("predictions.npz")},
     }
     (run / "manifest.json").write_text(json.dumps(manifest))
     metrics = {"classes": ["a", "b"], "heads": {}}
     for h, m in zip(heads, maps):
         metrics["heads"][h] = {"ap": [m, m], "map": {"total": m, "head": m, "medium": m, "tail": m}}
     (run / "metrics.json").write_text(json.dumps(metrics))
+    (run / "metrics.manifest.json").write_text(json.dumps(
+        {"inputs": {"predictions": rec("predictions.npz")}, "outputs": {"metrics": rec("metrics.json")}}))
     return run / "metrics.json"
 
 
@@ -65,10 +75,43 @@ def test_aggregate_table_and_trace(tmp_path, capsys):
     assert [r["seed"] for r in cell["runs"]] == [0, 1]
     assert cell["ci95"] == pytest.approx(12.706205 * math.sqrt(2) / math.sqrt(2), rel=1e-6)
 
-    rc = main(["trace", "db/main/toy/0.5", "--sidecar", str(out.with_suffix(".cells.json"))])
+    cells_file = str(out.with_suffix(".cells.json"))
+    rc = main(["trace", "db/main/toy/0.5", "--sidecar", cells_file])
     text = capsys.readouterr().out
-    assert rc == 0 and "run db-0.5-0" in text and "run db-0.5-1" in text and "f" * 16 in text
-    assert main(["trace", "nope/main/toy/0.5", "--sidecar", str(out.with_suffix(".cells.json"))]) == 2
+    assert rc == 0 and "run db-0.5-0" in text and "run db-0.5-1" in text
+    assert text.count("ok ") == 2 * 4 and "all recorded files and values check out" in text
+    assert main(["trace", "nope/main/toy/0.5", "--sidecar", cells_file]) == 2
+    assert main(["trace", "--list", "--sidecar", cells_file]) == 0
+    assert "ours/ensemble/toy/0.5" in capsys.readouterr().out.splitlines()
+
+
+def test_trace_flags_every_kind_of_mismatch(tmp_path, capsys):
+    files = [fake_run(tmp_path, "db", 0.5, seed, [0.7 + seed / 100]) for seed in (0, 1, 2)]
+    out = tmp_path / "table.tex"
+    write_table(aggregate(files), out, {"db": "DB"})
+    cells = str(out.with_suffix(".cells.json"))
+    runs = [f.parent for f in files]
+
+    def trace():
+        rc = main(["trace", "db/main/toy/0.5", "--sidecar", cells])
+        return rc, capsys.readouterr().out
+
+    assert trace()[0] == 0
+    (runs[0] / "noisy.parquet").write_bytes(b"tampered")  # an input changed after training
+    rc, text = trace()
+    assert rc == 1 and f"CHANGED {runs[0] / 'noisy.parquet'}" in text
+    (runs[0] / "noisy.parquet").unlink()
+    rc, text = trace()
+    assert rc == 1 and f"MISSING {runs[0] / 'noisy.parquet'}" in text
+    manifest = json.loads((runs[1] / "manifest.json").read_text())  # retrained under another run id
+    (runs[1] / "manifest.json").write_text(json.dumps({**manifest, "run_id": "another-run"}))
+    rc, text = trace()
+    assert "RUN ID: the table used run db-0.5-1" in text and "another-run" in text
+    metrics = json.loads((runs[2] / "metrics.json").read_text())  # results changed after the table was made
+    metrics["heads"]["main"]["map"]["total"] = 0.1
+    (runs[2] / "metrics.json").write_text(json.dumps(metrics))
+    rc, text = trace()
+    assert rc == 1 and "STALE: the table shows" in text and f"CHANGED {runs[2] / 'metrics.json'}" in text
 
 
 def test_figure_is_written(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -114,17 +115,55 @@ def test_train_cli_rejects_unknown_method(tiny_toy, tmp_path, capsys):
     assert "unknown method 'no_such_method'" in capsys.readouterr().err
 
 
-def test_workflow_rerun_after_config_change_keeps_the_old_checkpoint_aside(tiny_toy, tmp_path):
-    first = make_trainer(tiny_toy, tmp_path / "run", epochs=1)
-    first.fit()
-    old = (tmp_path / "run" / "checkpoint.pt").read_bytes()
+def test_config_change_keeps_the_previous_run_and_switching_back_reuses_it(tiny_toy, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    first = make_trainer(tiny_toy, run, epochs=1)
+    first.run()
+    old = {name: (run / name).read_bytes() for name in ("checkpoint.pt", "predictions.npz", "manifest.json")}
     resolved = resolve_run(tiny_params("erm", epochs=1, weight_decay=0.00123), "toy", "erm", 0.5, 0)
-    second = toy_trainer(tiny_toy, resolved, tmp_path / "run", keep_stale=True)
-    history = second.fit()
-    assert len(history) == 1
-    aside = list((tmp_path / "run").glob(f"checkpoint.{first.run_id}-*.pt"))
-    assert len(aside) == 1 and aside[0].read_bytes() == old
-    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["run_id"] == second.run_id
+    second = toy_trainer(tiny_toy, resolved, run, keep_stale=True)
+    second.run()
+    # the first run's checkpoint, predictions and manifest are kept under its run id, nothing is lost
+    kept = run / "previous" / f"{first.run_id}-{first.inputs_digest[:8]}"
+    assert {name: (kept / name).read_bytes() for name in old} == old
+    assert torch.load(run / "checkpoint.pt", weights_only=True)["run_id"] == second.run_id
+    # switching back: the finished checkpoint of the first configuration returns, nothing is retrained
+    again = make_trainer(tiny_toy, run, epochs=1)
+    again.keep_stale = True
+    monkeypatch.setattr(again.method, "training_loss", lambda *a, **k: pytest.fail("retrained a finished run"))
+    again.run()
+    assert (run / "checkpoint.pt").read_bytes() == old["checkpoint.pt"]
+    np.testing.assert_array_equal(np.load(run / "predictions.npz")["scores_main"],  # the first run's results
+                                  np.load(io.BytesIO(old["predictions.npz"]))["scores_main"])
+    assert (run / "previous" / f"{second.run_id}-{second.inputs_digest[:8]}" / "checkpoint.pt").exists()
+
+
+def test_a_second_trainer_on_the_same_run_folder_stops(tiny_toy, tmp_path):
+    first = make_trainer(tiny_toy, tmp_path / "run", epochs=1)
+    second = make_trainer(tiny_toy, tmp_path / "run", epochs=1)
+    with first.exclusive():
+        with pytest.raises(NoisyMLTError, match=r"another trainer \(pid \d+\) is training this run folder"):
+            second.fit()
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+    second.fit()  # free again once the first lets go
+
+
+def test_restart_keeps_the_old_run_and_starts_a_marked_log(tiny_toy, tmp_path):
+    from noisymlt.cli import main
+
+    run = tmp_path / "run"
+    config = tmp_path / "run_config.json"
+    config.write_text(json.dumps(resolve_run(tiny_params("erm", epochs=1), "toy", "erm", 0.5, 0)))
+    args = ["train", "--run-config", str(config), "--train-labels", str(tiny_toy["noisy"]), "--test-labels",
+            str(tiny_toy["test"]), "--split", str(tiny_toy["split"]), "--train-images", str(tiny_toy["root"]),
+            "--test-images", str(tiny_toy["root"]), "--out", str(run), "--device", "cpu", "--no-progress"]
+    assert main(args) == 0
+    old = (run / "checkpoint.pt").read_bytes()
+    assert main(args + ["--restart"]) == 0
+    (kept,) = (run / "previous").glob("replaced-*")
+    assert (kept / "checkpoint.pt").read_bytes() == old and (kept / "manifest.json").exists()
+    lines = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+    assert lines[0] == {"event": "restart", "previous_run": str(kept)} and [r["epoch"] for r in lines[1:]] == [1]
 
 
 def test_checkpoint_trained_on_other_inputs_is_not_resumed(tiny_toy, tmp_path):

@@ -8,13 +8,14 @@ land on two different cards.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import tempfile
 from pathlib import Path
 
 import torch
+
+from noisymlt.locks import try_lock
 
 log = logging.getLogger(__name__)
 
@@ -28,18 +29,11 @@ def lock_dir() -> Path:
 def acquire_gpu(num_gpus: int, directory: Path | None = None) -> int | None:
     """Lock the first free GPU index; None when all are taken."""
     directory = directory or lock_dir()
-    directory.mkdir(parents=True, exist_ok=True)
     for idx in range(num_gpus):
-        handle = open(directory / f"gpu{idx}.lock", "w")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            continue
-        handle.write(str(os.getpid()))
-        handle.flush()
-        _held_locks.append(handle)
-        return idx
+        handle = try_lock(directory / f"gpu{idx}.lock")
+        if handle is not None:
+            _held_locks.append(handle)
+            return idx
     return None
 
 

@@ -36,15 +36,37 @@ def summarise(aps: np.ndarray, split: dict[str, list[int]]) -> dict[str, float]:
     return out
 
 
+def read_predictions(path: Path, num_classes: int) -> dict[str, np.ndarray]:
+    """Every array of a predictions.npz, read now (an .npz decompresses lazily, so a damaged member
+    would otherwise fail later with a bare zlib error); each problem names the file and the key."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            data = {key: npz[key] for key in npz.files}
+    except FileNotFoundError as exc:
+        raise NoisyMLTError(f"{path}: predictions file does not exist") from exc
+    except Exception as exc:  # BadZipFile, zlib.error, EOFError, ValueError: truncated or not an .npz
+        raise NoisyMLTError(f"{path}: cannot read predictions, the file is damaged or incomplete ({exc})") from exc
+    for key in ("image_ids", "heads"):
+        if key not in data:
+            raise NoisyMLTError(f"{path}: no '{key}' array (keys: {sorted(data)}); not a noisymlt predictions file")
+    n = len(data["image_ids"])
+    for head in [str(h) for h in data["heads"]]:
+        scores = data.get(f"scores_{head}")
+        if scores is None:
+            raise NoisyMLTError(f"{path}: head '{head}' has no 'scores_{head}' array")
+        if scores.shape != (n, num_classes):
+            raise NoisyMLTError(f"{path}: scores_{head} has shape {scores.shape}, expected ({n}, {num_classes})")
+        if not np.isfinite(scores).all():
+            raise NoisyMLTError(f"{path}: scores_{head} holds non-finite values")
+    return data
+
+
 def evaluate_predictions(pred_path: Path, test_labels: Path, split_path: Path) -> dict:
     from noisymlt.labels import read_class_split, read_labels
 
     table = read_labels(test_labels)
     split = read_class_split(split_path)
-    try:
-        data = np.load(pred_path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise NoisyMLTError(f"{pred_path}: cannot read predictions ({exc})") from exc
+    data = read_predictions(pred_path, len(table.classes))
     ids = [str(x) for x in data["image_ids"]]
     if ids != table.image_ids:
         raise NoisyMLTError(f"{pred_path}: image ids do not match {test_labels} (different test set or order)")

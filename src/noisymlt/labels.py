@@ -82,7 +82,8 @@ def write_labels(table: LabelTable, path: str | Path) -> Path:
 
     arrow = pa.Table.from_pandas(frame, preserve_index=False)
     meta = dict(arrow.schema.metadata or {})
-    meta[b"noisymlt"] = json.dumps({"classes": table.classes, **table.meta}).encode()
+    # the columns as written: a reader then names any that went missing since (an edited table)
+    meta[b"noisymlt"] = json.dumps({"classes": table.classes, **table.meta, "columns": list(frame.columns)}).encode()
     pq.write_table(arrow.replace_schema_metadata(meta), tmp)
     tmp.replace(path)
     return path
@@ -112,6 +113,11 @@ def read_labels(path: str | Path) -> LabelTable:
 
 
 def _table_from_frame(frame: pd.DataFrame, path: Path, meta: dict) -> LabelTable:
+    written = meta.get("columns") or (["image_id", *meta["classes"]] if meta.get("classes") else [])
+    lost = [c for c in written if c not in frame.columns]
+    if lost:
+        raise NoisyMLTError(f"{path}: column(s) {lost} missing; the table was written with them (edited since?)")
+    meta = {k: v for k, v in meta.items() if k != "columns"}  # describes this file only
     if "image_id" not in frame.columns:
         raise NoisyMLTError(f"{path}: no 'image_id' column (columns: {list(frame.columns)[:5]}...)")
     class_cols = [c for c in frame.columns if c not in RESERVED and not str(c).startswith(CLEAN_PREFIX)]

@@ -85,41 +85,115 @@ def write_manifest(path: str | Path, *, step: str, inputs: dict[str, str | Path]
     return path
 
 
-def trace(sidecar: Path, cell: str, runs_root: Path) -> list[dict]:
-    """Manifests behind one table cell (``ROW/COLUMN`` as written in the sidecar)."""
+GROUPS_AND_TOTAL = ("total", "head", "medium", "tail")
+
+
+def check_file(record: dict) -> str:
+    """``ok``, ``CHANGED`` or ``MISSING``: a recorded file against its recorded sha256."""
+    path = Path(record["path"])
+    if not path.is_file():
+        return "MISSING"
+    return "ok" if file_sha256(path) == record["sha256"] else "CHANGED"
+
+
+def _cell_metric(key: str) -> tuple[str, str]:
+    """(head, mAP group) of a sidecar key: METHOD/HEAD/DATASET/GAMMA (total table) or
+    METHOD/HEAD/GAMMA/GROUP (ablation tables)."""
+    parts = key.split("/")
+    return parts[1], parts[3] if len(parts) > 3 and parts[3] in GROUPS_AND_TOTAL else "total"
+
+
+def trace(sidecar: Path, cell: str) -> list[dict]:
+    """Check every run behind one table cell: the manifest named in the sidecar must be of the run the
+    table used, every file it (and its evaluation's manifest) records must still hash as recorded, and
+    the runs' current metrics must still give the cell's value. One dict per run: its lines and problems."""
     from noisymlt.errors import NoisyMLTError
 
-    cells = json.loads(sidecar.read_text())["cells"]
+    try:
+        cells = json.loads(Path(sidecar).read_text())["cells"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise NoisyMLTError(f"{sidecar}: cannot read the table's cell sidecar ({exc})") from exc
     if cell not in cells:
         sample = ", ".join(list(cells)[:4])
-        raise NoisyMLTError(f"{sidecar}: no cell {cell!r} (cells look like: {sample}, ...)")
-    out = []
+        raise NoisyMLTError(f"{sidecar}: no cell {cell!r} (cells look like: {sample}, ...; --list shows all)")
+    head, group = _cell_metric(cell)
+    report, values = [], []
     for entry in cells[cell]["runs"]:
-        manifest = Path(entry["manifest"])
-        out.append(json.loads(manifest.read_text()) if manifest.exists() else {"missing": str(manifest)})
-    return out
+        manifest_path = Path(entry["manifest"])
+        run = {"run_id": entry["run_id"], "manifest": str(manifest_path), "lines": [], "problems": []}
+        report.append(run)
+        if not manifest_path.is_file():
+            run["problems"].append(f"MISSING manifest {manifest_path}")
+            continue
+        m = json.loads(manifest_path.read_text())
+        if m.get("run_id") != entry["run_id"]:
+            run["problems"].append(f"RUN ID: the table used run {entry['run_id']}, {manifest_path} is of run "
+                                   f"{m.get('run_id')} (retrained since the table was made)")
+        run["summary"] = m
+        evaluation = manifest_path.with_name("metrics.manifest.json")
+        steps = [("train", m)] + ([("evaluate", json.loads(evaluation.read_text()))] if evaluation.is_file() else [])
+        if len(steps) == 1:
+            run["problems"].append(f"MISSING evaluation manifest {evaluation}")
+        for step, man in steps:
+            for direction in ("inputs", "outputs"):
+                for name, rec in man.get(direction, {}).items():
+                    status = check_file(rec)
+                    run["lines"].append((step, direction[:-4] if direction == "outputs" else "in", name, rec, status))
+                    if status != "ok":
+                        run["problems"].append(f"{status} {rec['path']} ({step} {direction[:-1]} {name})")
+        metrics = manifest_path.with_name("metrics.json")
+        if metrics.is_file():
+            try:
+                values.append(100 * json.loads(metrics.read_text())["heads"][head]["map"][group])
+            except (KeyError, ValueError):
+                run["problems"].append(f"{metrics}: no mAP {group} for head {head}")
+    mean = cells[cell].get("mean")
+    if values and len(values) == len(report) and mean is not None and abs(sum(values) / len(values) - mean) > 1e-6:
+        report[-1]["problems"].append(f"STALE: the table shows {mean:.4f}, the runs' metrics now give "
+                                      f"{sum(values) / len(values):.4f}")
+    return report
 
 
 def _cmd_trace(args: argparse.Namespace) -> int:
-    for m in trace(Path(args.sidecar), args.cell, Path(args.runs)):
-        if "missing" in m:
-            print(f"MISSING manifest {m['missing']}")
-            continue
-        print(f"run {m.get('run_id')}  {m.get('run', {}).get('method')}  gamma={m.get('run', {}).get('gamma')} "
-              f"seed={m.get('run', {}).get('seed')}  git={m['git'].get('commit')}{' (dirty)' if m['git'].get('dirty') else ''}")
-        print(f"    code {m.get('code_digest')}  ({len(m.get('code_modules', []))} package modules)")
-        for name, rec in m["inputs"].items():
-            print(f"    in  {name:<14} {rec['sha256'][:16]}  {rec['path']}")
-        for name, rec in m["outputs"].items():
-            print(f"    out {name:<14} {rec['sha256'][:16]}  {rec['path']}")
-    return 0
+    from noisymlt.errors import NoisyMLTError
+
+    if args.list:
+        try:
+            print("\n".join(json.loads(Path(args.sidecar).read_text())["cells"]))
+        except (OSError, ValueError, KeyError) as exc:
+            raise NoisyMLTError(f"{args.sidecar}: cannot read the table's cell sidecar ({exc})") from exc
+        return 0
+    if not args.cell:
+        raise NoisyMLTError("name a cell (METHOD/HEAD/DATASET/GAMMA, e.g. erm/main/voc/0.5) or pass --list")
+    problems = 0
+    for run in trace(Path(args.sidecar), args.cell):
+        m = run.get("summary", {})
+        cfg = m.get("run", {})
+        print(f"run {run['run_id']}  {cfg.get('method')}  gamma={cfg.get('gamma')} seed={cfg.get('seed')}  "
+              f"git={m.get('git', {}).get('commit')}{' (dirty)' if m.get('git', {}).get('dirty') else ''}  "
+              f"manifest {run['manifest']}")
+        if m:
+            print(f"    code {m.get('code_digest')}  ({len(m.get('code_modules', []))} package modules)")
+        for step, direction, name, rec, status in run["lines"]:
+            print(f"    {status:<8} {step:<8} {direction:<3} {name:<14} {rec['sha256'][:16]}  {rec['path']}")
+        for problem in run["problems"]:
+            print(f"    PROBLEM  {problem}")
+        problems += len(run["problems"])
+    print(f"{args.cell}: {'all recorded files and values check out' if not problems else f'{problems} problem(s)'}")
+    return 0 if not problems else 1
 
 
 def add_cli(sub) -> None:
-    p = sub.add_parser("trace", help="show the runs and input hashes behind one table cell",
-                       description="Walk from a table cell (as keyed in the table's .cells.json sidecar, e.g. "
-                                   "'erm/toy/0.5') to every run manifest and input/output hash behind it.")
-    p.add_argument("cell", help="cell key, METHOD/DATASET/GAMMA")
-    p.add_argument("--sidecar", default="reports/table_total.cells.json", help="table sidecar JSON")
-    p.add_argument("--runs", default="runs", help="runs folder")
+    p = sub.add_parser("trace", help="check the runs, files and hashes behind one table cell",
+                       description="Walk from a table cell to every run behind it and check it: the manifest must "
+                                   "be of the run the table used, every input and output recorded by the training "
+                                   "and evaluation manifests must still have its recorded sha256 (ok / CHANGED / "
+                                   "MISSING), and the runs' metrics must still give the cell's value. Exit status 1 "
+                                   "on any mismatch.")
+    p.add_argument("cell", nargs="?",
+                   help="cell key as in the sidecar: METHOD/HEAD/DATASET/GAMMA for table_total (e.g. erm/main/voc/0.5, "
+                        "ours/ensemble/coco/0.9), METHOD/HEAD/GAMMA/GROUP for ablation tables (e.g. "
+                        "ours/ensemble/0.5/tail)")
+    p.add_argument("--sidecar", default="reports/table_total.cells.json", help="the table's .cells.json sidecar")
+    p.add_argument("--list", action="store_true", help="list the sidecar's cell keys")
     p.set_defaults(func=_cmd_trace)

@@ -65,6 +65,7 @@ class Trainer:
         self.paths = {"train_labels": Path(train_labels), "test_labels": Path(test_labels), "split": Path(split)}
         self.provenance_inputs = {k: Path(v) for k, v in (provenance_inputs or {}).items()}
         self.keep_stale = keep_stale
+        self._lock = None
         from noisymlt.provenance import file_sha256
 
         # A checkpoint belongs to a configuration (run id) *and* to the exact training inputs: a new
@@ -136,10 +137,34 @@ class Trainer:
         torch.save(state, tmp)
         tmp.replace(self.ckpt_path)
 
+    RUN_FILES = ("checkpoint.pt", "train_log.jsonl", "predictions.npz", "manifest.json", "run_config.json",
+                 "metrics.json", "metrics.manifest.json")
+
+    def archive(self, tag: str) -> Path:
+        """Move this folder's run files to previous/TAG/ (nothing is deleted)."""
+        aside = self.out / "previous" / tag
+        aside.mkdir(parents=True, exist_ok=True)
+        for name in self.RUN_FILES:
+            if (self.out / name).exists():
+                (self.out / name).replace(aside / name)
+        return aside
+
+    def restore(self) -> bool:
+        """Bring back a checkpoint of this very run (same run id and inputs) from previous/."""
+        kept = self.out / "previous" / f"{self.run_id}-{self.inputs_digest[:8]}" / "checkpoint.pt"
+        if not (self.keep_stale and kept.exists()):
+            return False
+        kept.replace(self.ckpt_path)
+        log_file = kept.with_name("train_log.jsonl")
+        if log_file.exists():
+            log_file.replace(self.out / "train_log.jsonl")
+        log.warning("reusing the checkpoint of this configuration kept in %s", kept.parent)
+        return True
+
     def load_checkpoint(self) -> tuple[int, list]:
         import torch
 
-        if not self.ckpt_path.exists():
+        if not self.ckpt_path.exists() and not self.restore():
             return 0, []
         try:
             state = torch.load(self.ckpt_path, map_location=self.device, weights_only=True)
@@ -147,13 +172,13 @@ class Trainer:
             raise NoisyMLTError(f"{self.ckpt_path}: unreadable checkpoint ({exc}); move it away to restart") from exc
         stale = state.get("run_id") != self.run_id or state.get("inputs") != self.inputs_digest
         if stale and self.keep_stale:
-            # The workflow reran this job because its configuration or inputs changed: keep the old
-            # checkpoint under its own run id and input digest, and start afresh.
-            tag = f"{state.get('run_id')}-{str(state.get('inputs', 'unknown'))[:8]}"
-            aside = self.ckpt_path.with_name(f"checkpoint.{tag}.pt")
-            self.ckpt_path.rename(aside)
-            (self.out / "train_log.jsonl").unlink(missing_ok=True)
-            log.warning("checkpoint of another configuration or other inputs kept as %s", aside)
+            # The workflow reran this job because its configuration or inputs changed: the previous
+            # run's files move to previous/<its run id>-<its inputs>/, and a finished run of this
+            # configuration kept there earlier comes back instead of being retrained.
+            aside = self.archive(f"{state.get('run_id')}-{str(state.get('inputs', 'unknown'))[:8]}")
+            log.warning("the previous run (another configuration or other inputs) is kept in %s", aside)
+            if self.restore():
+                return self.load_checkpoint()
             return 0, []
         if state.get("run_id") == self.run_id and stale:
             raise NoisyMLTError(
@@ -193,7 +218,32 @@ class Trainer:
             out[k] = v
         return out
 
+    @contextlib.contextmanager
+    def exclusive(self):
+        """Hold OUT/.train.lock: a second trainer on the same run folder stops instead of interleaving
+        its checkpoints with this one's (re-entrant within this trainer)."""
+        from noisymlt.locks import holder, release, try_lock
+
+        if self._lock is not None:
+            yield
+            return
+        path = self.out / ".train.lock"
+        handle = try_lock(path)
+        if handle is None:
+            raise NoisyMLTError(f"{self.out}: another trainer (pid {holder(path)}) is training this run folder; "
+                                "wait for it or stop it first")
+        self._lock = handle
+        try:
+            yield
+        finally:
+            self._lock = None
+            release(handle)
+
     def fit(self) -> list[dict]:
+        with self.exclusive():
+            return self._fit()
+
+    def _fit(self) -> list[dict]:
         import torch
         from tqdm import tqdm
 
@@ -281,14 +331,20 @@ class Trainer:
         return {name: np.concatenate(v) for name, v in outs.items()}
 
     def run(self) -> Path:
+        from noisymlt.provenance import now
+
+        started = now()
+        with self.exclusive():
+            history = self.fit()
+            scores = self.predict()
+            return self._write_outputs(started, history, scores)
+
+    def _write_outputs(self, started: str, history: list, scores: dict) -> Path:
         import torch
 
         from noisymlt.codedeps import run_entries
-        from noisymlt.provenance import now, write_manifest
+        from noisymlt.provenance import write_manifest
 
-        started = now()
-        history = self.fit()
-        scores = self.predict()
         pred_path = self.out / "predictions.npz"
         tmp = self.out / "predictions.tmp.npz"
         np.savez_compressed(tmp, image_ids=np.array(self.test_table.image_ids), heads=np.array(list(scores)),
@@ -325,9 +381,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
     resolved = _resolved_from_args(args)
     out = Path(args.out)
     if args.restart and (out / "checkpoint.pt").exists():
+        # the old run moves to previous/replaced-STAMP/ and the new log says so in its first line
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        (out / "checkpoint.pt").rename(out / f"checkpoint.pt.replaced-{stamp}")
-        log.warning("kept the previous checkpoint as checkpoint.pt.replaced-%s", stamp)
+        aside = out / "previous" / f"replaced-{stamp}"
+        aside.mkdir(parents=True, exist_ok=True)
+        for name in Trainer.RUN_FILES:
+            if (out / name).exists():
+                (out / name).replace(aside / name)
+        (out / "train_log.jsonl").write_text(json.dumps({"event": "restart", "previous_run": str(aside)}) + "\n")
+        log.warning("--restart: the previous run is kept in %s", aside)
     extra = {}
     for item in args.provenance or []:
         name, sep, path = item.partition("=")
