@@ -506,3 +506,69 @@ def test_two_cpu_runs_give_identical_predictions(runs):
     for log in logs:
         del log["seconds"]
     assert logs[0] == logs[1]
+
+
+# ---------------------------------------------------------------- the shared frozen trunk
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory) -> str:
+    """One pretrained-weights file for both branches (any weights: only their equality matters)."""
+    from noisymlt.models.backbones import TinyResNet
+
+    torch.manual_seed(3)
+    path = tmp_path_factory.mktemp("weights") / "tiny.pt"
+    net = TinyResNet()
+    for m in net.modules():  # non-trivial BatchNorm statistics, so that frozen BN is really exercised
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    torch.save(net.state_dict(), path)
+    return str(path)
+
+
+PRETRAINED_TRAIN = {**SMALL_TRAIN, "backbone": "resnet_tiny", "weights_path": None, "trainable": "layer4",
+                    "frozen_bn": True}
+
+
+def stem_calls(model) -> list[int]:
+    calls = [0]
+    for branch in model.branches.values():
+        branch.backbone.stem.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+@pytest.mark.parametrize("name", ["ours", "ours_no_pseudo", "ours_stitch_feature_concat", "ours_self", "ours_mixup"])
+def test_shared_frozen_trunk_gives_the_unshared_losses_and_gradients(base_params, tiny_weights, name):
+    train = {**PRETRAINED_TRAIN, "weights_path": tiny_weights}
+    results = {}
+    for shared in (True, False):
+        method, model = make_method(base_params, BLOCKS[name] if name in BLOCKS else {"pseudo": {"source": "none"}},
+                                    train=train)
+        assert model.shares_frozen_trunk
+        model.shares_frozen_trunk = shared  # the unshared path: each branch runs its own copy
+        model.train()
+        calls = stem_calls(model)
+        torch.manual_seed(0)
+        loss, _ = method.training_loss(model, make_batches(method), 0, 0)
+        loss.backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+        results[shared] = (loss.detach(), grads, calls[0])
+    (l_on, g_on, calls_on), (l_off, g_off, calls_off) = results[True], results[False]
+    torch.testing.assert_close(l_on, l_off, rtol=1e-5, atol=1e-6)
+    assert g_on.keys() == g_off.keys() and g_on
+    for k in g_on:
+        torch.testing.assert_close(g_on[k], g_off[k], rtol=1e-5, atol=1e-6)
+    # frozen-trunk passes per step: shared, once per stream; unshared, the peer's pass on the other
+    # stream's views runs it again (Mix-Up's mixed images are seen once either way)
+    assert (calls_on, calls_off) == {"ours": (2, 4), "ours_mixup": (2, 2)}.get(name, (2, 2))
+
+
+def test_shared_frozen_trunk_switches_itself_off(base_params, tiny_weights):
+    with_weights = {**PRETRAINED_TRAIN, "weights_path": tiny_weights}
+    assert make_method(base_params, {}, train=with_weights)[1].shares_frozen_trunk
+    for change in ({"weights_path": None},  # random initialisation: two different frozen trunks
+                   {"trainable": "all"}, {"frozen_bn": False}):
+        assert not make_method(base_params, {}, train={**with_weights, **change})[1].shares_frozen_trunk, change
+    shared = make_method(base_params, {"shared_backbone": True}, train=with_weights)[1]
+    assert not shared.shares_frozen_trunk  # one backbone already: its maps are reused as they are
+    single = make_method(base_params, {"branches": {"balanced": {}}, "pseudo": {"source": "none"}}, train=with_weights)
+    assert not single[1].shares_frozen_trunk

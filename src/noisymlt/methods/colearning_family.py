@@ -139,8 +139,14 @@ class CoLearning(Method):
     def training_loss(self, model, batches, epoch, step):
         total = None
         logs: dict[str, torch.Tensor] = {}
+        # Both branches' frozen stages are one function (same pretrained weights, frozen BatchNorm): run it
+        # once per stream and let each branch's trained stages, and the peer's pass, read its output.
+        # (Mix-Up trains on mixed images, which no other pass sees: nothing to share there.)
+        share = model.shares_frozen_trunk and not self.mix["enabled"]
+        frozen = ({name: model.frozen_features(batches[name]["images"].flatten(0, 1)) for name in self.specs}
+                  if share else {})
         for i, name in enumerate(self.specs):
-            loss, branch_logs = self._branch_loss(model, name, batches[name], epoch, step, i)
+            loss, branch_logs = self._branch_loss(model, name, batches[name], epoch, step, i, frozen.get(name))
             total = loss if total is None else total + loss
             logs[f"loss_{name}"] = loss.detach()
             logs.update(branch_logs)
@@ -156,7 +162,8 @@ class CoLearning(Method):
 
     # ------------------------------------------------------------------ one branch, one step
     def _branch_loss(self, model: TwoBranch, name: str, batch: dict, epoch: int, step: int,
-                     branch_idx: int) -> tuple[torch.Tensor, dict]:
+                     branch_idx: int, frozen: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+        """``frozen``: the shared frozen trunk's output on this stream's views, when there is one."""
         branch = model.branches[name]
         loss_fn = self.losses[name]
         images, index = batch["images"], batch["index"]
@@ -167,13 +174,13 @@ class CoLearning(Method):
         used[:, 1:] = batch["stitched"].reshape(B, 1).to(noisy.device)  # partners of unstitched rows are unused
 
         if self.mix["enabled"]:
-            targets, logs = self._corrected(model, name, views, None, noisy, used.flatten())
+            targets, logs = self._corrected(model, name, views, None, noisy, used.flatten(), frozen)
             rng = np.random.default_rng([self.ctx.seed, epoch, step, branch_idx, 0x6D6978])
             mixed, mixed_targets, _, _ = mixup(images[:, 0], targets, self.mix["alpha"], rng)
             return loss_fn(branch(mixed).float(), mixed_targets), logs
 
-        maps = branch.feature_maps(views)
-        targets, logs = self._corrected(model, name, views, maps, noisy, used.flatten())
+        maps = branch.feature_maps(views) if frozen is None else branch.trained_stages(frozen)
+        targets, logs = self._corrected(model, name, views, maps, noisy, used.flatten(), frozen)
         feats = self._embed(model, name, maps, B, K)  # (B, K, d)
         singles = branch.head(feats)  # (B, K, C)
         if K == 1:
@@ -203,14 +210,15 @@ class CoLearning(Method):
         return branch.embed(maps).unflatten(0, (B, K))
 
     def _corrected(self, model: TwoBranch, name: str, views: torch.Tensor, maps: torch.Tensor | None,
-                   noisy: torch.Tensor, used: torch.Tensor) -> tuple[torch.Tensor, dict]:
+                   noisy: torch.Tensor, used: torch.Tensor, frozen: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, dict]:
         """Eq. 3 labels of every view, and how many labels of the used views were added / removed."""
         if self.source == "none":
             return noisy, {}
         source = name if self.source == "self" else next(n for n in self.specs if n != name)
         # The backbone maps of these views are reusable when the source runs the same backbone.
         reuse = maps if maps is not None and (source == name or model.shared_backbone) else None
-        probs = self._probs(model, source, views, reuse)
+        probs = self._probs(model, source, views, reuse, frozen)
         alpha, beta = self.thresholds[source]
         corrected = pseudo_labels(noisy, probs, alpha, beta)
         rows = used.reshape(-1, 1)
@@ -219,9 +227,16 @@ class CoLearning(Method):
         return corrected, logs
 
     @staticmethod
-    def _probs(model: TwoBranch, source: str, views: torch.Tensor, maps: torch.Tensor | None) -> torch.Tensor:
-        """Sigmoid outputs of branch ``source``: no gradient, its neck and head in eval mode."""
+    def _probs(model: TwoBranch, source: str, views: torch.Tensor, maps: torch.Tensor | None,
+               frozen: torch.Tensor | None = None) -> torch.Tensor:
+        """Sigmoid outputs of branch ``source``: no gradient, its neck and head in eval mode; from the
+        shared frozen trunk's output on these views when there is one."""
         branch = model.branches[source]
         with torch.no_grad(), eval_mode(branch.neck, branch.head):
-            maps = branch.feature_maps(views) if maps is None else maps.detach()
+            if maps is not None:
+                maps = maps.detach()
+            elif frozen is not None:
+                maps = branch.trained_stages(frozen)
+            else:
+                maps = branch.feature_maps(views)
             return torch.sigmoid(branch.head(branch.embed(maps)).float())

@@ -88,6 +88,13 @@ class ResNetTrunk(nn.Module):
             raise NoisyMLTError(f"train.trainable: unknown policy {policy!r}; choose one of {', '.join(TRAINABLE)}")
         return [getattr(self, name) for name in STAGES[STAGES.index(policy):]]
 
+    def frozen_parts(self, policy: str) -> list[nn.Module]:
+        """The stem and the stages before ``policy``, in order (empty for ``all``)."""
+        if policy == "all":
+            return []
+        trained = self.trainable_parts(policy)
+        return [m for m in (self.stem, self.layer1, self.layer2, self.layer3, self.layer4) if m not in trained]
+
 
 class SmallCNN(nn.Module):
     """Four conv blocks trained from scratch (no stages): a quick backbone for unit tests."""

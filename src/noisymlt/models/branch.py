@@ -32,6 +32,25 @@ class Branch(nn.Module):
     def feature_maps(self, x: torch.Tensor) -> torch.Tensor:
         return self.backbone(x)
 
+    @property
+    def splittable(self) -> bool:
+        """Whether the backbone is a frozen prefix (BatchNorm frozen too) followed by trained stages."""
+        return (self.frozen_bn and self.trainable != "all" and hasattr(self.backbone, "frozen_parts")
+                and bool(self.backbone.frozen_parts(self.trainable)))
+
+    def frozen_prefix(self, x: torch.Tensor) -> torch.Tensor:
+        """The frozen stages (stem, ..., the stage before the first trained one): no gradient."""
+        with torch.no_grad():
+            for part in self.backbone.frozen_parts(self.trainable):
+                x = part(x)
+        return x
+
+    def trained_stages(self, h: torch.Tensor) -> torch.Tensor:
+        """The rest of the backbone on the frozen prefix's output: feature_maps(x) = trained_stages(frozen_prefix(x))."""
+        for part in self.backbone.trainable_parts(self.trainable):
+            h = part(h)
+        return h
+
     def embed(self, maps: torch.Tensor) -> torch.Tensor:
         return self.neck(maps)
 

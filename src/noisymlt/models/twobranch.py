@@ -31,10 +31,17 @@ class TwoBranch(nn.Module):
         self.partner_bns = nn.ModuleDict(
             {name: nn.BatchNorm1d(b.neck.bn.num_features) for name, b in branches.items()} if partner_bn else {}
         )
+        self.shares_frozen_trunk = frozen_trunks_identical(list(branches.values()))
 
     @property
     def names(self) -> list[str]:
         return list(self.branches)
+
+    def frozen_features(self, x: torch.Tensor) -> torch.Tensor:
+        """The frozen prefix that every branch shares (``shares_frozen_trunk``), run once for all of them."""
+        if not self.shares_frozen_trunk:
+            raise RuntimeError("the branches' frozen stages differ: no shared frozen trunk")
+        return next(iter(self.branches.values())).frozen_prefix(x)
 
     def embed_partner(self, name: str, maps: torch.Tensor) -> torch.Tensor:
         """The neck of branch ``name`` (GAP -> fc -> BN -> dropout) with the partner BatchNorm."""
@@ -54,6 +61,26 @@ class TwoBranch(nn.Module):
                 maps = branch.feature_maps(x)
             out[name] = branch.head(branch.embed(maps))
         return out
+
+
+def frozen_trunks_identical(branches: list[Branch]) -> bool:
+    """True when two branches' frozen prefixes are the same function: same frozen stages, BatchNorm frozen,
+    equal weights and statistics (both loaded from the same pretrained file). Then [CL]'s stem + layer1-3,
+    about 80% of ResNet-50's FLOPs, can run once per image for both branches and the peer's pass. Random
+    initialisation (pretrained: false), ``trainable: all`` or training BatchNorm switch it off. A shared
+    backbone needs no such check (one module)."""
+    if len(branches) != 2 or any(not b.splittable for b in branches):
+        return False
+    a, b = branches
+    if a.backbone is b.backbone:
+        return False
+    if a.trainable != b.trainable:
+        return False
+    parts_a, parts_b = a.backbone.frozen_parts(a.trainable), b.backbone.frozen_parts(b.trainable)
+    state_a = [t for part in parts_a for t in part.state_dict().values()]
+    state_b = [t for part in parts_b for t in part.state_dict().values()]
+    return len(state_a) == len(state_b) and all(x.shape == y.shape and torch.equal(x, y)
+                                                for x, y in zip(state_a, state_b))
 
 
 def ensemble_logits(f: torch.Tensor, g: torch.Tensor, tau: float) -> torch.Tensor:
