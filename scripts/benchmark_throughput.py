@@ -3,14 +3,18 @@
 
 Measures the compute of one optimisation step (forward, backward, clipping, SGD) on synthetic batches
 shaped exactly as each method's data streams (batch size, Stitch-Up views), so data loading is left out:
-the point is what a method's extra machinery costs over training the backbone alone.
+the point is what a method's extra machinery costs over training the backbone alone. The bare backbone
+trains the same stages as the methods (BatchNorm frozen likewise) with a linear classifier, on the
+random-branch batch. All nets start from one set of (random) backbone weights, as they would from one
+pretrained file, so that methods that share identical frozen stages do so here too.
 
     python scripts/benchmark_throughput.py                         # paper scale: ResNet-50 @ 224, VOC
-    python scripts/benchmark_throughput.py --device cpu --iters 3  # a quick CPU reading
+    python scripts/benchmark_throughput.py --device cpu --image-size 112 --balanced-batch-size 64 --iters 2
     python scripts/benchmark_throughput.py --params params.yaml workflow/profiles/demo/params.yaml --dataset toy
 
-Prints a table and writes JSON with --out. "images/s" counts every image the step processes (both
-branches, all Stitch-Up views).
+Prints a table and writes JSON with --json: per method, ms per step, training images per step and per
+second (every anchor and Stitch-Up partner of every branch counted) and the cost per training image
+relative to the bare backbone; the device, precision and library versions.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import contextlib
 import json
 import platform
+import tempfile
 import time
 
 import numpy as np
@@ -67,6 +72,10 @@ def method_step(params: dict, dataset: str, method: str, device: torch.device, n
     ctx = TrainContext(cfg, noisy, split, device, num_images // tcfg["batch_size"], extra={})
     m = FAMILIES[cfg["method_cfg"]["family"]](ctx)
     model = m.build_model().to(device)
+    epoch = 0
+    if cfg["method_cfg"]["family"] == "dividemix":  # time the MixMatch step after warm-up, not the warm-up
+        m.prob = torch.rand(2, num_images, generator=torch.Generator().manual_seed(0)).to(device)
+        epoch = m.warmup
     channels_last = device.type == "cuda" and tcfg["channels_last"]
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -87,7 +96,7 @@ def method_step(params: dict, dataset: str, method: str, device: torch.device, n
 
     def step():
         with autocast(device, tcfg["precision"]):
-            loss, _ = m.training_loss(model, batches, 0, 0)
+            loss, _ = m.training_loss(model, batches, epoch, 0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, tcfg["grad_clip"] or 1e9)
@@ -96,19 +105,23 @@ def method_step(params: dict, dataset: str, method: str, device: torch.device, n
     return step, images_per_step
 
 
-def bare_backbone_step(params: dict, dataset: str, device: torch.device, num_classes: int):
-    """The reference: the configured backbone + a linear classifier, every weight trained, BCE."""
-    from noisymlt.models.backbones import build_backbone
+def bare_backbone_step(tcfg: dict, device: torch.device, num_classes: int):
+    """The reference: the configured backbone (its trainable stages, frozen BatchNorm as configured) with
+    global pooling and a linear classifier, BCE, on the random-branch batch."""
+    from noisymlt.models.backbones import apply_trainable, build_backbone, freeze_batchnorm
 
-    tcfg = resolve_run(params, dataset, next(iter(params["methods"])), 0.5, 0)["train"]
     torch.manual_seed(0)
-    backbone = build_backbone(tcfg["backbone"], pretrained=False)
+    backbone = build_backbone(tcfg["backbone"], weights_path=tcfg.get("weights_path"))
+    apply_trainable(backbone, tcfg["trainable"])
     model = torch.nn.Sequential(backbone, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
                                 torch.nn.Linear(backbone.out_dim, num_classes)).to(device)
+    model.train()
+    if tcfg["frozen_bn"]:
+        freeze_batchnorm(backbone)
     channels_last = device.type == "cuda" and tcfg["channels_last"]
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3, momentum=0.9)
     b, size = tcfg["batch_size"], tcfg["image_size"]
     x = torch.randn(b, 3, size, size).to(device)
     if channels_last:
@@ -125,58 +138,98 @@ def bare_backbone_step(params: dict, dataset: str, device: torch.device, num_cla
     return step, b
 
 
+def one_weights_file(tcfg: dict, directory: str) -> str:
+    """Random backbone weights saved once, loaded by every net (as one pretrained file would be)."""
+    from noisymlt.models.backbones import build_backbone
+
+    torch.manual_seed(0)
+    trunk = build_backbone(tcfg["backbone"])
+    state = {}
+    for prefix, module in (("conv1.", trunk.stem[0]), ("bn1.", trunk.stem[1])):
+        state.update({prefix + k: v for k, v in module.state_dict().items()})
+    for name in ("layer1", "layer2", "layer3", "layer4"):
+        state.update({f"{name}.{k}": v for k, v in getattr(trunk, name).state_dict().items()})
+    path = f"{directory}/{tcfg['backbone']}.pt"
+    torch.save(state, path)
+    return path
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", nargs="+", default=["params.yaml"], help="params files, layered")
     ap.add_argument("--dataset", default="voc", help="dataset block whose settings apply")
-    ap.add_argument("--methods", nargs="+", default=["erm", "db_focal", "ours"])
+    ap.add_argument("--methods", nargs="+", default=["erm", "db_focal", "bbn", "dividemix", "ours"])
+    ap.add_argument("--backbone", help="override train.backbone (resnet50, resnet18, resnet_tiny)")
+    ap.add_argument("--image-size", type=int, help="override train.image_size")
+    ap.add_argument("--batch-size", type=int, help="override train.batch_size (random branch, single-branch methods)")
+    ap.add_argument("--balanced-batch-size", type=int, help="override train.balanced_batch_size")
+    ap.add_argument("--precision", choices=["bf16", "fp16", "fp32"], help="override train.precision (GPU only)")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--iters", type=int, default=20, help="timed steps per round")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median reported)")
     ap.add_argument("--num-images", type=int, default=1142, help="size of the synthetic train set (VOC-MLT: 1142)")
     ap.add_argument("--num-classes", type=int, default=20)
-    ap.add_argument("--out", help="write the results as JSON")
+    ap.add_argument("--json", "--out", dest="json", help="write the results as JSON")
     args = ap.parse_args()
 
     params = load_params(*args.params)
-    # Timing does not depend on the weights: never download ImageNet weights for a benchmark.
-    params["train"].update(pretrained=False, weights_path=None)
+    overrides = {"backbone": args.backbone, "image_size": args.image_size, "batch_size": args.batch_size,
+                 "balanced_batch_size": args.balanced_batch_size, "precision": args.precision}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
     device = select_device(args.device)
     if device.type == "cpu":
         # Denormal floats (freshly initialised nets on random inputs produce them) slow CPU kernels
         # several-fold and would distort the comparison; the trainer flushes them too.
         torch.set_flush_denormal(True)
-    steps = {"bare backbone": bare_backbone_step(params, args.dataset, device, args.num_classes)}
-    for method in args.methods:
-        if method not in params["methods"]:
-            print(f"skipping {method}: not defined in {' + '.join(args.params)}")
-            continue
-        steps[method] = method_step(params, args.dataset, method, device, args.num_images, args.num_classes)
-    # Interleaved rounds, median per method: drifts of clock speed or background load hit all alike.
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(args.rounds):
-        for name, (step, _) in steps.items():
-            times[name].append(timed_steps(step, args.iters, args.warmup, device))
+    with tempfile.TemporaryDirectory() as tmp:
+        # Timing does not depend on the weights: one random file, never an ImageNet download.
+        base = {**resolve_run(params, args.dataset, args.methods[0], 0.5, 0)["train"], **overrides}
+        overrides["weights_path"] = one_weights_file(base, tmp)
+        overrides["pretrained"] = False
+        params["train"].update(overrides)
+        for schedule in params["schedules"].values():  # a schedule's keys would win over the overrides
+            schedule["train"] = {k: v for k, v in schedule.get("train", {}).items() if k not in overrides}
+        tcfg = resolve_run(params, args.dataset, args.methods[0], 0.5, 0)["train"]
+        steps = {"bare backbone": bare_backbone_step(tcfg, device, args.num_classes)}
+        for method in args.methods:
+            if method not in params["methods"]:
+                print(f"skipping {method}: not defined in {' + '.join(args.params)}")
+                continue
+            steps[method] = method_step(params, args.dataset, method, device, args.num_images, args.num_classes)
+        # Interleaved rounds, median per method: drifts of clock speed or background load hit all alike.
+        times: dict[str, list[float]] = {name: [] for name in steps}
+        for _ in range(args.rounds):
+            for name, (step, _) in steps.items():
+                times[name].append(timed_steps(step, args.iters, args.warmup, device))
     rows = []
     for name, (_, images) in steps.items():
         sec = float(np.median(times[name]))
-        rows.append({"method": name, "ms_per_iter": 1000 * sec, "images_per_s": images / sec,
-                     "images_per_step": images})
+        rows.append({"method": name, "ms_per_step": 1000 * sec, "train_images_per_step": images,
+                     "train_images_per_s": images / sec})
     bare = rows[0]
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-    tcfg = resolve_run(params, args.dataset, next(iter(params["methods"])), 0.5, 0)["train"]
-    print(f"device: {name}; backbone {tcfg['backbone']} @ {tcfg['image_size']}px, precision "
-          f"{tcfg['precision'] if device.type == 'cuda' else 'fp32'}, random batch {tcfg['batch_size']}, "
-          f"balanced batch {tcfg['balanced_batch_size']}")
-    print(f"{'method':<16}{'img/step':>10}{'ms/iter':>12}{'images/s':>12}{'ms/iter vs bare':>18}")
     for r in rows:
-        r["ms_ratio_vs_bare"] = r["ms_per_iter"] / bare["ms_per_iter"]
-        print(f"{r['method']:<16}{r['images_per_step']:>10}{r['ms_per_iter']:>12.1f}{r['images_per_s']:>12.1f}"
-              f"{r['ms_ratio_vs_bare']:>17.2f}x")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": name, "train": tcfg, "rows": rows}, f, indent=1)
+        r["cost_per_image_vs_bare"] = (r["ms_per_step"] / r["train_images_per_step"]) / (
+            bare["ms_per_step"] / bare["train_images_per_step"])
+    name = (torch.cuda.get_device_name(device) if device.type == "cuda"
+            else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
+    precision = tcfg["precision"] if device.type == "cuda" else "fp32"
+    print(f"device: {name}; backbone {tcfg['backbone']} @ {tcfg['image_size']}px, trainable {tcfg['trainable']}, "
+          f"precision {precision}, random batch {tcfg['batch_size']}, balanced batch {tcfg['balanced_batch_size']}")
+    print(f"{'method':<16}{'img/step':>10}{'ms/step':>12}{'img/s':>10}{'cost/img vs bare':>19}")
+    for r in rows:
+        print(f"{r['method']:<16}{r['train_images_per_step']:>10}{r['ms_per_step']:>12.1f}"
+              f"{r['train_images_per_s']:>10.1f}{r['cost_per_image_vs_bare']:>18.2f}x")
+    if args.json:
+        import torchvision
+
+        from noisymlt import __version__
+
+        info = {"device": name, "precision": precision, "train": tcfg, "rows": rows, "iters": args.iters,
+                "rounds": args.rounds, "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                                                    "torchvision": torchvision.__version__, "noisymlt": __version__}}
+        with open(args.json, "w") as f:
+            json.dump(info, f, indent=1)
     return 0
 
 
