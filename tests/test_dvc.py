@@ -179,7 +179,7 @@ def _tiny_params() -> dict:
 def _digests(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for top in ("data", "runs", "reports") for p in sorted((root / top).rglob("*"))
-            if p.is_file() and p.name != "train_log.jsonl"}  # the epoch log is .dvcignored, not an output
+            if p.is_file() and p.name not in ("train_log.jsonl", ".train.lock")}  # .dvcignored, not outputs
 
 
 @pytest.mark.slow
