@@ -190,12 +190,17 @@ def main() -> int:
         params["train"].update(overrides)
         for schedule in params["schedules"].values():  # a schedule's keys would win over the overrides
             schedule["train"] = {k: v for k, v in schedule.get("train", {}).items() if k not in overrides}
-        tcfg = resolve_run(params, args.dataset, args.methods[0], 0.5, 0)["train"]
-        steps = {"bare backbone": bare_backbone_step(tcfg, device, args.num_classes)}
-        for method in args.methods:
-            if method not in params["methods"]:
-                print(f"skipping {method}: not defined in {' + '.join(args.params)}")
-                continue
+        methods = [m for m in args.methods if m in params["methods"]]
+        for method in sorted(set(args.methods) - set(methods)):
+            print(f"skipping {method}: not defined in {' + '.join(args.params)}")
+        configs = {m: resolve_run(params, args.dataset, m, 0.5, 0)["train"] for m in methods}
+        tcfg = configs[methods[0]]
+        # one bare reference per trainable policy in use ([DB]'s layer2 on, [CL]'s layer4 only)
+        bare_of = {m: f"bare backbone ({c['trainable']})" for m, c in configs.items()}
+        steps = {bare_of[m]: bare_backbone_step(configs[m], device, args.num_classes)
+                 for m in dict.fromkeys(m for m in methods)}
+        steps = dict(sorted(steps.items()))
+        for method in methods:
             steps[method] = method_step(params, args.dataset, method, device, args.num_images, args.num_classes)
         # Interleaved rounds, median per method: drifts of clock speed or background load hit all alike.
         times: dict[str, list[float]] = {name: [] for name in steps}
@@ -207,18 +212,20 @@ def main() -> int:
         sec = float(np.median(times[name]))
         rows.append({"method": name, "ms_per_step": 1000 * sec, "train_images_per_step": images,
                      "train_images_per_s": images / sec})
-    bare = rows[0]
+    by_name = {r["method"]: r for r in rows}
     for r in rows:
+        bare = by_name[bare_of.get(r["method"], r["method"])]
+        r["trainable"] = configs[r["method"]]["trainable"] if r["method"] in configs else r["method"][15:-1]
         r["cost_per_image_vs_bare"] = (r["ms_per_step"] / r["train_images_per_step"]) / (
             bare["ms_per_step"] / bare["train_images_per_step"])
     name = (torch.cuda.get_device_name(device) if device.type == "cuda"
             else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
     precision = tcfg["precision"] if device.type == "cuda" else "fp32"
-    print(f"device: {name}; backbone {tcfg['backbone']} @ {tcfg['image_size']}px, trainable {tcfg['trainable']}, "
+    print(f"device: {name}; backbone {tcfg['backbone']} @ {tcfg['image_size']}px, "
           f"precision {precision}, random batch {tcfg['batch_size']}, balanced batch {tcfg['balanced_batch_size']}")
-    print(f"{'method':<16}{'img/step':>10}{'ms/step':>12}{'img/s':>10}{'cost/img vs bare':>19}")
+    print(f"{'method':<25}{'img/step':>10}{'ms/step':>12}{'img/s':>10}{'cost/img vs bare':>19}")
     for r in rows:
-        print(f"{r['method']:<16}{r['train_images_per_step']:>10}{r['ms_per_step']:>12.1f}"
+        print(f"{r['method']:<25}{r['train_images_per_step']:>10}{r['ms_per_step']:>12.1f}"
               f"{r['train_images_per_s']:>10.1f}{r['cost_per_image_vs_bare']:>18.2f}x")
     if args.json:
         import torchvision
