@@ -18,6 +18,8 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from noisymlt.errors import NoisyMLTError
+
 PACKAGE = "noisymlt"
 ROOT = Path(__file__).resolve().parent
 # What `python -m noisymlt <command>` always runs before the command's own module.
@@ -222,16 +224,16 @@ def _cmd(args: argparse.Namespace) -> int:
         paths = write_digests(params, Path(args.out))
         print(f"{args.out}: {len(paths)} code digests")
         return 0
-    entries = run_entries if args.method else None
     if args.method:
         from noisymlt.config import resolve_run
 
-        resolved = resolve_run(params, next(iter(params["datasets"])), args.method, 0.5, 0)
-        names = closure(*entries(resolved))
+        entries = run_entries(resolve_run(params, next(iter(params["datasets"])), args.method, 0.5, 0))
     else:
-        names = closure(*step_entries(args.command))
-    for name in names:
-        print(name)
+        try:
+            entries = step_entries(args.command)
+        except ValueError as exc:
+            raise NoisyMLTError(f"--command: {exc}") from exc
+    print("\n".join(closure(*entries)))
     return 0
 
 

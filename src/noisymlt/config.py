@@ -48,6 +48,17 @@ def load_params(*files: str | Path) -> dict:
     return params
 
 
+def json_object_arg(value: str, option: str) -> dict:
+    """A command-line JSON object given as the text itself (starting with '{') or as a file."""
+    try:
+        obj = json.loads(value if value.lstrip().startswith("{") else Path(value).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise NoisyMLTError(f"{option} {value[:80]}: cannot read it as JSON ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise NoisyMLTError(f"{option} {value[:80]}: expected a JSON object")
+    return obj
+
+
 def method_options(block: dict) -> dict:
     """A method block's family options: everything but family, label, description and train."""
     return {k: v for k, v in block.items() if k not in METHOD_COMMON_KEYS}

@@ -183,14 +183,9 @@ def pretrain(config: dict, out: Path, progress: bool = True) -> dict:
 
 
 def _run(args: argparse.Namespace) -> int:
-    text = args.config if args.config.lstrip().startswith("{") else None
-    try:
-        config = json.loads(text if text is not None else Path(args.config).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise NoisyMLTError(f"--config {args.config}: cannot read the pretraining config ({exc})") from exc
-    if not isinstance(config, dict):
-        raise NoisyMLTError(f"--config {args.config}: expected a JSON object")
-    report = pretrain(config, Path(args.out), progress=not args.no_progress)
+    from noisymlt.config import json_object_arg
+
+    report = pretrain(json_object_arg(args.config, "--config"), Path(args.out), progress=not args.no_progress)
     print(f"{args.out}: {report['config']['backbone']} on {len(report['source_classes'])} source classes, "
           f"held-out accuracy {report['held_out_accuracy']:.3f}")
     return 0

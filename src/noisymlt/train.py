@@ -32,6 +32,20 @@ def lr_at(cfg: dict, epoch: int, it: int, iters_per_epoch: int) -> float:
     return lr
 
 
+RUN_FILES = ("checkpoint.pt", "train_log.jsonl", "predictions.npz", "manifest.json", "run_config.json",
+             "metrics.json", "metrics.manifest.json")
+
+
+def archive_run(out: Path, tag: str) -> Path:
+    """Move a run folder's files to OUT/previous/TAG/ (nothing is deleted) and return that folder."""
+    aside = Path(out) / "previous" / tag
+    aside.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        if (Path(out) / name).exists():
+            (Path(out) / name).replace(aside / name)
+    return aside
+
+
 def epoch_iterations(rule: str, streams: list, num_images: int, batch_size: int) -> int:
     """Iterations per epoch. ``batches`` ([CL]): floor(N / batch_size) whatever the sampler;
     ``sampler`` ([DB]): one pass over the first stream's sampler, floor(len(sampler) / its batch size)
@@ -137,18 +151,6 @@ class Trainer:
         torch.save(state, tmp)
         tmp.replace(self.ckpt_path)
 
-    RUN_FILES = ("checkpoint.pt", "train_log.jsonl", "predictions.npz", "manifest.json", "run_config.json",
-                 "metrics.json", "metrics.manifest.json")
-
-    def archive(self, tag: str) -> Path:
-        """Move this folder's run files to previous/TAG/ (nothing is deleted)."""
-        aside = self.out / "previous" / tag
-        aside.mkdir(parents=True, exist_ok=True)
-        for name in self.RUN_FILES:
-            if (self.out / name).exists():
-                (self.out / name).replace(aside / name)
-        return aside
-
     def restore(self) -> bool:
         """Bring back a checkpoint of this very run (same run id and inputs) from previous/."""
         kept = self.out / "previous" / f"{self.run_id}-{self.inputs_digest[:8]}" / "checkpoint.pt"
@@ -175,7 +177,7 @@ class Trainer:
             # The workflow reran this job because its configuration or inputs changed: the previous
             # run's files move to previous/<its run id>-<its inputs>/, and a finished run of this
             # configuration kept there earlier comes back instead of being retrained.
-            aside = self.archive(f"{state.get('run_id')}-{str(state.get('inputs', 'unknown'))[:8]}")
+            aside = archive_run(self.out, f"{state.get('run_id')}-{str(state.get('inputs', 'unknown'))[:8]}")
             log.warning("the previous run (another configuration or other inputs) is kept in %s", aside)
             if self.restore():
                 return self.load_checkpoint()
@@ -362,14 +364,10 @@ class Trainer:
 
 
 def _resolved_from_args(args: argparse.Namespace) -> dict:
-    from noisymlt.config import load_params, resolve_run
+    from noisymlt.config import json_object_arg, load_params, resolve_run
 
     if args.run_config:
-        try:
-            text = args.run_config if args.run_config.lstrip().startswith("{") else Path(args.run_config).read_text()
-            return json.loads(text)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise NoisyMLTError(f"{args.run_config}: cannot read run config ({exc})") from exc
+        return json_object_arg(args.run_config, "--run-config")
     missing = [o for o in ("dataset", "method", "gamma", "seed") if getattr(args, o) is None]
     if missing:
         raise NoisyMLTError(f"without --run-config, --params needs --{' --'.join(missing)}")
@@ -382,12 +380,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.restart and (out / "checkpoint.pt").exists():
         # the old run moves to previous/replaced-STAMP/ and the new log says so in its first line
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        aside = out / "previous" / f"replaced-{stamp}"
-        aside.mkdir(parents=True, exist_ok=True)
-        for name in Trainer.RUN_FILES:
-            if (out / name).exists():
-                (out / name).replace(aside / name)
+        aside = archive_run(out, f"replaced-{time.strftime('%Y%m%d-%H%M%S')}")
         (out / "train_log.jsonl").write_text(json.dumps({"event": "restart", "previous_run": str(aside)}) + "\n")
         log.warning("--restart: the previous run is kept in %s", aside)
     extra = {}
