@@ -66,13 +66,18 @@ def imports_of(name: str) -> frozenset[str]:
 
 
 @lru_cache(maxsize=None)
+def _package_data() -> tuple[Path, ...]:
+    """The package's non-Python files (the params schema), listed once."""
+    return tuple(p for p in sorted(ROOT.rglob("*")) if p.is_file() and p.suffix not in (".py", ".pyc")
+                 and "__pycache__" not in p.parts)
+
+
+@lru_cache(maxsize=None)
 def data_files(name: str) -> tuple[Path, ...]:
     """Non-Python package files named (by file name) in a string constant of module ``name``."""
     tree = ast.parse(modules()[name].read_text())
     strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-    files = [p for p in sorted(ROOT.rglob("*")) if p.is_file() and p.suffix not in (".py", ".pyc")
-             and "__pycache__" not in p.parts]
-    return tuple(p for p in files if p.name in strings)
+    return tuple(p for p in _package_data() if p.name in strings)
 
 
 def closure(*entries: str) -> list[str]:
@@ -100,6 +105,7 @@ def files(*entries: str) -> list[Path]:
     return sorted(out)
 
 
+@lru_cache(maxsize=None)  # like the import graph above, read once per process: the code does not change under it
 def digest(*entries: str) -> str:
     """sha256 (16 hex digits) over the relative paths and contents of ``files(*entries)``."""
     h = hashlib.sha256()
@@ -188,14 +194,19 @@ def run_digest(resolved: dict) -> str:
     return digest(*run_entries(resolved))
 
 
-def digests(params: dict) -> dict[str, str]:
-    """Every pipeline command's digest, and one per method for training (``train/METHOD``)."""
+def method_entries(params: dict, method: str) -> tuple[str, ...]:
+    """``run_entries`` of any run of ``method``: a run's code depends on its method block, not on its
+    dataset, noise rate or seed."""
     from noisymlt.config import resolve_run
 
+    return run_entries(resolve_run(params, next(iter(params["datasets"])), method, 0.5, 0))
+
+
+def digests(params: dict) -> dict[str, str]:
+    """Every pipeline command's digest, and one per method for training (``train/METHOD``)."""
     out = {command: step_digest(command) for command in sorted(command_modules())}
-    dataset = next(iter(params["datasets"]))  # a run's code depends on its method block, not its data
     for method in sorted(params["methods"]):
-        out[f"train/{method}"] = run_digest(resolve_run(params, dataset, method, 0.5, 0))
+        out[f"train/{method}"] = digest(*method_entries(params, method))
     return out
 
 
@@ -225,9 +236,7 @@ def _cmd(args: argparse.Namespace) -> int:
         print(f"{args.out}: {len(paths)} code digests")
         return 0
     if args.method:
-        from noisymlt.config import resolve_run
-
-        entries = run_entries(resolve_run(params, next(iter(params["datasets"])), args.method, 0.5, 0))
+        entries = method_entries(params, args.method)
     else:
         try:
             entries = step_entries(args.command)

@@ -1,5 +1,6 @@
 # Helpers shared by every phase file: the grid, file layout per dataset kind, resolved run configs.
 # The file layout per dataset kind lives in noisymlt.steps, which dvc.yaml's commands use too.
+import functools
 import json
 import shlex
 import sys
@@ -76,7 +77,12 @@ def run_dir(w):
 
 
 def resolved(w):
-    return resolve_run(config, w.dataset, w.method, float(w.gamma), int(w.seed))
+    return _resolved(w.dataset, w.method, float(w.gamma), int(w.seed))
+
+
+@functools.lru_cache(maxsize=None)  # four params of every train job read it; the config is fixed for the run
+def _resolved(dataset, method, gamma, seed):
+    return resolve_run(config, dataset, method, gamma, seed)
 
 
 def run_config(w):
