@@ -63,6 +63,18 @@ def test_paper_dry_run_plans_the_full_grid(tmp_path):
     assert counts["parse_labels"] == 4 and counts["longtail"] == 2
 
 
+def test_train_jobs_read_their_config_from_a_file(tmp_path):
+    """A failed train job prints its command line: it names the config file instead of holding the
+    resolved JSON, and the file is written by its own rule (so a changed config reruns the training)."""
+    proc = snakemake(copy_workflow(tmp_path), "runs/voc/g0.5/s0/ours/predictions.npz", "--cores", "1", "-n",
+                     "--printshellcmds")
+    out = proc.stdout + proc.stderr
+    train_cmd = next(line for line in out.splitlines() if " train --run-config " in line)
+    assert "runs/voc/g0.5/s0/ours/requested_config.json" in train_cmd
+    assert "{" not in train_cmd and len(train_cmd) < 700, train_cmd
+    assert re.search(r"rule run_config:.*?output: runs/voc/g0.5/s0/ours/requested_config.json", out, re.S)
+
+
 TINY_LAYER = {
     "grid": {"datasets": ["toy"], "gammas": [0.5, 0.9], "seeds": [0], "methods": ["erm"]},
     "datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 600, "n_test": 200, "size": 32},
@@ -101,6 +113,8 @@ def test_demo_profile_runs_end_to_end(tmp_path):
     # The pretrained backbone came from the pipeline rule, and the runs fine-tuned it.
     assert (wf / "data" / "pretrained" / "toy_glyphs.json").exists()
     manifest = json.loads((wf / "runs" / "toy" / "g0.5" / "s0" / "erm" / "manifest.json").read_text())
+    requested = json.loads((wf / "runs" / "toy" / "g0.5" / "s0" / "erm" / "requested_config.json").read_text())
+    assert requested == manifest["run"]  # the file the job read is the configuration it trained
     assert manifest["run"]["train"]["weights_path"] == "data/pretrained/toy_glyphs.pt"
     assert manifest["cpu_threads"] == manifest["run"]["train"]["cpu_threads"] == 1
 

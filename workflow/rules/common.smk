@@ -4,6 +4,7 @@ import functools
 import json
 import shlex
 import sys
+from pathlib import Path
 
 from noisymlt import codedeps, steps
 from noisymlt.config import resolve_run, validate_params
@@ -86,7 +87,7 @@ def _resolved(dataset, method, gamma, seed):
 
 
 def run_config(w):
-    return json.dumps(resolved(w), sort_keys=True)
+    return json.dumps(resolved(w), sort_keys=True, indent=1)
 
 
 def train_threads(w):

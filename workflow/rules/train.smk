@@ -21,6 +21,23 @@ rule pretrain:
         "{params.cli} pretrain --config {params.config:q} --out {output.weights} --no-progress > {log} 2>&1"
 
 
+# The resolved configuration of a run, written to a file the train job reads: a failed job then shows
+# a short command line, and a changed configuration (Snakemake's params trigger) rewrites this file,
+# which reruns the training.
+
+
+rule run_config:
+    output:
+        "runs/{dataset}/g{gamma}/s{seed}/{method}/requested_config.json",
+    params:
+        config=run_config,
+    localrule: True
+    log:
+        "logs/train/{dataset}_g{gamma}_s{seed}_{method}.config.log",
+    run:
+        Path(output[0]).write_text(f"{params.config}\n")
+
+
 # One training run per (dataset, noise rate, seed, method). The job picks its own GPU
 # (CUDA_VISIBLE_DEVICES under SLURM, else a per-GPU lock), so --resources gpu=N spreads jobs over N cards.
 
@@ -28,6 +45,7 @@ rule pretrain:
 rule train:
     input:
         train="data/{dataset}/noisy/g{gamma}_s{seed}.parquet",
+        config="runs/{dataset}/g{gamma}/s{seed}/{method}/requested_config.json",
         test="data/{dataset}/test_labels.parquet",
         split="data/{dataset}/class_split.json",
         images=lambda w: train_images_ready(w.dataset),
@@ -39,7 +57,6 @@ rule train:
         manifest="runs/{dataset}/g{gamma}/s{seed}/{method}/manifest.json",
     params:
         cli=NOISYMLT,
-        run_config=run_config,
         out=run_dir,
         train_images=lambda w: image_root(w.dataset, "train"),
         test_images=lambda w: image_root(w.dataset, "test"),
@@ -54,7 +71,7 @@ rule train:
     benchmark:
         "benchmarks/train/{dataset}_g{gamma}_s{seed}_{method}.tsv"
     shell:
-        "{params.cli} train --run-config {params.run_config:q} --train-labels {input.train} "
+        "{params.cli} train --run-config {input.config} --train-labels {input.train} "
         "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
         "--test-images {params.test_images} --out {params.out} --no-progress --keep-stale "
         "--provenance raw_manifest={input.raw} clean_subset={input.subset} > {log} 2>&1"
