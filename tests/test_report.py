@@ -136,3 +136,54 @@ def test_ablation_table_layout_rows_and_paper_column(tmp_path):
     assert "| Stitch-Up | **66.00 ± 2.48** |" in md
     assert "Method & Total & Head & Medium & Tail & Paper" in out.read_text()
     assert "variant/main/0.5/tail" in sidecar["cells"]
+
+
+def test_groups_table_has_head_medium_tail_per_noise_rate_and_branches(tmp_path):
+    from noisymlt.report.tables import write_groups_table
+
+    files = []
+    for seed in range(3):
+        files.append(fake_run(tmp_path, "erm", 0.5, seed, [0.60 + 0.01 * seed]))
+        files.append(fake_run(tmp_path, "ours", 0.5, seed, [0.70, 0.65, 0.68], heads=("ensemble", "random", "balanced")))
+        files.append(fake_run(tmp_path, "ours", 0.9, seed, [0.30, 0.20, 0.25], heads=("ensemble", "random", "balanced")))
+    sidecar = write_groups_table(aggregate(files), tmp_path / "t.tex", {"erm": "ERM", "ours": "Ours"}, "toy")
+    md = (tmp_path / "t.md").read_text().splitlines()
+    assert md[4] == ("| Method | head (γ=0.5) | medium (γ=0.5) | tail (γ=0.5) "
+                     "| head (γ=0.9) | medium (γ=0.9) | tail (γ=0.9) |")
+    rows = {line.split(" | ")[0][2:]: line for line in md[6:]}
+    assert list(rows) == ["ERM", "Ours", "Ours-random", "Ours-balance"]
+    # ERM's seeds 0.60, 0.61, 0.62: mean 61.00, t-interval 4.303 * 0.01 / sqrt(3) * 100
+    assert rows["ERM"] == "| ERM | " + " | ".join(["_61.00 ± 2.48_"] * 3 + ["--"] * 3) + " |"  # rank 2 of 2
+    assert rows["Ours"].count("**70.00 ± 0.00**") == 3 and "65.00 ± 0.00" in rows["Ours-random"]
+    assert set(sidecar["cells"]) >= {"ours/balanced/0.9/tail", "erm/main/0.5/head"}
+    tex = (tmp_path / "t.tex").read_text()
+    assert "\\multicolumn{3}{c}{0.5}" in tex and "\\rowcolor{Gray}\nOurs-balance" in tex
+    html = (tmp_path / "t.html").read_text()
+    assert html.count("<tr>") == 5 and "<b>70.00 ± 0.00</b>" in html
+
+
+def test_sweep_figure_plots_each_methods_swept_value(tmp_path):
+    from noisymlt.methods.options import stitchup_option
+    from noisymlt.report.figures import plot_sweep
+
+    files = []
+    for seed in range(3):
+        for method, m in (("ours_no_pseudo", 0.60), ("ours_k3", 0.55), ("ours_k4", 0.50)):
+            files.append(fake_run(tmp_path, method, 0.5, seed, [m + 0.01 * seed, m, m],
+                                  heads=("ensemble", "random", "balanced")))
+    methods = {"ours_no_pseudo": {}, "ours_k3": {"stitchup": {"k": 3}}, "ours_k4": {"stitchup": {"k": 4}}}
+    xs = {m: stitchup_option(b, "stitchup.k") for m, b in methods.items()}
+    assert xs == {"ours_no_pseudo": 2, "ours_k3": 3, "ours_k4": 4}
+    assert stitchup_option({"stitchup": {"enabled": False}}, "stitchup.k") == 1
+    assert stitchup_option({}, "stitchup.p") == 1.0
+    block = {"label": "K", "dataset": "toy", "methods": list(methods), "sweep": {"option": "stitchup.k", "label": "K"},
+             "paper": {"ours_no_pseudo": [68.53, None, None, None], "ours_k4": [67.06, None, None, None]}}
+    out = plot_sweep(aggregate(files), block, xs, tmp_path / "k.png")
+    assert out.stat().st_size > 1000 and (tmp_path / "k.pdf").stat().st_size > 1000
+    points = pd.read_csv(tmp_path / "k.csv")
+    assert points["x"].tolist() == [2, 3, 4]
+    assert points["mean"].round(4).tolist() == [61.0, 56.0, 51.0]  # the ensemble head, mean over seeds
+    # identical results, identical bytes (no dates inside)
+    first = (tmp_path / "k.png").read_bytes(), (tmp_path / "k.pdf").read_bytes()
+    plot_sweep(aggregate(files), block, xs, tmp_path / "k.png")
+    assert ((tmp_path / "k.png").read_bytes(), (tmp_path / "k.pdf").read_bytes()) == first

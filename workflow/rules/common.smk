@@ -8,6 +8,7 @@ from pathlib import Path
 
 from noisymlt import codedeps, steps
 from noisymlt.config import resolve_run, validate_params
+from noisymlt.methods.options import stitchup_option
 
 validate_params(config, source="params")
 
@@ -144,10 +145,22 @@ def method_labels():
     return json.dumps({m: b.get("label", m) for m, b in config["methods"].items()})
 
 
+def sweep_values(w):
+    """The swept Stitch-Up option's value for each method of a sweep ablation (its x axis)."""
+    block = config["ablations"][w.name]
+    if "sweep" not in block:
+        raise ValueError(f"reports/ablation_{w.name}.png: ablation {w.name} has no `sweep` key")
+    option = block["sweep"]["option"]
+    return json.dumps({m: stitchup_option(config["methods"][m], option) for m in block["methods"]})
+
+
 def report_targets():
+    """Every table and figure the grid's runs support, each as the file the report links."""
     return [
-        "reports/table_total.tex",
         "reports/results.parquet",
+        "reports/table_total.tex",
+        *[f"reports/table_groups_{d}.tex" for d in GRID["datasets"]],
         "reports/map_vs_gamma.png",
         *[f"reports/ablation_{name}.tex" for name in selected_ablations()],
+        *[f"reports/ablation_{name}.png" for name, block in selected_ablations().items() if "sweep" in block],
     ]

@@ -26,6 +26,7 @@ rule table_total:
         tex="reports/table_total.tex",
         md="reports/table_total.md",
         cells="reports/table_total.cells.json",
+        html=report("reports/table_total.html", caption="../report/table_total.rst", category="Tables"),
     params:
         cli=NOISYMLT,
         labels=method_labels(),
@@ -45,7 +46,8 @@ rule figure_map_vs_gamma:
     input:
         "reports/results.parquet",
     output:
-        "reports/map_vs_gamma.png",
+        png=report("reports/map_vs_gamma.png", caption="../report/map_vs_gamma.rst", category="Figures"),
+        pdf="reports/map_vs_gamma.pdf",
     params:
         cli=NOISYMLT,
         code=code("figure"),
@@ -56,7 +58,7 @@ rule figure_map_vs_gamma:
     benchmark:
         "benchmarks/report/map_vs_gamma.tsv"
     shell:
-        "{params.cli} figure --results {input} --out {output} > {log} 2>&1"
+        "{params.cli} figure --results {input} --out {output.png} > {log} 2>&1"
 
 
 rule table_ablation:
@@ -66,6 +68,8 @@ rule table_ablation:
         tex="reports/ablation_{name}.tex",
         md="reports/ablation_{name}.md",
         cells="reports/ablation_{name}.cells.json",
+        html=report("reports/ablation_{name}.html", caption="../report/ablation.rst", category="Ablations",
+                    labels={"ablation": "{name}"}),
     params:
         cli=NOISYMLT,
         labels=method_labels(),
@@ -80,3 +84,52 @@ rule table_ablation:
     shell:
         "{params.cli} table --results {input} --out {output.tex} --ablation-spec {params.spec:q} "
         "--labels {params.labels:q} > {log} 2>&1"
+
+
+rule table_groups:
+    input:
+        "reports/results.parquet",
+    output:
+        tex="reports/table_groups_{dataset}.tex",
+        md="reports/table_groups_{dataset}.md",
+        cells="reports/table_groups_{dataset}.cells.json",
+        html=report("reports/table_groups_{dataset}.html", caption="../report/table_groups.rst", category="Tables",
+                    labels={"table": "head / medium / tail", "dataset": "{dataset}"}),
+    params:
+        cli=NOISYMLT,
+        labels=method_labels(),
+        methods=" ".join(GRID["methods"]),
+        code=code("table"),
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/report/table_groups_{dataset}.log",
+    benchmark:
+        "benchmarks/report/table_groups_{dataset}.tsv"
+    shell:
+        "{params.cli} table --results {input} --out {output.tex} --groups {wildcards.dataset} "
+        "--labels {params.labels:q} --methods {params.methods} > {log} 2>&1"
+
+
+rule figure_sweep:
+    input:
+        "reports/results.parquet",
+    output:
+        png=report("reports/ablation_{name}.png", caption="../report/sweep.rst", category="Ablations",
+                   labels={"ablation": "{name}", "kind": "figure"}),
+        pdf="reports/ablation_{name}.pdf",
+        csv="reports/ablation_{name}.csv",
+    params:
+        cli=NOISYMLT,
+        spec=lambda w: json.dumps(config["ablations"][w.name]),
+        x=sweep_values,
+        code=code("figure"),
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/report/figure_{name}.log",
+    benchmark:
+        "benchmarks/report/figure_{name}.tsv"
+    shell:
+        "{params.cli} figure --results {input} --out {output.png} --ablation-spec {params.spec:q} --x {params.x:q} "
+        "> {log} 2>&1"

@@ -106,6 +106,18 @@ PSEUDO_SOURCES = ("cross", "self", "none")
 STITCHUP_DEFAULTS = {"enabled": True, "mode": "feature_average", "k": 2, "p": 1.0, "negatives": "own",
                      "partner_bn": True}
 MIXUP_DEFAULTS = {"enabled": False, "alpha": 1.0}
+
+
+def stitchup_option(method_block: dict, option: str) -> float:
+    """The value of ``stitchup.<key>`` a method trains with (its block, else the default); K counts 1
+    when Stitch-Up is off, as the trainer does."""
+    section, _, key = option.partition(".")
+    if section != "stitchup" or key not in STITCHUP_DEFAULTS:
+        raise NoisyMLTError(f"sweep option {option!r}: expected stitchup.<{'|'.join(STITCHUP_DEFAULTS)}>")
+    stitch = {**STITCHUP_DEFAULTS, **(method_block.get("stitchup") or {})}
+    if key == "k" and not stitch["enabled"]:
+        return 1
+    return stitch[key]
 # batch_size names the train setting a branch's stream uses
 BATCH_SIZE_KEYS = {"random": "batch_size", "balanced": "balanced_batch_size"}
 

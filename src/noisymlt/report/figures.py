@@ -1,9 +1,16 @@
-"""Figures from results.parquet: mAP against noise rate, one panel per dataset and class group
-(mean over seeds; a 95% confidence band from three seeds on)."""
+"""Figures from results.parquet, mean over seeds with a 95% confidence band from three seeds on:
+
+* mAP against noise rate, one panel per dataset and class group (``figure``);
+* an ablation sweep (the paper's K and p figures): mAP against the swept Stitch-Up option
+  (``figure --ablation-spec ... --x ...``), with the published points where the paper gives them.
+
+Each figure is written as PNG and PDF without creation dates, so identical results give identical files.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -50,10 +57,66 @@ def plot_map_vs_gamma(results: pd.DataFrame, out: Path) -> Path:
                 ax.set_ylabel("mAP (%)")
     axes[0][-1].legend(fontsize=7, loc="upper right")
     fig.tight_layout()
+    return save_figure(fig, out)
+
+
+def save_figure(fig, out: Path) -> Path:
+    """OUT (PNG) and OUT with .pdf, with no dates or version stamps inside (reproducible bytes)."""
+    import matplotlib.pyplot as plt
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=120, metadata={"Software": None})
+    fig.savefig(out.with_suffix(".pdf"), metadata={"CreationDate": None, "Producer": None, "Creator": None})
     plt.close(fig)
     return out
+
+
+def sweep_points(results: pd.DataFrame, block: dict, xs: dict[str, float], group: str = "total") -> pd.DataFrame:
+    """One row per swept method: x, mean and 95% half-width of its primary head's mAP (%), seeds."""
+    sel = results[(results["metric"] == "mAP") & (results["group"] == group)
+                  & (results["dataset"] == block["dataset"])]
+    rows = []
+    for method in block["methods"]:
+        if method not in xs:
+            raise NoisyMLTError(f"ablation {block.get('label', '?')}: no x value for method {method!r}")
+        part = sel[(sel["method"] == method) & (sel["head"] == primary_head(results, method))] \
+            if method in set(sel["method"]) else sel.iloc[:0]
+        for gamma, runs in part.groupby("gamma"):
+            mean, ci = mean_ci(100 * runs["value"].to_numpy())
+            rows.append({"method": method, "gamma": float(gamma), "x": float(xs[method]), "mean": mean,
+                         "ci95": ci, "seeds": int(runs["seed"].nunique())})
+    if not rows:
+        raise NoisyMLTError(f"results hold no runs of {block['methods']} on {block['dataset']}")
+    return pd.DataFrame(rows).sort_values(["gamma", "x"])
+
+
+def plot_sweep(results: pd.DataFrame, block: dict, xs: dict[str, float], out: Path) -> Path:
+    """The paper's K / p figures: total mAP against the swept option, one line per noise rate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = sweep_points(results, block, xs)
+    fig, ax = plt.subplots(figsize=(3.6, 2.8))
+    for k, (gamma, part) in enumerate(points.groupby("gamma")):
+        line = ax.plot(part["x"], part["mean"], marker=MARKERS[k], lw=1.4, label=f"measured, $\\gamma$={gamma:g}")[0]
+        if part["seeds"].min() >= 3:
+            ci = part["ci95"].fillna(0.0)
+            ax.fill_between(part["x"], part["mean"] - ci, part["mean"] + ci, color=line.get_color(), alpha=0.15, lw=0)
+    published = [(xs[m], v[0]) for m, v in (block.get("paper") or {}).items() if m in xs and v[0] is not None]
+    if published:
+        px, py = zip(*sorted(published))
+        ax.plot(px, py, ls="--", marker="x", color="0.4", lw=1, label="paper (VOC-MLT-Noise)")
+    ax.set_xlabel(block["sweep"]["label"])
+    ax.set_ylabel("total mAP (%)")
+    ax.set_xticks(sorted(set(points["x"])))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(block["label"], fontsize=8)
+    fig.tight_layout()
+    points.to_csv(out.with_suffix(".csv"), index=False, float_format="%.4f")
+    return save_figure(fig, out)
 
 
 def _cmd_figure(args: argparse.Namespace) -> int:
@@ -61,7 +124,13 @@ def _cmd_figure(args: argparse.Namespace) -> int:
         results = pd.read_parquet(args.results)
     except Exception as exc:
         raise NoisyMLTError(f"{args.results}: cannot read results ({exc})") from exc
-    plot_map_vs_gamma(results, Path(args.out))
+    if args.ablation_spec:
+        block = json.loads(args.ablation_spec)
+        if "sweep" not in block:
+            raise NoisyMLTError(f"ablation {block.get('label', '?')!r} has no `sweep` key: nothing to plot")
+        plot_sweep(results, block, json.loads(args.x or "{}"), Path(args.out))
+    else:
+        plot_map_vs_gamma(results, Path(args.out))
     return 0
 
 
@@ -69,5 +138,8 @@ def add_cli(sub) -> None:
     p = sub.add_parser("figure", help="plot mAP against noise rate (mean and 95%% CI band over seeds)",
                        description="One panel per dataset and class group (total, head, medium, tail).")
     p.add_argument("--results", required=True, help="results.parquet from `noisymlt aggregate`")
-    p.add_argument("--out", required=True, help="PNG to write")
+    p.add_argument("--out", required=True, help="PNG to write (a PDF is written next to it)")
+    p.add_argument("--ablation-spec", help="an `ablations` block with a `sweep` key, as JSON: draw mAP against the "
+                                           "swept option instead (the paper's K and p figures; also writes OUT .csv)")
+    p.add_argument("--x", help='the swept value of each of its methods, as JSON, e.g. \'{"ours_k3": 3}\'')
     p.set_defaults(func=_cmd_figure)

@@ -1,6 +1,7 @@
 """Paper-layout tables from results.parquet: mean +- 95% CI over seeds, rank-1 bold, rank-2 underlined.
 
 * ``table_total``: rows = methods, columns = dataset x noise rate, one class group (total mAP by default).
+* ``--groups DATASET``: the paper's per-dataset tables, columns = noise rate x (head, medium, tail).
 * ablation tables: rows = the ablation's method variants, columns = noise rate x group (total, head,
   medium, tail) on one dataset, as the paper's ablation tables.
 
@@ -80,6 +81,28 @@ def fmt(cell: Cell | None, style: str, rank: int | None = None) -> str:
     return text
 
 
+def markdown_table_html(md_rows: list[str], caption: str) -> str:
+    """A self-contained HTML page of a Markdown table (for Snakemake's report), bold/underline kept."""
+    import html
+    import re
+
+    def cell(text: str) -> str:
+        text = html.escape(text.strip())
+        text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
+        return re.sub(r"^_(.+)_$", r"<u>\1</u>", text)
+
+    split = [[c for c in row.strip().strip("|").split("|")] for row in md_rows if not row.startswith("|---")]
+    head = "".join(f"<th>{cell(c)}</th>" for c in split[0])
+    body = "\n".join("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in split[1:])
+    caption = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(caption))
+    caption = re.sub(r"(?<!\w)_(.+?)_(?!\w)", r"<u>\1</u>", caption)
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><style>"
+            "table{border-collapse:collapse;font:12px sans-serif}td,th{border:1px solid #ccc;padding:2px 6px;"
+            "text-align:right}td:first-child,th:first-child{text-align:left}</style></head><body>"
+            f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead><tbody>\n{body}\n"
+            "</tbody></table></body></html>\n")
+
+
 def render(results: pd.DataFrame, cells: dict, methods: list[str], cols: list[tuple], labels: dict[str, str],
            header_tex: list[str], header_md: str, spec: str, out_tex: Path, caption: str,
            unranked: set = frozenset()) -> dict:
@@ -110,9 +133,9 @@ def render(results: pd.DataFrame, cells: dict, methods: list[str], cols: list[tu
     lines += ["\\bottomrule", "\\end{tabular}", ""]
     out_tex.parent.mkdir(parents=True, exist_ok=True)
     out_tex.write_text("\n".join(lines))
-    out_tex.with_suffix(".md").write_text(
-        f"{caption}\n\nmAP (%), mean ± 95% CI over seeds; **rank 1**, _rank 2_ (separate branches not ranked)\n\n"
-        + "\n".join(md) + "\n")
+    legend = "mAP (%), mean ± 95% CI over seeds; **rank 1**, _rank 2_ (separate branches not ranked)"
+    out_tex.with_suffix(".md").write_text(f"{caption}\n\n{legend}\n\n" + "\n".join(md) + "\n")
+    out_tex.with_suffix(".html").write_text(markdown_table_html(md, f"{caption}. {legend}"))
     sidecar = {"table": str(out_tex), "cells": {
         "/".join(f"{x:g}" if isinstance(x, float) else str(x) for x in key): {"mean": c.mean, "ci95": c.ci,
                                                                                "runs": c.runs}
@@ -138,6 +161,30 @@ def write_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, str], gr
     header_md = "| Method | " + " | ".join(f"{DATASET_TITLES.get(d, d)} {g:g}" for d, g in cols) + " |"
     spec = "l|" + "||".join("|".join("c" for _ in per_ds[d]) for d in datasets)
     return render(results, cells, methods, cols, labels, header, header_md, spec, out_tex, f"{group} mAP")
+
+
+def write_groups_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, str], dataset: str,
+                       methods: list[str] | None = None) -> dict:
+    """The paper's per-dataset tables (table:VOC, table:COCO): columns = noise rate x (head, medium,
+    tail) on one dataset. Cell keys: METHOD/HEAD/GAMMA/GROUP."""
+    sel = results[(results["dataset"] == dataset) & results["group"].isin(GROUPS)]
+    if methods:
+        sel = sel[sel["method"].isin(methods)]
+    if sel.empty:
+        raise NoisyMLTError(f"results hold no head/medium/tail rows on dataset {dataset!r}")
+    cells = collect_cells(sel, ["gamma", "group"])
+    methods = methods or list(dict.fromkeys(sel["method"]))
+    gammas = sorted({k[2] for k in cells})
+    cols = [(g, grp) for g in gammas for grp in GROUPS]
+    title = DATASET_TITLES.get(dataset, dataset)
+    header = [f"\\multicolumn{{{1 + len(cols)}}}{{c}}{{{title}}} \\\\", "\\midrule",
+              "Noise rate~$\\gamma$ & " + " & ".join(f"\\multicolumn{{3}}{{c}}{{{g:g}}}" for g in gammas) + " \\\\",
+              "\\midrule",
+              "Methods & " + " & ".join(grp for _ in gammas for grp in GROUPS) + " \\\\"]
+    header_md = "| Method | " + " | ".join(f"{grp} (γ={g:g})" for g, grp in cols) + " |"
+    spec = "l|" + "|".join("ccc" for _ in gammas)
+    return render(results, cells, methods, cols, labels, header, header_md, spec, out_tex,
+                  f"head / medium / tail mAP on {title}")
 
 
 def write_ablation_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, str], block: dict) -> dict:
@@ -193,6 +240,9 @@ def _cmd_table(args: argparse.Namespace) -> int:
         write_ablation_table(results, Path(args.out), labels, params["ablations"][args.ablation])
     elif args.ablation_spec:
         write_ablation_table(results, Path(args.out), labels, json.loads(args.ablation_spec))
+    elif args.groups:
+        methods = args.methods or (params["grid"]["methods"] if params else None)
+        write_groups_table(results, Path(args.out), labels, args.groups, methods)
     else:
         methods = args.methods or (params["grid"]["methods"] if params else None)
         write_table(results, Path(args.out), labels, args.group, methods)
@@ -215,5 +265,8 @@ def add_cli(sub) -> None:
     p.add_argument("--params", nargs="*", help="params files: method labels, grid and ablation definitions")
     p.add_argument("--ablation", help="name of an `ablations` block of --params: write its table")
     p.add_argument("--ablation-spec", help="an `ablations` block as JSON (what the workflow passes)")
+    p.add_argument("--groups", metavar="DATASET",
+                   help="the per-dataset layout (the paper's VOC and COCO tables): columns = noise rate x "
+                        "head/medium/tail on DATASET")
     p.add_argument("--print", action="store_true", help="print the Markdown version")
     p.set_defaults(func=_cmd_table)
