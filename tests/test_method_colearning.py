@@ -572,3 +572,21 @@ def test_shared_frozen_trunk_switches_itself_off(base_params, tiny_weights):
     assert not shared.shares_frozen_trunk  # one backbone already: its maps are reused as they are
     single = make_method(base_params, {"branches": {"balanced": {}}, "pseudo": {"source": "none"}}, train=with_weights)
     assert not single[1].shares_frozen_trunk
+
+
+def test_prediction_runs_the_shared_frozen_trunk_once(base_params, tiny_weights):
+    method, model = make_method(base_params, {}, train={**PRETRAINED_TRAIN, "weights_path": tiny_weights})
+    model.eval()
+    images = torch.randn(6, 3, 32, 32)
+    out = {}
+    for shared in (True, False):
+        model.shares_frozen_trunk = shared
+        calls = stem_calls(model)
+        with torch.no_grad():
+            out[shared] = (method.predict(model, images), calls[0])
+        for branch in model.branches.values():
+            branch.backbone.stem._forward_hooks.clear()
+    (on, calls_on), (off, calls_off) = out[True], out[False]
+    assert (calls_on, calls_off) == (1, 2)
+    for head in ("ensemble", "random", "balanced"):
+        torch.testing.assert_close(on[head], off[head], rtol=1e-5, atol=1e-6)

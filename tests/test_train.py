@@ -222,3 +222,30 @@ def test_cpu_threads_come_from_the_run_config(tiny_toy, tmp_path):
         assert json.loads((tmp_path / "run" / "manifest.json").read_text())["cpu_threads"] == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_inference_time_table_times_the_finished_run(tiny_toy, tmp_path):
+    """The running-time table rebuilds a finished run from its folder, predicts what the run predicted,
+    and writes the paper's layout with the device named."""
+    import torch
+
+    from noisymlt.inference_time import load_trained, time_predictions, write_table
+
+    trainer = toy_trainer(tiny_toy, resolve_run(tiny_params("erm"), "toy", "erm", 0.5, 0), tmp_path / "run")
+    trainer.run()
+    rebuilt = load_trained(tmp_path / "run", tiny_toy["test"], tiny_toy["root"], tiny_toy["root"], "cpu")
+    saved = np.load(tmp_path / "run" / "predictions.npz")
+    np.testing.assert_array_equal(rebuilt.predict()["main"], saved["scores_main"])  # the run's own model
+    np.testing.assert_allclose(rebuilt.predict(batch_size=1)["main"], saved["scores_main"], rtol=1e-5, atol=1e-6)
+    rec = time_predictions(rebuilt, batch_size=4, trials=2)
+    assert rec["images"] == len(rebuilt.test_table) and rec["trials"] == 2
+    assert 0 < rec["model_s"] < rec["total_s"]
+    write_table([{"method": "erm", **rec}], {"erm": "ERM"}, {"erm": 77.06}, "CPU test", tmp_path / "t.tex")
+    md = (tmp_path / "t.md").read_text()
+    assert "on CPU test" in md and "| Running time, batch 4 (s) | " in md and "| Paper, batch 1, RTX 2080Ti (s) | 77.06 |" in md
+    # an unfinished run is refused, naming the checkpoint
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    state["epoch"] = 1
+    torch.save(state, tmp_path / "run" / "checkpoint.pt")
+    with pytest.raises(NoisyMLTError, match="checkpoint.pt: training stopped at epoch 1"):
+        load_trained(tmp_path / "run", tiny_toy["test"], tiny_toy["root"], tiny_toy["root"], "cpu")

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "noisymlt.pretrain",
     "noisymlt.train",
     "noisymlt.evaluate",
+    "noisymlt.inference_time",
     "noisymlt.aggregate",
     "noisymlt.report.tables",
     "noisymlt.report.figures",

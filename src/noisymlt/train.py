@@ -310,7 +310,9 @@ class Trainer:
             start += len(images)
             yield idx, images.to(self.device, non_blocking=True)
 
-    def predict(self) -> dict[str, np.ndarray]:
+    def predict(self, batch_size: int | None = None, forward_seconds: list | None = None) -> dict[str, np.ndarray]:
+        """Sigmoid scores of every test image per head. ``forward_seconds``: a list that receives the
+        time of each batch's forward pass (synchronised on a GPU), for the inference-time table."""
         import torch
         from tqdm import tqdm
 
@@ -318,7 +320,7 @@ class Trainer:
 
         tcfg = self.cfg["train"]
         data = EvalImages(self.test_images, self.test_table.paths, tcfg["image_size"])
-        loader = eval_loader(data, tcfg["eval_batch_size"], tcfg["workers"], self.device.type == "cuda")
+        loader = eval_loader(data, batch_size or tcfg["eval_batch_size"], tcfg["workers"], self.device.type == "cuda")
         self.model.eval()
         outs: dict[str, list] = {}
         with torch.no_grad():
@@ -326,8 +328,13 @@ class Trainer:
                 images = images.to(self.device, non_blocking=True)
                 if self.device.type == "cuda" and tcfg["channels_last"]:
                     images = images.contiguous(memory_format=torch.channels_last)
+                t0 = time.perf_counter()
                 with self.autocast():
                     heads = self.method.predict(self.model, images)
+                if forward_seconds is not None:
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    forward_seconds.append(time.perf_counter() - t0)
                 for name, logits in heads.items():
                     outs.setdefault(name, []).append(torch.sigmoid(logits.float()).cpu().numpy())
         return {name: np.concatenate(v) for name, v in outs.items()}

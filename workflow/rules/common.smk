@@ -154,6 +154,12 @@ def sweep_values(w):
     return json.dumps({m: stitchup_option(config["methods"][m], option) for m in block["methods"]})
 
 
+def timing_runs(pattern):
+    """The runs the running-time table times (params `timing`), as files of one dataset's wildcard."""
+    block = config.get("timing") or {}
+    return [pattern.format(gamma=gtag(block["gamma"]), seed=block["seed"], method=m) for m in block.get("methods", [])]
+
+
 def report_targets():
     """Every table and figure the grid's runs support, each as the file the report links."""
     return [
@@ -163,4 +169,5 @@ def report_targets():
         "reports/map_vs_gamma.png",
         *[f"reports/ablation_{name}.tex" for name in selected_ablations()],
         *[f"reports/ablation_{name}.png" for name, block in selected_ablations().items() if "sweep" in block],
+        *[f"reports/inference_time_{d}.tex" for d in GRID["datasets"] if config.get("timing")],
     ]

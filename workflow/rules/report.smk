@@ -133,3 +133,37 @@ rule figure_sweep:
     shell:
         "{params.cli} figure --results {input} --out {output.png} --ablation-spec {params.spec:q} --x {params.x:q} "
         "> {log} 2>&1"
+
+
+rule inference_time:
+    input:
+        runs=timing_runs("runs/{{dataset}}/g{gamma}/s{seed}/{method}/manifest.json"),
+        test="data/{dataset}/test_labels.parquet",
+    output:
+        tex="reports/inference_time_{dataset}.tex",
+        md="reports/inference_time_{dataset}.md",
+        json="reports/inference_time_{dataset}.json",
+        html=report("reports/inference_time_{dataset}.html", caption="../report/inference_time.rst",
+                    category="Tables", labels={"table": "inference time", "dataset": "{dataset}"}),
+    params:
+        cli=NOISYMLT,
+        runs=lambda w, input: " ".join(str(Path(m).parent) for m in input.runs),
+        train_images=lambda w: image_root(w.dataset, "train"),
+        test_images=lambda w: image_root(w.dataset, "test"),
+        batch_sizes=" ".join(str(b) for b in config.get("timing", {}).get("batch_sizes", [])),
+        trials=config.get("timing", {}).get("trials"),
+        labels=method_labels(),
+        paper=json.dumps(config.get("timing", {}).get("paper", {})),
+        code=code("inference-time"),
+    resources:
+        gpu=1,
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/report/inference_time_{dataset}.log",
+    benchmark:
+        "benchmarks/report/inference_time_{dataset}.tsv"
+    shell:
+        "{params.cli} inference-time --runs {params.runs} --test-labels {input.test} "
+        "--train-images {params.train_images} --test-images {params.test_images} --batch-sizes {params.batch_sizes} "
+        "--trials {params.trials} --labels {params.labels:q} --paper {params.paper:q} --out {output.tex} > {log} 2>&1"

@@ -49,14 +49,18 @@ class TwoBranch(nn.Module):
         return neck.drop(self.partner_bns[name](neck.fc(neck.pool(maps))))
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Logits of every branch on the same images (the backbone runs once when shared)."""
+        """Logits of every branch on the same images: the backbone runs once when shared, and the
+        frozen trunk once when the branches' frozen stages are the same function."""
         out = {}
         shared_maps = None
+        frozen = self.frozen_features(x) if self.shares_frozen_trunk and not self.shared_backbone else None
         for name, branch in self.branches.items():
             if self.shared_backbone:
                 if shared_maps is None:
                     shared_maps = branch.feature_maps(x)
                 maps = shared_maps
+            elif frozen is not None:
+                maps = branch.trained_stages(frozen)
             else:
                 maps = branch.feature_maps(x)
             out[name] = branch.head(branch.embed(maps))
