@@ -49,6 +49,18 @@ def test_ap_matches_independent_implementation_with_ties():
         assert ours[c] == pytest.approx(ap_by_hand(y[:, c], s[:, c]), abs=1e-12)
 
 
+def test_ap_equals_sklearn(tmp_path):
+    from sklearn.metrics import average_precision_score
+
+    rng = np.random.default_rng(5)
+    y = (rng.random((500, 8)) < np.linspace(0.02, 0.4, 8)).astype(np.uint8)
+    y[0] = 1
+    for s in (rng.random((500, 8)), np.round(rng.random((500, 8)), 1), np.zeros((500, 8)) + y * 0.5):
+        ours = average_precisions(y, s.astype(np.float32))
+        ref = [average_precision_score(y[:, c], s[:, c].astype(np.float32)) for c in range(8)]
+        np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-12)
+
+
 def test_class_without_positives_is_left_out_of_the_means():
     y = np.array([[1, 0, 1], [0, 0, 1], [1, 0, 0]])
     s = np.array([[0.9, 0.1, 0.2], [0.1, 0.5, 0.8], [0.8, 0.3, 0.1]])

@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "noisymlt.aggregate",
     "noisymlt.report.tables",
     "noisymlt.report.figures",
+    "noisymlt.report.readme",
     "noisymlt.provenance",
     "noisymlt.steps",
     "noisymlt.codedeps",

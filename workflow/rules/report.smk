@@ -167,3 +167,24 @@ rule inference_time:
         "{params.cli} inference-time --runs {params.runs} --test-labels {input.test} "
         "--train-images {params.train_images} --test-images {params.test_images} --batch-sizes {params.batch_sizes} "
         "--trials {params.trials} --labels {params.labels:q} --paper {params.paper:q} --out {output.tex} > {log} 2>&1"
+
+
+rule readme_numbers:
+    input:
+        "reports/results.parquet",
+    output:
+        "reports/readme_numbers.json",
+    params:
+        cli=NOISYMLT,
+        labels=method_labels(),
+        methods=" ".join(GRID["methods"]),
+        code=code("readme-numbers"),
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/report/readme_numbers.log",
+    benchmark:
+        "benchmarks/report/readme_numbers.tsv"
+    shell:
+        "{params.cli} readme-numbers --results {input} --methods {params.methods} --labels {params.labels:q} "
+        "--out {output} > {log} 2>&1"

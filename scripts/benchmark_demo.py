@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""Wall time of the demo (`make demo` without the environment set-up) on a fresh copy of the repository.
+
+Clones the committed state (HEAD) into a scratch folder, runs the demo profile there with the current
+interpreter's environment, and writes JSON: wall minutes, cores, number of training runs, CPU seconds
+summed over Snakemake's per-job benchmarks (by rule), the commit. With --readme it then renders the demo's
+numbers, with this timing, into README.md (`noisymlt readme --write`), which keeps them in
+docs/demo_numbers.json for the tests.
+
+    python scripts/benchmark_demo.py --json benchmarks/demo.json
+    python scripts/benchmark_demo.py --json benchmarks/demo.json --readme    # refresh the README's numbers
+
+Run it on an otherwise idle machine: other CPU work on the same cores stretches the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def job_cpu_seconds(root: Path) -> dict[str, float]:
+    """Sum of Snakemake's per-job cpu_time, by rule folder (benchmarks/<phase>/...)."""
+    out: dict[str, float] = {}
+    for tsv in sorted((root / "benchmarks").rglob("*.tsv")):
+        with open(tsv) as f:
+            rows = list(csv.DictReader(f, delimiter="\t"))
+        if rows:
+            phase = tsv.parent.name
+            out[phase] = out.get(phase, 0.0) + float(rows[-1]["cpu_time"] or 0.0)
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", required=True, help="file to write the timing to")
+    ap.add_argument("--workdir", help="scratch folder for the clone (default: a temporary folder, removed)")
+    ap.add_argument("--readme", action="store_true", help="render the demo's numbers and this timing into README.md")
+    args = ap.parse_args()
+
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    if dirty:
+        print("warning: uncommitted changes are not part of the measured clone", file=sys.stderr)
+    scratch = Path(args.workdir or tempfile.mkdtemp(prefix="noisymlt-demo-"))
+    clone = scratch / "noisymlt"
+    if clone.exists():
+        shutil.rmtree(clone)
+    subprocess.run(["git", "clone", "--quiet", "--local", str(REPO), str(clone)], check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
+    env = {**os.environ, "PYTHONPATH": str(clone / "src")}
+    snakemake = str(Path(sys.executable).with_name("snakemake"))
+    t0 = time.perf_counter()
+    subprocess.run([snakemake, "--profile", "workflow/profiles/demo", "--quiet", "rules"], cwd=clone, env=env,
+                   check=True)
+    wall = time.perf_counter() - t0
+    runs = len(list((clone / "benchmarks" / "train").glob("*.tsv")))
+    timing = {"wall_minutes": round(wall / 60, 2), "cores": os.cpu_count(), "runs": runs, "commit": commit,
+              "cpu_seconds_by_phase": job_cpu_seconds(clone)}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(timing, indent=1) + "\n")
+    print(json.dumps(timing, indent=1))
+    if args.readme:
+        numbers = json.loads((clone / "reports" / "readme_numbers.json").read_text())
+        numbers["timing"] = {k: timing[k] for k in ("wall_minutes", "cores", "runs")}
+        merged = scratch / "demo_numbers.json"
+        merged.write_text(json.dumps(numbers, indent=1, sort_keys=True) + "\n")
+        subprocess.run([sys.executable, "-m", "noisymlt", "readme", "--numbers", str(merged), "--readme",
+                        str(REPO / "README.md"), "--write"], check=True)
+    if not args.workdir:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

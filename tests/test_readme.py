@@ -1,0 +1,59 @@
+"""The README quotes the demo's numbers from docs/demo_numbers.json, which the demo writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from noisymlt.cli import main
+from noisymlt.errors import NoisyMLTError
+from noisymlt.report.readme import END, START, demo_numbers, render, replace_block
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_readme_block_is_the_rendering_of_the_committed_numbers(tmp_path, capsys):
+    assert main(["readme", "--check", "--numbers", str(REPO / "docs" / "demo_numbers.json"),
+                 "--readme", str(REPO / "README.md")]) == 0
+    # a number typed into the README by hand is caught
+    readme = (REPO / "README.md").read_text()
+    numbers = json.loads((REPO / "docs" / "demo_numbers.json").read_text())
+    row = next(r for r in numbers["rows"] if r["method"] == "ours" and r["group"] == "total")
+    line = next(x for x in readme[readme.index(START):readme.index(END)].splitlines() if x.startswith("| Ours |"))
+    typed = f"| Ours | {row['mean']:.1f}"
+    assert line.startswith(typed)
+    (tmp_path / "README.md").write_text(readme.replace(line, line.replace(typed, f"| Ours | {row['mean'] + 5:.1f}")))
+    assert main(["readme", "--check", "--numbers", str(REPO / "docs" / "demo_numbers.json"),
+                 "--readme", str(tmp_path / "README.md")]) == 1
+    diff = capsys.readouterr().out
+    assert f"-| Ours | {row['mean'] + 5:.1f}" in diff  # the diff shows the typed row against the generated one
+
+
+def test_demo_numbers_are_the_mean_and_t_interval_over_seeds(tmp_path):
+    from test_report import fake_run
+
+    from noisymlt.aggregate import aggregate
+
+    files = []
+    for seed, v in enumerate((0.50, 0.52, 0.54)):
+        files.append(fake_run(tmp_path, "erm", 0.5, seed, [v]))
+        files.append(fake_run(tmp_path, "erm", 0.9, seed, [v - 0.3]))
+        files.append(fake_run(tmp_path, "ours", 0.5, seed, [v + 0.1, 0.2, 0.3], heads=("ensemble", "random", "balanced")))
+    numbers = demo_numbers(aggregate(files), ["erm", "ours", "absent"], {"erm": "ERM", "ours": "Ours"})
+    rows = {(r["method"], r["gamma"], r["group"]): r for r in numbers["rows"]}
+    # 50, 52, 54: mean 52, half-width t(0.975, 2) * 2 / sqrt(3) = 4.303 * 1.1547 = 4.97
+    assert rows[("erm", 0.5, "total")] == {"method": "erm", "label": "ERM", "gamma": 0.5, "group": "total",
+                                          "mean": 52.0, "ci95": 4.97, "seeds": 3}
+    assert rows[("ours", 0.5, "total")]["mean"] == 62.0  # the ensemble, not a branch
+    assert ("ours", 0.5, "head") in rows and ("erm", 0.9, "head") not in rows  # groups at the middle rate only
+    assert numbers["middle_gamma"] == 0.5
+    text = render(numbers)
+    assert "| ERM | 52.0 ± 5.0 | 22.0 ± 5.0 |" in text and "| Ours | 62.0 ± 5.0 | -- |" in text
+
+
+def test_readme_markers_are_required(tmp_path):
+    with pytest.raises(NoisyMLTError, match="README.md: expected one pair of demo-numbers marker lines"):
+        replace_block("no markers here", "x", "README.md")
+    assert replace_block(f"a\n{START}\nold\n{END}\nb", "new", "R") == f"a\n{START}\nnew\n{END}\nb"
