@@ -76,7 +76,7 @@ def method_step(params: dict, dataset: str, method: str, device: torch.device, n
     if cfg["method_cfg"]["family"] == "dividemix":  # time the MixMatch step after warm-up, not the warm-up
         m.prob = torch.rand(2, num_images, generator=torch.Generator().manual_seed(0)).to(device)
         epoch = m.warmup
-    channels_last = device.type == "cuda" and tcfg["channels_last"]
+    channels_last = tcfg["channels_last"]
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     model.train()
@@ -118,7 +118,7 @@ def bare_backbone_step(tcfg: dict, device: torch.device, num_classes: int):
     model.train()
     if tcfg["frozen_bn"]:
         freeze_batchnorm(backbone)
-    channels_last = device.type == "cuda" and tcfg["channels_last"]
+    channels_last = tcfg["channels_last"]
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3, momentum=0.9)

@@ -123,7 +123,7 @@ class Trainer:
             self.iters = min(self.iters, limit_iters)
         self.ctx.iterations_per_epoch = self.iters
         self.model = self.method.build_model().to(self.device)
-        if self.device.type == "cuda" and tcfg["channels_last"]:
+        if tcfg["channels_last"]:
             self.model = self.model.to(memory_format=torch.channels_last)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.SGD(params, lr=tcfg["lr"], momentum=tcfg["momentum"],
@@ -215,7 +215,7 @@ class Trainer:
         out = {}
         for k, v in batch.items():
             v = v.to(self.device, non_blocking=True)
-            if k == "images" and self.device.type == "cuda" and self.cfg["train"]["channels_last"]:
+            if k == "images" and self.cfg["train"]["channels_last"]:
                 v = v.flatten(0, 1).contiguous(memory_format=torch.channels_last).view(v.shape)
             out[k] = v
         return out
@@ -326,7 +326,7 @@ class Trainer:
         with torch.no_grad():
             for images in tqdm(loader, desc="predict", disable=not self.progress, leave=False):
                 images = images.to(self.device, non_blocking=True)
-                if self.device.type == "cuda" and tcfg["channels_last"]:
+                if tcfg["channels_last"]:
                     images = images.contiguous(memory_format=torch.channels_last)
                 t0 = time.perf_counter()
                 with self.autocast():
