@@ -51,7 +51,8 @@ def plot_map_vs_gamma(results: pd.DataFrame, out: Path) -> Path:
     axes[0][-1].legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    # no Software / creation-date metadata: the figure is a tracked output, the same data give the same bytes
+    fig.savefig(out, dpi=120, metadata={"Software": None})
     plt.close(fig)
     return out
 
