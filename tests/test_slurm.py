@@ -49,7 +49,7 @@ TINY_PARAMS = {
 # the rest: the profile's `run` group (train, evaluate) and `report` group (aggregate, table,
 # figure), i.e. two sbatch jobs.
 DATA_TARGETS = ["data/toy/noisy/g0.5_s0.parquet", "data/toy/test_labels.parquet", "data/toy/class_split.json",
-                "data/pretrained/toy_glyphs.pt"]
+                "data/pretrained/toy_glyphs.pt", "data/code"]  # data/code: DVC's digests (`rule all` asks for them)
 SLURM_GROUPS = {"run": ["evaluate", "train"], "report": ["aggregate", "figure_map_vs_gamma", "table_total"]}
 
 

@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "noisymlt.report.figures",
     "noisymlt.provenance",
     "noisymlt.steps",
+    "noisymlt.dvcparams",
     "noisymlt.codedeps",
 )
 
