@@ -1,11 +1,14 @@
 # Two entry points, each doing all set-up itself:
 #   make demo   create .venv and run the whole pipeline on the embedded dataset (CPU, offline)
 #   make test   create .venv and run the test suite
+# and the demo under DVC instead of Snakemake (the same steps and files; `dvc status` is clean after it):
+#   make demo-dvc   create .venv, `dvc init` if needed, merge the demo's params into dvc.params.yaml, dvc repro
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+DEMO_PARAMS ?= params.yaml workflow/profiles/demo/params.yaml
 
-.PHONY: env demo test test-fast lint dryrun clean-demo
+.PHONY: env demo demo-dvc test test-fast lint dryrun clean-demo
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,6 +21,13 @@ env: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/snakemake --profile workflow/profiles/demo
+	@cat reports/table_total.md
+
+# DVC runs `python` from PATH: the venv's. --no-scm only outside a git checkout (a copied tree).
+demo-dvc: $(STAMP)
+	test -d .dvc || $(VENV)/bin/dvc init --quiet $$(git rev-parse --git-dir >/dev/null 2>&1 || echo --no-scm)
+	$(PY) -m noisymlt params $(DEMO_PARAMS) --out dvc.params.yaml
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/dvc repro
 	@cat reports/table_total.md
 
 test: $(STAMP)
@@ -33,4 +43,4 @@ dryrun: $(STAMP)
 	$(VENV)/bin/snakemake reports/table_total.tex -n --quiet rules
 
 clean-demo:
-	rm -rf data/raw/toy data/toy runs/toy reports/*.* logs benchmarks .snakemake
+	rm -rf data/raw/toy data/toy data/pretrained data/code runs/toy reports/*.* logs benchmarks .snakemake

@@ -32,8 +32,10 @@ include: "workflow/rules/noise.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/code.smk"
 
 
 rule all:
     input:
         report_targets(),
+        "data/code",  # DVC's code digests: a Snakemake run can then be recorded with `dvc commit`

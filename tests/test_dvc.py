@@ -1,5 +1,6 @@
 """DVC's view of the pipeline (dvc.yaml): it plans the jobs Snakemake plans, tracks the code each step
-runs, and really runs with a local-folder remote: repro, push, wipe, pull (byte-identical), no-op repro.
+runs, and reads the params file `noisymlt params` merges. The real runs (demo under DVC, push, wipe, pull,
+Snakemake then `dvc commit`) are in test_dvc_demo.py.
 
 The DVC commands run in a copy of the project under tmp_path with its own DVC state, config and cache
 folders, so nothing here touches the checkout's .dvc or the user's DVC settings.
@@ -82,6 +83,36 @@ def test_code_digest_files_change_only_for_the_steps_an_edit_touches(tmp_path):
     assert json.loads((tmp_path / "code" / "train" / "bbn.json").read_text())["code_digest"] == before["train/bbn"]
 
 
+def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp_path, monkeypatch):
+    """dvc.params.yaml = what Snakemake's --configfile layering gives, plus the lists dvc.yaml expands over;
+    once a layer changes, every step refuses it and names the command that rewrites it."""
+    from noisymlt.config import load_params
+    from noisymlt.dvcparams import write
+    from noisymlt.errors import NoisyMLTError
+
+    shutil.copy2(REPO / "params.yaml", tmp_path / "params.yaml")
+    (tmp_path / "demo.yaml").write_text((REPO / "workflow" / "profiles" / "demo" / "params.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    write(["params.yaml", "demo.yaml"], "dvc.params.yaml")
+    assert load_params("dvc.params.yaml") == load_params("params.yaml", "demo.yaml")
+    block = yaml.safe_load(Path("dvc.params.yaml").read_text())["dvc"]
+    assert list(block["runs"]) == [f"toy-{g}-0-erm" for g in ("0.3", "0.5", "0.7", "0.9")]
+    assert block["runs"]["toy-0.5-0-erm"] == {"dataset": "toy", "gamma": 0.5, "seed": 0, "method": "erm",
+                                              "images": "data/raw/toy", "weights": "data/pretrained/toy_glyphs.pt"}
+    assert block["pretrain"] == ["toy_glyphs"] and block["fetch_images"] == []
+
+    write(["params.yaml"], "paper.yaml")  # ImageNet weights come from torchvision: no weights file
+    paper = yaml.safe_load(Path("paper.yaml").read_text())["dvc"]
+    assert paper["pretrain"] == [] and paper["fetch_images"] == ["coco"]
+    assert paper["runs"]["coco-0.9-4-ours"]["images"] == "data/coco/train_images"
+    assert paper["runs"]["voc-0.3-0-erm"]["weights"] == "data/raw/voc"
+
+    Path("demo.yaml").write_text(Path("demo.yaml").read_text() + "\n# edited\n")
+    stale = "dvc.params.yaml is stale: demo.yaml changed.*`noisymlt params params.yaml demo.yaml --out dvc.params.yaml`"
+    with pytest.raises(NoisyMLTError, match=stale):
+        load_params("dvc.params.yaml")
+
+
 # ------------------------------------------------------------------------------------ with the CLIs
 
 def _env(root: Path) -> dict:
@@ -116,6 +147,7 @@ def _project_copy(root: Path, params: dict, workflow: bool = False) -> Path:
         shutil.copy2(REPO / "Snakefile", root / "Snakefile")
         shutil.copytree(REPO / "workflow", root / "workflow", symlinks=True)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "--out", "dvc.params.yaml"], root)  # DVC reads it
     _run([DVC, "init", "--no-scm", "--quiet"], root)
     return root
 
@@ -126,26 +158,57 @@ def _needs_tools() -> None:
         pytest.skip(f"dvc is not installed next to {sys.executable}")
 
 
+# Written by a Snakemake job beside its declared outputs: Snakemake deletes a job's declared outputs before
+# it runs and after it fails, which would lose the epochs an interrupted training resumes from.
+UNDECLARED_BY_SNAKEMAKE = ("checkpoint.pt",)
+
+
+def unwritten_outputs(outs: set[str], smk: dict[str, str]) -> list[str]:
+    """DVC outputs the Snakemake route does not write (`dvc commit` after `snakemake` would fail on them):
+    not a file a Snakemake job declares, nor a folder holding some, nor a checkpoint of a train job."""
+    run_dirs = {Path(f).parent.as_posix() for f, rule in smk.items() if rule == "train"}
+
+    def written(out: str) -> bool:
+        if out in smk or any(f.startswith(out + "/") for f in smk):
+            return True
+        return Path(out).name in UNDECLARED_BY_SNAKEMAKE and Path(out).parent.as_posix() in run_dirs
+
+    return sorted(o for o in outs if not written(o))
+
+
+def dvc_outputs(root: Path) -> dict[str, list[str]]:
+    """Stage -> declared outputs, as DVC expands dvc.yaml."""
+    dump = ("import json; from dvc.repo import Repo\n"
+            "print(json.dumps({s.addressing: [str(o.def_path) for o in s.outs] for s in Repo('.').index.stages}))")
+    return json.loads(_run([sys.executable, "-c", dump], root).strip().splitlines()[-1])
+
+
+def snakemake_outputs(root: Path, *args: str) -> dict[str, str]:
+    """Every file the jobs of Snakemake's target (default: `rule all`) declare -> its rule (`--summary`)."""
+    summary = _run([SNAKEMAKE, *args, "--summary", "--cores", "1"], root).splitlines()
+    header = next(i for i, line in enumerate(summary) if line.startswith("output_file\t"))
+    return {line.split("\t")[0]: line.split("\t")[2] for line in summary[header + 1:] if "\t" in line}
+
+
 @pytest.mark.slow
 def test_dvc_plans_the_jobs_snakemake_plans(tmp_path):
-    """Paper-scale params.yaml, main grid: every file a Snakemake job writes is a DVC output (or lies
-    in one), and both plan the same training runs. (Ablation runs are Snakemake's only.)"""
+    """Paper-scale params.yaml, main grid: every file a Snakemake job writes is a DVC output (or lies in
+    one) and the reverse (Snakemake, then `dvc commit`), and both plan the same training runs. (Ablation
+    runs are Snakemake's only.)"""
     _needs_tools()
     if not SNAKEMAKE.exists():
         pytest.skip(f"snakemake is not installed next to {sys.executable}")
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["grid"]["ablations"] = []
     root = _project_copy(tmp_path / "proj", params, workflow=True)
-    dump = ("import json; from dvc.repo import Repo\n"
-            "print(json.dumps({s.addressing: [str(o.def_path) for o in s.outs] for s in Repo('.').index.stages}))")
-    stages = json.loads(_run([sys.executable, "-c", dump], root).strip().splitlines()[-1])
-    summary = _run([SNAKEMAKE, "--summary", "--cores", "1"], root).splitlines()
-    header = next(i for i, line in enumerate(summary) if line.startswith("output_file\t"))
-    smk = {line.split("\t")[0]: line.split("\t")[2] for line in summary[header + 1:] if "\t" in line}
+    stages = dvc_outputs(root)
+    smk = snakemake_outputs(root)
 
     outs = {o for paths in stages.values() for o in paths}
     uncovered = sorted(f for f in smk if not any(f == o or f.startswith(o + "/") for o in outs))
     assert uncovered == [], f"Snakemake writes files no DVC stage declares: {uncovered[:10]}"
+    assert unwritten_outputs(outs, smk) == []
+    assert "data/coco/train_images" in outs and "data/raw/voc" in outs
     dvc_runs = {Path(o).parent.as_posix() for s, paths in stages.items() if s.startswith("train@")
                 for o in paths if o.endswith("predictions.npz")}
     smk_runs = {Path(f).parent.as_posix() for f, rule in smk.items() if rule == "train"}
@@ -170,7 +233,7 @@ def _tiny_params() -> dict:
     params["methods"] = {"erm": params["methods"]["erm"]}
     params["train"] = deep_merge(params["train"], {
         "epochs": 1, "batch_size": 16, "image_size": 32, "workers": 0, "warmup_iters": 2, "lr_steps": [1],
-        "eval_batch_size": 64, "weights_path": None})  # dvc.yaml has no pretrain stage: resnet_tiny from scratch
+        "eval_batch_size": 64, "weights_path": None})  # resnet_tiny from scratch: no pretrain job
     params.pop("pretrain", None)
     params["schedules"]["db"]["train"]["warmup_iters"] = 2  # a schedule's keys win over the train block
     return params
@@ -179,42 +242,5 @@ def _tiny_params() -> dict:
 def _digests(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for top in ("data", "runs", "reports") for p in sorted((root / top).rglob("*"))
-            if p.is_file() and p.name not in ("train_log.jsonl", ".train.lock")}  # .dvcignored, not outputs
-
-
-@pytest.mark.slow
-def test_dvc_repro_push_wipe_pull_roundtrip(tmp_path):
-    _needs_tools()
-    from noisymlt.config import resolve_run, run_id
-
-    params = _tiny_params()
-    root = _project_copy(tmp_path / "proj", params)
-    store = tmp_path / "store"
-    _run([DVC, "remote", "add", "-d", "store", store], root)
-
-    log = _run([DVC, "repro"], root)
-    run = root / "runs" / "toy" / "g0.5" / "s0" / "erm"
-    assert log.count("Running stage") == 12, log
-    assert "| ERM |" in (root / "reports" / "table_total.md").read_text()
-    # the same run (same resolved config, hence id) the Snakemake rule would train
-    manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["run_id"] == run_id(resolve_run(params, "toy", "erm", 0.5, 0))
-    metrics = json.loads((run / "metrics.json").read_text())
-    assert 0 < metrics["heads"]["main"]["map"]["total"] <= 100
-
-    _run([DVC, "push"], root)
-    before = _digests(root)
-    assert len(before) > 500 and "runs/toy/g0.5/s0/erm/checkpoint.pt" in before  # raw images included
-    assert any(store.rglob("*")), "the remote folder stayed empty"
-    for top in ("data", "runs", "reports", ".dvc/cache"):
-        shutil.rmtree(root / top)
-    _run([DVC, "pull"], root)
-    assert _digests(root) == before
-
-    assert json.loads(_run([DVC, "status", "--json"], root).strip().splitlines()[-1]) == {}
-    again = _run([DVC, "repro"], root)
-    assert "Running stage" not in again and "up to date" in again
-
-    # persist: a rerun of a train stage keeps its checkpoint and resumes from it (here: its last epoch)
-    forced = _run([DVC, "repro", "--force", "--single-item", "train@toy-0.5-0-erm"], root)
-    assert "resumed runs/toy/g0.5/s0/erm/checkpoint.pt from epoch 1" in forced, forced
+            if p.is_file() and p.name not in ("train_log.jsonl", ".train.lock")  # .dvcignored, not outputs
+            and not p.name.endswith(".timing.json")}

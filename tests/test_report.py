@@ -28,7 +28,7 @@ def fake_run(root, method, gamma, seed, maps, heads=("main",)):
 
     manifest = {
         "run_id": f"{method}-{gamma}-{seed}", "run": {"dataset": "toy", "method": method, "gamma": gamma, "seed": seed},
-        "git": {"commit": "abc", "dirty": False}, "code_digest": "d1", "finished": "now",
+        "git": {"commit": "abc", "dirty": False}, "code_digest": "d1",
         "inputs": {"train_labels": rec("noisy.parquet")}, "outputs": {"predictions": rec("predictions.npz")},
     }
     (run / "manifest.json").write_text(json.dumps(manifest))

@@ -16,15 +16,17 @@ from test_dvc import DVC, SNAKEMAKE, _needs_tools, _project_copy, _run, _tiny_pa
 
 METHODS = ["erm", "bbn", "db_focal", "ours"]  # BBN's family; DB-Focal and Ours use the DB loss; ERM neither
 
-# name -> (file under src/noisymlt, edit, train runs it must replan, other rules it must replan)
+# name -> (file under src/noisymlt, edit, train runs it must replan, other rules it must replan). Snakemake
+# also rewrites DVC's digest files (rule code_digests) when one of them changes.
 EDITS = {
-    "figure code": ("report/figures.py", "append", set(), {"figure_map_vs_gamma"}),
+    "figure code": ("report/figures.py", "append", set(), {"figure_map_vs_gamma", "code_digests"}),
     "BBN family": ("methods/bbn.py", "append", {"bbn"}, {"evaluate", "aggregate", "table_total",
-                                                       "figure_map_vs_gamma"}),
+                                                       "figure_map_vs_gamma", "code_digests"}),
     "DB loss": ("losses/db.py", "append", {"db_focal", "ours"}, {"evaluate", "aggregate", "table_total",
-                                                                 "figure_map_vs_gamma"}),
+                                                                 "figure_map_vs_gamma", "code_digests"}),
     "docstring of an unrelated module": ("data/glove.py", "docstring", set(), set()),
 }
+DVC_ONLY_RULES = {"code_digests"}  # DVC's own stage for it shows as changed before its digests do
 
 
 def _params() -> dict:
@@ -93,7 +95,7 @@ def test_an_edit_reruns_exactly_the_jobs_it_can_affect(tmp_path, capsys):
             changed = _dvc_changed(dvc)
             # DVC compares each stage with its own deps: an edit shows at the stages whose code it is
             # (their downstream stages follow when `dvc repro` has rerun them)
-            expected = {train_stages[m] for m in trains} if trains else rules
+            expected = {train_stages[m] for m in trains} if trains else rules - DVC_ONLY_RULES
             assert changed == expected, name
             total = re.search(r"^total\s+(\d+)$", dry, re.M)
             counts[name] = {"snakemake_jobs": int(total.group(1)) if total else 0,

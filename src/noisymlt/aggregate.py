@@ -19,8 +19,8 @@ COLUMNS = {
     "run_id": "string", "dataset": "string", "method": "string", "gamma": "float64", "seed": "int64",
     "head": "string", "group": "string", "class_name": "string", "metric": "string", "value": "float64",
     "git_commit": "string", "git_dirty": "boolean", "code_digest": "string", "noisy_labels_sha256": "string",
-    "manifest": "string", "finished": "string",
-}
+    "manifest": "string",
+}  # no time column: results.parquet is a tracked output (the run's times are in manifest.timing.json)
 
 
 def rows_for_run(metrics_path: Path) -> list[dict]:
@@ -37,7 +37,7 @@ def rows_for_run(metrics_path: Path) -> list[dict]:
         "seed": run["seed"], "git_commit": manifest["git"].get("commit"), "git_dirty": manifest["git"].get("dirty"),
         "code_digest": manifest["code_digest"],
         "noisy_labels_sha256": manifest["inputs"]["train_labels"]["sha256"],
-        "manifest": str(manifest_path), "finished": manifest["finished"],
+        "manifest": str(manifest_path),
     }
     rows = []
     for head, rec in metrics["heads"].items():

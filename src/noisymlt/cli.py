@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "noisymlt.report.readme",
     "noisymlt.provenance",
     "noisymlt.steps",
+    "noisymlt.dvcparams",
     "noisymlt.codedeps",
 )
 

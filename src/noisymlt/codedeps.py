@@ -228,9 +228,13 @@ def write_digests(params: dict, out_dir: Path) -> list[Path]:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from noisymlt.config import load_params
+    from noisymlt.config import json_object_arg, load_params, validate_params
 
-    params = load_params(*args.params)
+    if args.params_json:  # Snakemake's config, layered in memory (it names no params file)
+        params = json_object_arg(args.params_json, "--params-json")
+        validate_params(params, source="--params-json")
+    else:
+        params = load_params(*args.params)
     if args.out:
         paths = write_digests(params, Path(args.out))
         print(f"{args.out}: {len(paths)} code digests")
@@ -253,7 +257,9 @@ def add_cli(sub) -> None:
                     "the trainer, its method family and its losses). Snakemake passes each closure's digest to "
                     "its job as a param; DVC stages depend on the digest files that --out writes.",
     )
-    p.add_argument("--params", nargs="+", default=["params.yaml"], help="params files, layered left to right")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--params", nargs="+", default=["params.yaml"], help="params files, layered left to right")
+    src.add_argument("--params-json", help="the merged params as JSON text or a JSON file (the Snakemake rule)")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--out", help="write one digest file per command and per method (train/METHOD.json) here")
     what.add_argument("--command", help="list the modules of this command's closure")

@@ -43,9 +43,25 @@ def load_params(*files: str | Path) -> dict:
             raise NoisyMLTError(f"{path}: cannot read parameters ({exc})") from exc
         if not isinstance(layer, dict):
             raise NoisyMLTError(f"{path}: top level must be a mapping")
+        if "dvc" in layer:  # dvc.params.yaml (noisymlt.dvcparams): checked against its layers, not a setting
+            check_layers(path, layer.pop("dvc"))
         params = deep_merge(params, layer)
     validate_params(params, source=" + ".join(str(f) for f in files))
     return params
+
+
+def check_layers(path: str | Path, block: dict) -> None:
+    """The ``dvc`` block of a file written by `noisymlt params` names the layers it merged, with their sha256:
+    refuse the file once one of them changed, so that DVC never runs on a stale merge."""
+    layers = block.get("layers") if isinstance(block, dict) else None
+    if not isinstance(layers, list):
+        raise NoisyMLTError(f"{path}: key `dvc` is reserved for files written by `noisymlt params` (no dvc.layers)")
+    for layer in layers:
+        src = Path(layer["path"])
+        if not src.is_file() or hashlib.sha256(src.read_bytes()).hexdigest() != layer["sha256"]:
+            names = " ".join(item["path"] for item in layers)
+            raise NoisyMLTError(f"{path} is stale: {src} changed since it was merged; rerun "
+                                f"`noisymlt params {names} --out {path}`")
 
 
 def json_object_arg(value: str, option: str) -> dict:

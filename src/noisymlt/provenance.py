@@ -2,6 +2,11 @@
 
 Every step writes ``<output>.manifest.json`` (or ``manifest.json`` in a run folder). Table writers
 add a sidecar mapping each cell to run ids; ``noisymlt trace`` walks from a cell to the inputs.
+
+A manifest is a tracked output (DVC hashes it), so it holds only what the result depends on: the same
+inputs, code and configuration give the same bytes, and a rerun with identical results is no new
+version. When, where and how long a step ran (start/end times, wall seconds, host, SLURM job id) goes
+to ``<manifest stem>.timing.json`` beside it, which no pipeline declares and .dvcignore skips.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ def git_info(cwd: Path | None = None) -> dict:
 
 
 def environment(device: str | None = None) -> dict:
+    """What the results depend on (library versions, platform, device): part of the tracked manifest."""
     versions = {"python": sys.version.split()[0]}
     for mod in ("numpy", "torch", "torchvision", "pandas", "pyarrow", "sklearn", "pycocotools"):
         module = sys.modules.get(mod)
@@ -48,10 +54,8 @@ def environment(device: str | None = None) -> dict:
             versions[mod] = getattr(module, "__version__", "?")
     return {
         "versions": versions,
-        "host": platform.node(),
         "platform": platform.platform(),
         "device": device,
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
     }
 
 
@@ -59,10 +63,35 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def timing_path(manifest: str | Path) -> Path:
+    """``manifest.json`` -> ``manifest.timing.json``, ``metrics.manifest.json`` -> ``metrics.manifest.timing.json``."""
+    manifest = Path(manifest)
+    return manifest.with_name(manifest.stem + ".timing.json")
+
+
+def write_timing(manifest: str | Path, started: str, extra: dict | None = None) -> Path:
+    """The untracked record of one execution of a step (times, host, SLURM job): never a pipeline output,
+    so a rerun that reproduces the results leaves every tracked file byte-identical."""
+    finished = now()
+    record = {
+        "started": started,
+        "finished": finished,
+        "seconds": round((dt.datetime.fromisoformat(finished) - dt.datetime.fromisoformat(started)).total_seconds()),
+        "host": platform.node(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        **(extra or {}),
+    }
+    path = timing_path(manifest)
+    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return path
+
+
 def write_manifest(path: str | Path, *, step: str, inputs: dict[str, str | Path], outputs: dict[str, str | Path],
-                   started: str, code: tuple[str, ...], extra: dict | None = None, device: str | None = None) -> Path:
+                   started: str, code: tuple[str, ...], extra: dict | None = None, device: str | None = None,
+                   timing: dict | None = None) -> Path:
     """``code``: the entry modules of the step (noisymlt.codedeps); their import closure and its digest
-    (the value Snakemake passes the job as its code param) go into the manifest."""
+    (the value Snakemake passes the job as its code param) go into the manifest. ``started`` and ``timing``
+    (e.g. seconds per epoch) go to the untracked timing file beside it (``timing_path``)."""
     from noisymlt import __version__, codedeps
 
     path = Path(path)
@@ -75,13 +104,12 @@ def write_manifest(path: str | Path, *, step: str, inputs: dict[str, str | Path]
         "inputs": {k: {"path": str(v), "sha256": file_sha256(v)} for k, v in inputs.items() if v},
         "outputs": {k: {"path": str(v), "sha256": file_sha256(v)} for k, v in outputs.items() if v},
         "environment": environment(device),
-        "started": started,
-        "finished": now(),
         **(extra or {}),
     }
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     tmp.replace(path)
+    write_timing(path, started, timing)
     return path
 
 

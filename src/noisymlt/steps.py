@@ -114,6 +114,15 @@ def train_images_argv(params: dict, name: str, ids: str, out: str) -> list[str] 
             "--ids", ids, "--out", f"{out}/train2017"] + _download_args(params)
 
 
+def pretrain_argv(params: dict, name: str, out: str) -> list[str]:
+    """`noisymlt pretrain` of block pretrain.NAME (the Snakemake rule passes the same JSON)."""
+    blocks = params.get("pretrain", {})
+    if name not in blocks:
+        known = ", ".join(sorted(blocks)) or "none"
+        raise NoisyMLTError(f"{out}: no block pretrain.{name} in params (configured: {known})")
+    return ["pretrain", "--config", json.dumps(blocks[name], sort_keys=True), "--out", out, "--no-progress"]
+
+
 def run_dir(dataset: str, gamma: float, seed: int, method: str, root: str = "runs") -> str:
     return f"{root}/{dataset}/g{gtag(gamma)}/s{int(seed)}/{method}"
 
@@ -153,12 +162,16 @@ def _cmd_longtail(args: argparse.Namespace) -> int:
     return _run(longtail_argv(_params(args), args.dataset, args.labels, args.out, args.split_out))
 
 
+def _cmd_pretrain(args: argparse.Namespace) -> int:
+    return _run(pretrain_argv(_params(args), args.name, args.out))
+
+
 def _cmd_train_images(args: argparse.Namespace) -> int:
     params = _params(args)
     argv = train_images_argv(params, args.dataset, args.ids, args.out)
     if argv is not None:
         return _run(argv)
-    # DVC runs this step for every dataset; other kinds need no download, only the declared output.
+    # dvc.yaml runs this step for COCO only; other kinds need no download: record where their images are.
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     note = {"dataset": args.dataset, "kind": dataset_block(params, args.dataset)["kind"],
@@ -221,6 +234,10 @@ def add_cli(sub) -> None:
              _cmd_train_images)
     q.add_argument("--ids", required=True, help="subset label table (its image ids)")
     q.add_argument("--out", required=True, help="folder for the images (data/NAME/train_images)")
+    q = step("pretrain", "pretrain a backbone on the synthetic source task of block pretrain.NAME", _cmd_pretrain,
+             dataset=False)
+    q.add_argument("--name", required=True, help="a key under pretrain:")
+    q.add_argument("--out", required=True, help="weights file to write (data/pretrained/NAME.pt)")
     q = step("train", "train one run, with the dataset's image folders filled in", _cmd_train)
     q.add_argument("--method", required=True)
     q.add_argument("--gamma", required=True, type=float)

@@ -33,7 +33,7 @@ def lr_at(cfg: dict, epoch: int, it: int, iters_per_epoch: int) -> float:
 
 
 RUN_FILES = ("checkpoint.pt", "train_log.jsonl", "predictions.npz", "manifest.json", "run_config.json",
-             "metrics.json", "metrics.manifest.json")
+             "metrics.json", "metrics.manifest.json", "manifest.timing.json", "metrics.manifest.timing.json")
 
 
 def archive_run(out: Path, tag: str) -> Path:
@@ -284,14 +284,17 @@ class Trainer:
                 for k, v in logs.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
                 bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.4g}")
-            record = {"epoch": epoch + 1, "seconds": round(time.time() - t0, 2), "lr": lr,
-                      **{k: v / self.iters for k, v in sums.items()}}
+            # the history goes into the checkpoint and the manifest (tracked outputs): results only; the
+            # wall time goes to the untracked epoch log (train_log.jsonl) and the run's timing file
+            record = {"epoch": epoch + 1, "lr": lr, **{k: v / self.iters for k, v in sums.items()}}
+            seconds = round(time.time() - t0, 2)
             history.append(record)
-            log.info("epoch %d/%d %s", epoch + 1, tcfg["epochs"],
-                     " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
+            log.info("epoch %d/%d %s seconds=%.2f", epoch + 1, tcfg["epochs"],
+                     " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()),
+                     seconds)
             self.save_checkpoint(epoch + 1, history)
             with open(self.out / "train_log.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json.dumps({**record, "seconds": seconds}) + "\n")
         return history
 
     def iterate_train_eval(self):
@@ -366,8 +369,17 @@ class Trainer:
             outputs={"checkpoint": self.ckpt_path, "predictions": pred_path}, code=run_entries(self.cfg),
             extra={"run_id": self.run_id, "run": self.cfg, "history": history,
                    "iterations_per_epoch": self.iters, "cpu_threads": torch.get_num_threads()},
+            timing={"epoch_seconds": self._epoch_seconds()},
         )
         return pred_path
+
+    def _epoch_seconds(self) -> list:
+        """Wall seconds per epoch from the epoch log (epochs of an earlier process included)."""
+        try:
+            lines = (self.out / "train_log.jsonl").read_text().splitlines()
+        except OSError:
+            return []
+        return [rec["seconds"] for rec in map(json.loads, filter(None, lines)) if "seconds" in rec]
 
 
 def _resolved_from_args(args: argparse.Namespace) -> dict:

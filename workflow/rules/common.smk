@@ -102,11 +102,8 @@ def backbone_weights(w):
     return [path] if path else []
 
 
-def pretrain_config(w):
-    if w.name not in config.get("pretrain", {}):
-        known = ", ".join(sorted(config.get("pretrain", {}))) or "none"
-        raise ValueError(f"data/pretrained/{w.name}.pt: no block pretrain.{w.name} in params (configured: {known})")
-    return json.dumps(config["pretrain"][w.name], sort_keys=True)
+def pretrain_args(w, output):
+    return argv(steps.pretrain_argv(config, w.name, output.weights))
 
 
 def grid_runs(pattern):

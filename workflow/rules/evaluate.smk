@@ -7,7 +7,8 @@ rule evaluate:
         test="data/{dataset}/test_labels.parquet",
         split="data/{dataset}/class_split.json",
     output:
-        "runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.json",
+        metrics="runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.json",
+        manifest="runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.manifest.json",
     params:
         cli=NOISYMLT,
         code=code("evaluate"),
@@ -19,4 +20,4 @@ rule evaluate:
         "benchmarks/evaluate/{dataset}_g{gamma}_s{seed}_{method}.tsv"
     shell:
         "{params.cli} evaluate --predictions {input.predictions} --test-labels {input.test} "
-        "--split {input.split} --out {output} > {log} 2>&1"
+        "--split {input.split} --out {output.metrics} > {log} 2>&1"

@@ -8,7 +8,7 @@ rule pretrain:
         report="data/pretrained/{name}.json",
     params:
         cli=NOISYMLT,
-        config=pretrain_config,
+        args=pretrain_args,
         code=code("pretrain"),
     threads: 2
     conda:
@@ -18,7 +18,7 @@ rule pretrain:
     benchmark:
         "benchmarks/pretrain/{name}.tsv"
     shell:
-        "{params.cli} pretrain --config {params.config:q} --out {output.weights} --no-progress > {log} 2>&1"
+        "{params.cli} {params.args} > {log} 2>&1"
 
 
 # The resolved configuration of a run, written to a file the train job reads: a failed job then shows
@@ -55,6 +55,9 @@ rule train:
     output:
         predictions="runs/{dataset}/g{gamma}/s{seed}/{method}/predictions.npz",
         manifest="runs/{dataset}/g{gamma}/s{seed}/{method}/manifest.json",
+        config="runs/{dataset}/g{gamma}/s{seed}/{method}/run_config.json",
+        # checkpoint.pt is written too (and is a DVC output) but not declared: Snakemake deletes a job's
+        # outputs before it runs and after it fails, which would throw away the epochs a rerun resumes from
     params:
         cli=NOISYMLT,
         out=run_dir,

@@ -65,6 +65,7 @@ def save_figure(fig, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     out.parent.mkdir(parents=True, exist_ok=True)
+    # no Software / creation-date metadata: figures are tracked outputs, the same data give the same bytes
     fig.savefig(out, dpi=120, metadata={"Software": None})
     fig.savefig(out.with_suffix(".pdf"), metadata={"CreationDate": None, "Producer": None, "Creator": None})
     plt.close(fig)

@@ -1,0 +1,165 @@
+"""The demo under DVC, and DVC recording a Snakemake run.
+
+- Statically: every output dvc.yaml declares for the demo is written by the demo's Snakemake route, so
+  `dvc commit` after `snakemake` finds them all (paper scale: test_dvc.py).
+- For real, on a reduced demo (one noise rate, ERM, one epoch, a small source task): `make demo-dvc` in a
+  fresh git clone leaves `dvc status` clean; a forced rerun of a slice rewrites the same bytes; push, wipe
+  outputs and cache, pull gives the same bytes.
+- Snakemake's demo route in another clone of the same commit, then `dvc commit`: `dvc status` is clean and
+  every output has the hash the DVC route gave it. Both routes write the same bytes, so a rerun (by either
+  tool) of identical results is no new DVC version: no time, duration or host inside a tracked file.
+
+Each real route runs in its own clone under tmp_path with its own DVC state, config and cache folders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from test_dvc import (BIN, DVC, SNAKEMAKE, _digests, _needs_tools, _run, dvc_outputs, snakemake_outputs,
+                      unwritten_outputs)
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = ("params.yaml", "workflow/profiles/demo/params.yaml")
+# The demo reduced to seconds: one noise rate, one epoch, a small source task for the pretrained backbone.
+TINY_LAYER = {
+    "grid": {"datasets": ["toy"], "gammas": [0.5], "seeds": [0], "methods": ["erm"]},
+    "datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 240, "n_test": 60, "size": 32},
+                         "longtail": {"source": "pareto", "b": 6, "max": 60, "min": 3, "seed": 0}}},
+    "train": {"epochs": 1, "batch_size": 16, "warmup_iters": 2, "lr_steps": [1], "eval_batch_size": 64},
+    "schedules": {"db": {"train": {"warmup_iters": 2}}},  # a schedule's keys win over the train block
+    "pretrain": {"toy_glyphs": {"epochs": 1,
+                                "source": {"classes": 8, "images_per_class": 16, "held_out_per_class": 4}}},
+}
+LAYERS = (*DEMO, "tiny.yaml")
+
+
+def _git_env() -> dict:
+    who = {"GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@example.org", "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z"}
+    return {**who, **{k.replace("AUTHOR", "COMMITTER"): v for k, v in who.items()}}
+
+
+def _git(args: list, cwd: Path) -> str:
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, **_git_env()},
+                          timeout=120)
+    assert proc.returncode == 0, f"git {' '.join(args)}: {proc.stderr}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory) -> Path:
+    """A git repository holding the working tree as it is (tracked and untracked, not ignored files), plus
+    the reduced demo layer: what a fresh clone of this commit would get."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    root = tmp_path_factory.mktemp("origin")
+    files = _git(["ls-files", "-z", "--cached", "--others", "--exclude-standard"], REPO).split("\0")
+    for name in filter(None, files):
+        src = REPO / name
+        if src.is_symlink() or src.is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, root / name, follow_symlinks=False)
+    (root / "tiny.yaml").write_text(yaml.safe_dump(TINY_LAYER, sort_keys=False))
+    _git(["init", "-q"], root)
+    _git(["add", "-A"], root)
+    _git(["commit", "-q", "-m", "snapshot"], root)
+    return root
+
+
+def _clone(origin: Path, dest: Path) -> Path:
+    _git(["clone", "-q", str(origin), str(dest)], dest.parent)
+    return dest
+
+
+def _lock_outs(root: Path) -> dict[str, str]:
+    """Output path -> md5 as dvc.lock records it (a directory: its listing's hash)."""
+    stages = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
+    return {o["path"]: o["md5"] for stage in stages.values() for o in stage.get("outs", [])}
+
+
+def test_every_dvc_output_of_the_demo_is_written_by_its_snakemake_route(tmp_path, origin):
+    """`dvc commit` after `snakemake --profile workflow/profiles/demo` needs every DVC output on disk (paper
+    scale: test_dvc.test_dvc_plans_the_jobs_snakemake_plans); and DVC covers every Snakemake job."""
+    _needs_tools()
+    root = _clone(origin, tmp_path / "proj")
+    _run([sys.executable, "-m", "noisymlt", "params", *DEMO, "--out", "dvc.params.yaml"], root)
+    _run([DVC, "init", "--quiet"], root)
+    outs = {o for paths in dvc_outputs(root).values() for o in paths}
+    smk = snakemake_outputs(root, "--profile", "workflow/profiles/demo")
+    assert unwritten_outputs(outs, smk) == []
+    assert sorted(f for f in smk if not any(f == o or f.startswith(o + "/") for o in outs)) == []
+    assert smk["data/code"] == "code_digests" and smk["data/pretrained/toy_glyphs.pt"] == "pretrain"
+    assert {"data/pretrained/toy_glyphs.pt", "data/raw/toy", "runs/toy/g0.9/s0/erm/checkpoint.pt"} <= outs
+
+
+@pytest.fixture(scope="module")
+def dvc_demo(origin, tmp_path_factory) -> Path:
+    """The README's DVC demo command (`make demo-dvc`) on the reduced demo, in a fresh clone."""
+    _needs_tools()
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    root = _clone(origin, tmp_path_factory.mktemp("dvc") / "proj")
+    _run(["make", "demo-dvc", f"VENV={BIN.parent}", "STAMP=", f"DEMO_PARAMS={' '.join(LAYERS)}"], root, timeout=900)
+    return root
+
+
+@pytest.mark.slow
+def test_dvc_demo_route_is_clean_and_round_trips(dvc_demo, tmp_path):
+    from noisymlt.config import load_params, resolve_run, run_id
+
+    root, run = dvc_demo, dvc_demo / "runs" / "toy" / "g0.5" / "s0" / "erm"
+    assert "| ERM |" in (root / "reports" / "table_total.md").read_text()
+    assert (root / "data" / "pretrained" / "toy_glyphs.pt").is_file()
+    # the run the Snakemake rule would train (same resolved config, hence id), from the pretrained backbone
+    manifest = json.loads((run / "manifest.json").read_text())
+    params = load_params(*(root / f for f in LAYERS))
+    assert manifest["run_id"] == run_id(resolve_run(params, "toy", "erm", 0.5, 0))
+    assert manifest["run"]["train"]["weights_path"] == "data/pretrained/toy_glyphs.pt"
+    assert 0 < json.loads((run / "metrics.json").read_text())["heads"]["main"]["map"]["total"] <= 1
+    assert (run / "manifest.timing.json").is_file()  # beside the outputs, not one of them
+    assert json.loads(_run([DVC, "status", "--json"], root).strip().splitlines()[-1]) == {}
+
+    # a forced rerun of a slice rewrites the same bytes; persist: train resumes from its finished checkpoint
+    lock = _lock_outs(root)
+    forced = _run([DVC, "repro", "--force", "--single-item", "noise@toy-0.5-0", "train@toy-0.5-0-erm",
+                   "evaluate@toy-0.5-0-erm", "aggregate", "table_total", "figure_map_vs_gamma"], root)
+    assert "resumed runs/toy/g0.5/s0/erm/checkpoint.pt from epoch 1" in forced, forced
+    assert _lock_outs(root) == lock
+    assert json.loads(_run([DVC, "status", "--json"], root).strip().splitlines()[-1]) == {}
+
+    store = tmp_path / "store"
+    _run([DVC, "remote", "add", "-d", "store", store], root)
+    _run([DVC, "push"], root)
+    before = _digests(root)
+    assert len(before) > 300 and "runs/toy/g0.5/s0/erm/checkpoint.pt" in before  # raw images included
+    _git(["clean", "-qfdX", "data", "runs", "reports"], root)  # every file git ignores there: the outputs
+    shutil.rmtree(root / ".dvc" / "cache")
+    assert not (root / "runs").exists() and not (root / "data").exists()
+    _run([DVC, "pull"], root)
+    assert _digests(root) == before
+    assert json.loads(_run([DVC, "status", "--json"], root).strip().splitlines()[-1]) == {}
+    again = _run([DVC, "repro"], root)
+    assert "Running stage" not in again and "up to date" in again
+
+
+@pytest.mark.slow
+def test_snakemake_then_dvc_commit_records_the_same_versions(dvc_demo, origin, tmp_path):
+    """A second, independent execution (another clone, the other tool) gives every tracked output the hash
+    the DVC route gave it: no time or host in a tracked file, so a rerun is no new version."""
+    root = _clone(origin, tmp_path / "proj")
+    # first, as `make demo-dvc` did: `dvc init` stages .dvc/config, which manifests record as a dirty tree
+    _run([DVC, "init", "--quiet"], root)
+    _run([SNAKEMAKE, "--profile", "workflow/profiles/demo", "--configfile", *LAYERS[1:]], root, timeout=900)
+    _run([sys.executable, "-m", "noisymlt", "params", *LAYERS, "--out", "dvc.params.yaml"], root)
+    _run([DVC, "commit", "--force"], root)
+    assert json.loads(_run([DVC, "status", "--json"], root).strip().splitlines()[-1]) == {}
+    assert "up to date" in _run([DVC, "repro"], root)
+    # the same commit, params and code: Snakemake's jobs wrote byte for byte what DVC's stages wrote
+    assert _lock_outs(root) == _lock_outs(dvc_demo)

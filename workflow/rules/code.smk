@@ -1,0 +1,25 @@
+# DVC's code dependencies (data/code/COMMAND.json, data/code/train/METHOD.json), written by this route too:
+# every DVC output must also be a Snakemake output, or `dvc commit` after a Snakemake run fails. Snakemake's
+# own jobs do not read them (each gets its digest as its code param). A local rule: it takes a second, not
+# worth a cluster job.
+
+
+localrules:
+    code_digests,
+
+
+rule code_digests:
+    output:
+        directory("data/code"),
+    params:
+        cli=NOISYMLT,
+        config=lambda w: json.dumps(config, sort_keys=True),  # a function: Snakemake formats plain strings
+        digests=lambda w: json.dumps(codedeps.digests(config), sort_keys=True),  # rerun when a file would change
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/code_digests.log",
+    benchmark:
+        "benchmarks/code_digests.tsv"
+    shell:
+        "{params.cli} code-deps --params-json {params.config:q} --out {output} > {log} 2>&1"
