@@ -26,6 +26,8 @@ COMMAND_MODULES = (
     "noisymlt.aggregate",
     "noisymlt.report.tables",
     "noisymlt.report.figures",
+    "noisymlt.report.noise_level",
+    "noisymlt.report.pseudo_labels",
     "noisymlt.provenance",
     "noisymlt.steps",
     "noisymlt.codedeps",

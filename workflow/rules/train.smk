@@ -23,6 +23,8 @@ rule pretrain:
 
 # One training run per (dataset, noise rate, seed, method). The job picks its own GPU
 # (CUDA_VISIBLE_DEVICES under SLURM, else a per-GPU lock), so --resources gpu=N spreads jobs over N cards.
+# The clean subset goes in twice: its hash into the manifest, its labels into the noise-level log (analysis
+# only; training never reads them). The log is empty for methods that publish no targets.
 
 
 rule train:
@@ -37,6 +39,7 @@ rule train:
     output:
         predictions="runs/{dataset}/g{gamma}/s{seed}/{method}/predictions.npz",
         manifest="runs/{dataset}/g{gamma}/s{seed}/{method}/manifest.json",
+        noise="runs/{dataset}/g{gamma}/s{seed}/{method}/noise_level.jsonl",
     params:
         cli=NOISYMLT,
         run_config=run_config,
@@ -57,4 +60,4 @@ rule train:
         "{params.cli} train --run-config {params.run_config:q} --train-labels {input.train} "
         "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
         "--test-images {params.test_images} --out {params.out} --no-progress --keep-stale "
-        "--provenance raw_manifest={input.raw} clean_subset={input.subset} > {log} 2>&1"
+        "--clean-labels {input.subset} --provenance raw_manifest={input.raw} clean_subset={input.subset} > {log} 2>&1"
