@@ -269,6 +269,17 @@ def test_pseudo_label_figure_of_a_short_run(runs, tiny_toy, tmp_path):
     alpha, beta = scored["trainer"].method.thresholds["balanced"]
     expected = pseudo_labels(scored["noisy"].astype(np.float32), scored["probs"]["balanced"], alpha, beta)
     np.testing.assert_array_equal(scored["pseudo"]["random"], expected)
+    # corrections are drawn in the paper's style (mathtext underline / bold): force one of each on image 0
+    from noisymlt.report.pseudo_labels import pick_examples, plot_pseudo_labels
+
+    clean = read_labels(tiny_toy["noisy"]).clean
+    row = scored["pseudo"]["random"][0]
+    row[:] = scored["noisy"][0]
+    row[np.flatnonzero(scored["noisy"][0] == 0)[0]] = 1
+    row[np.flatnonzero(scored["noisy"][0] == 1)[0]] = 0
+    picks = pick_examples(scored["noisy"], clean, scored["pseudo"], 2)
+    styled = plot_pseudo_labels(scored, clean, [(0, "forced"), *picks], tiny_toy["root"], tmp_path / "styled.png")
+    assert all(p.stat().st_size > 5000 for p in styled)
     # a run of another family has no pseudo labels to show
     erm = runs["clean"][1].parent / "erm"
     erm.mkdir()
