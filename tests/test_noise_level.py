@@ -91,13 +91,14 @@ def test_stitched_union_noise_on_a_hand_made_example():
     got = {r["targets"]: r for r in monitor.records()}
     # stitched row 0: union of noisy {0, 2} u {2} = {0, 2}; union of clean {0} u {1} = {0, 1}
     s = got["noisy_stitched"]
-    assert (s["rows"], s["wrong_positives"], s["positives"], s["missing_positives"], s["clean_positives"]) == (1, 1, 2, 1, 2)
+    counts = ("rows", "wrong_positives", "positives", "missing_positives", "clean_positives")
+    assert tuple(s[k] for k in counts) == (1, 1, 2, 1, 2)
     assert (s["wrong_positives_tail"], s["positives_head"], s["missing_positives_medium"]) == (1, 1, 1)
     assert s["noise_level"] == 0.5 and s["missing_rate"] == 0.5
     c = got["corrected_stitched"]  # {0, 1, 2} against {0, 1}
     assert (c["wrong_positives"], c["positives"], c["missing_positives"]) == (1, 3, 0)
     a = got["noisy"]  # anchors 0 and 2: {0, 2} vs {0}; {1} vs {2}
-    assert (a["rows"], a["wrong_positives"], a["positives"], a["missing_positives"], a["clean_positives"]) == (2, 2, 3, 1, 2)
+    assert tuple(a[k] for k in counts) == (2, 2, 3, 1, 2)
     assert got["corrected"]["positives"] == 3  # the correction touched a partner only
     assert (a["epoch"], a["iteration"], a["step"]) == (1, 3, 3)
     assert set(got) == {"noisy", "corrected", "noisy_stitched", "corrected_stitched"}

@@ -33,8 +33,8 @@ def lr_at(cfg: dict, epoch: int, it: int, iters_per_epoch: int) -> float:
     return lr
 
 
-RUN_FILES = ("checkpoint.pt", "train_log.jsonl", "noise_level.jsonl", "predictions.npz", "manifest.json", "run_config.json",
-             "metrics.json", "metrics.manifest.json")
+RUN_FILES = ("checkpoint.pt", "train_log.jsonl", "noise_level.jsonl", "predictions.npz", "manifest.json",
+             "run_config.json", "metrics.json", "metrics.manifest.json")
 
 
 def archive_run(out: Path, tag: str) -> Path:

@@ -90,8 +90,11 @@ def pick_examples(noisy: np.ndarray, clean: np.ndarray, pseudo: dict[str, np.nda
     """(row, why) of ``count`` images: about a third where co-learning adds correct missing labels (most
     first), a third where it discards wrong ones, the rest drawn with ``seed``; ties by row order."""
     noisy, clean = noisy.astype(bool), clean.astype(bool)
-    added = sum((p.astype(bool) & ~noisy & clean).sum(1) for p in pseudo.values()) if pseudo else np.zeros(len(noisy))
-    removed = sum((~p.astype(bool) & noisy & ~clean).sum(1) for p in pseudo.values()) if pseudo else np.zeros(len(noisy))
+    added, removed = np.zeros(len(noisy), dtype=np.int64), np.zeros(len(noisy), dtype=np.int64)
+    for labels in pseudo.values():
+        labels = labels.astype(bool)
+        added += (labels & ~noisy & clean).sum(1)
+        removed += (~labels & noisy & ~clean).sum(1)
     chosen: list[tuple[int, str]] = []
     n_each = max(1, count // 3)
     for score, why in ((added, "adds a missing label"), (removed, "discards a wrong label")):
@@ -146,7 +149,8 @@ def plot_pseudo_labels(scored: dict, clean: np.ndarray, picks: list[tuple[int, s
         ax_img.imshow(load_image(Path(image_root) / scored["paths"][row]))
         ax_img.set_axis_off()
         noisy, truth = scored["noisy"][row].astype(bool), clean[row].astype(bool)
-        discarded = {classes[j] for p in scored["pseudo"].values() for j in np.flatnonzero(noisy & ~p[row].astype(bool))}
+        discarded = {classes[j] for p in scored["pseudo"].values()
+                     for j in np.flatnonzero(noisy & ~p[row].astype(bool))}
         lines = [(f"{scored['image_ids'][row]} ({why})", "0.35"),
                  ("noisy: " + _fmt(names(noisy), bold=discarded), "black"),
                  ("clean: " + _fmt(names(truth)), GREEN)]
@@ -155,7 +159,8 @@ def plot_pseudo_labels(scored: dict, clean: np.ndarray, picks: list[tuple[int, s
             tag = f"pseudo ({SHORT.get(branch, branch)} from {SHORT.get(scored['sources'][branch], '?')})"
             lines.append((f"{tag}: " + _fmt(names(labels[row]), underline=added), RED))
         best = np.argsort(-scored["scores"][row], kind="stable")[:top]
-        lines.append(("prediction: " + ", ".join(f"{classes[j]} {scored['scores'][row][j]:.2f}" for j in best), "black"))
+        top_scores = ", ".join(f"{classes[j]} {scored['scores'][row][j]:.2f}" for j in best)
+        lines.append(("prediction: " + top_scores, "black"))
         for i, (text, color) in enumerate(lines):
             ax_txt.text(0.0, 1 - (i + 0.5) / len(lines), text, color=color, fontsize=8, va="center",
                         transform=ax_txt.transAxes)
