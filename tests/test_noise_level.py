@@ -230,6 +230,7 @@ def test_noise_figure_from_synthetic_logs(tmp_path):
     assert table.loc[("balanced", "corrected_stitched"), "end_tail"] == pytest.approx(0.1)
     assert table.loc[("overall", "noisy"), "seeds"] == 2
     assert ("overall", "corrected") not in table.index  # a kind the logs lack is no line
+    assert table.loc[("overall", "noisy"), "missing_end"] == 0.0  # the synthetic targets miss nothing
     assert "| overall | noisy labels | 2 | 30.00 | 30.00 |" in out.with_suffix(".md").read_text()
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

@@ -105,7 +105,7 @@ rule figure_noise_level:
     benchmark:
         "benchmarks/report/noise_level_{dataset}.tsv"
     shell:
-        "{params.cli} noise-figure --logs {input} --out {output.png} --title {params.title:q} > {log} 2>&1"
+        "{params.cli} noise-figure --logs {input} --out {output.png} --title {params.title:q} --smooth 5 > {log} 2>&1"
 
 
 rule figure_pseudo_labels:

@@ -8,7 +8,8 @@ over the stitched images), after Co-Learning (pseudo labels), and both. Each lin
 seeds with a band of +- one standard deviation (from two seeds on). Rates are pooled counts (sums of
 wrong positives over sums of positives), so a smoothing window or a pooled panel weighs every label
 equally. Besides the PNG and PDF, a CSV and a Markdown table give each line's start (first epoch) and
-end (last epoch) noise level, the end also per class group. No torch import: this only reads logs.
+end (last epoch) noise level, the end also per class group, and the missing rate at start and end.
+No torch import: this only reads logs.
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ def read_noise_logs(paths: list[Path]) -> pd.DataFrame:
     return pd.concat([f.assign(seed=s) for f, s in zip(frames, seeds)], ignore_index=True)
 
 
-def _pooled(frame: pd.DataFrame, branches: tuple[str, ...], kind: str, by: str, scope: str = "total") -> pd.DataFrame:
-    """Wrong positives and positives summed over ``branches`` per (seed, ``by``) for one target kind."""
+def _pooled(frame: pd.DataFrame, branches: tuple[str, ...], kind: str, by: str, scope: str = "total",
+            stats: tuple[str, str] = ("wrong_positives", "positives")) -> pd.DataFrame:
+    """Columns ``wrong`` and ``positives``: the two ``stats`` (numerator, denominator; default the noise
+    level's) summed over ``branches`` per (seed, ``by``) for one target kind."""
     suffix = "" if scope == "total" else f"_{scope}"
     part = frame[(frame["targets"] == kind) & frame["branch"].isin(branches)]
-    return part.groupby(["seed", by])[[f"wrong_positives{suffix}", f"positives{suffix}"]].sum().set_axis(
+    return part.groupby(["seed", by])[[f"{stat}{suffix}" for stat in stats]].sum().set_axis(
         ["wrong", "positives"], axis=1)
 
 
@@ -75,22 +78,26 @@ def curves(frame: pd.DataFrame, branches: tuple[str, ...], kind: str, smooth: in
 
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
     """Per panel and line: seeds, mean noise level over the first and the last epoch (pooled counts per
-    seed, then the mean over seeds), and the last epoch's per class group."""
+    seed, then the mean over seeds), the last epoch's per class group, and the missing rate (missing
+    positives / clean positives) of the first and last epoch."""
     first, last = frame["epoch"].min(), frame["epoch"].max()
+    noise, missing = ("wrong_positives", "positives"), ("missing_positives", "clean_positives")
     rows = []
     for panel, branches in PANELS.items():
         for kind, label in LINES.items():
             row = {"panel": panel, "line": label, "targets": kind}
-            for name, epoch, scope in [("start", first, "total"), ("end", last, "total"),
-                                       *((f"end_{g}", last, g) for g in GROUPS)]:
-                counts = _pooled(frame[frame["epoch"] == epoch], branches, kind, "epoch", scope)
+            for name, epoch, scope, stats in [("start", first, "total", noise), ("end", last, "total", noise),
+                                              *((f"end_{g}", last, g, noise) for g in GROUPS),
+                                              ("missing_start", first, "total", missing),
+                                              ("missing_end", last, "total", missing)]:
+                counts = _pooled(frame[frame["epoch"] == epoch], branches, kind, "epoch", scope, stats)
                 rates = counts["wrong"] / counts["positives"].where(counts["positives"] > 0)
                 row[name] = float(rates.mean()) if rates.notna().any() else float("nan")
                 row["seeds"] = int(counts.index.get_level_values("seed").nunique())
             if row["seeds"]:
                 rows.append(row)
     return pd.DataFrame(rows, columns=["panel", "line", "targets", "seeds", "start", "end",
-                                       *(f"end_{g}" for g in GROUPS)])
+                                       *(f"end_{g}" for g in GROUPS), "missing_start", "missing_end"])
 
 
 def plot_noise_level(frame: pd.DataFrame, out: Path, title: str = "", smooth: int = 1) -> list[Path]:
@@ -139,14 +146,14 @@ def plot_noise_level(frame: pd.DataFrame, out: Path, title: str = "", smooth: in
 
 def write_summary(table: pd.DataFrame, csv: Path, md: Path) -> None:
     table.to_csv(csv, index=False, float_format="%.4f")
-    cols = ["panel", "line", "seeds", "start", "end", *(f"end_{g}" for g in GROUPS)]
+    cols = ["panel", "line", "seeds", "start", "end", *(f"end_{g}" for g in GROUPS), "missing_start", "missing_end"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, row in table.iterrows():
         cells = [str(row[c]) if c in ("panel", "line", "seeds") else
                  ("-" if pd.isna(row[c]) else f"{100 * row[c]:.2f}") for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
     md.write_text("Noise level (% of positive targets that are wrong), mean over seeds; start = first epoch, "
-                  "end = last epoch.\n\n" + "\n".join(lines) + "\n")
+                  "end = last epoch; missing = % of clean positives the targets lack.\n\n" + "\n".join(lines) + "\n")
 
 
 def _cmd(args: argparse.Namespace) -> int:
