@@ -28,6 +28,8 @@ COMMAND_MODULES = (
     "noisymlt.report.tables",
     "noisymlt.report.figures",
     "noisymlt.report.readme",
+    "noisymlt.report.noise_level",
+    "noisymlt.report.pseudo_labels",
     "noisymlt.provenance",
     "noisymlt.steps",
     "noisymlt.dvcparams",

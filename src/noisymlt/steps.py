@@ -188,6 +188,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             "--test-labels", args.test_labels, "--split", args.split,
             "--train-images", image_root(params, args.dataset, "train"),
             "--test-images", image_root(params, args.dataset, "test"), "--out", args.out,
+            "--clean-labels", f"data/{args.dataset}/train_labels.parquet",  # the noise log only (analysis)
             "--provenance", f"raw_manifest={raw_marker(params, args.dataset)}",
             f"clean_subset=data/{args.dataset}/train_labels.parquet"]
     return _run(argv + ["--device", args.device, "--no-progress", "--keep-stale"])

@@ -2,7 +2,8 @@
 
 Outputs in the run folder: ``checkpoint.pt`` (after every epoch, plain state dicts loaded with
 ``weights_only=True``), ``train_log.jsonl`` (one line per epoch), ``predictions.npz`` (test-set
-sigmoid scores per head) and ``manifest.json``. A run whose checkpoint exists resumes from it; a
+sigmoid scores per head) and ``manifest.json``; given the clean labels (``--clean-labels``, analysis only),
+also ``noise_level.jsonl`` (noisymlt.noise_monitor). A run whose checkpoint exists resumes from it; a
 checkpoint written under a different resolved config is refused rather than overwritten.
 """
 
@@ -32,8 +33,9 @@ def lr_at(cfg: dict, epoch: int, it: int, iters_per_epoch: int) -> float:
     return lr
 
 
-RUN_FILES = ("checkpoint.pt", "train_log.jsonl", "predictions.npz", "manifest.json", "run_config.json",
-             "metrics.json", "metrics.manifest.json", "manifest.timing.json", "metrics.manifest.timing.json")
+RUN_FILES = ("checkpoint.pt", "train_log.jsonl", "noise_level.jsonl", "predictions.npz", "manifest.json",
+             "run_config.json", "metrics.json", "metrics.manifest.json", "manifest.timing.json",
+             "metrics.manifest.timing.json")
 
 
 def archive_run(out: Path, tag: str) -> Path:
@@ -65,7 +67,8 @@ class Trainer:
     def __init__(self, resolved: dict, *, train_labels: Path, test_labels: Path, split: Path,
                  train_images: Path, test_images: Path, out_dir: Path, device: str = "auto",
                  progress: bool = True, limit_iters: int | None = None,
-                 provenance_inputs: dict[str, Path] | None = None, keep_stale: bool = False):
+                 provenance_inputs: dict[str, Path] | None = None, keep_stale: bool = False,
+                 clean_labels: Path | None = None):
         import torch
 
         from noisymlt.config import run_id
@@ -128,6 +131,18 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.SGD(params, lr=tcfg["lr"], momentum=tcfg["momentum"],
                                          weight_decay=tcfg["weight_decay"])
+        self.noise_monitor = None
+        self.saved_noise_log: str | None = None  # the noise log as the loaded checkpoint holds it
+        if clean_labels is not None:
+            # Analysis only: the monitor alone holds the clean labels; the method merely publishes the
+            # targets it has computed (noisymlt.noise_monitor). The run id does not depend on it.
+            from noisymlt.noise_monitor import NoiseMonitor
+
+            self.noise_monitor = NoiseMonitor.from_files(clean_labels, self.train_table, train_labels, self.split,
+                                                         self.device, self.iters)
+            self.method.publish_targets = True
+            if Path(clean_labels) not in self.provenance_inputs.values():
+                self.provenance_inputs["clean_labels"] = Path(clean_labels)
 
     # ------------------------------------------------------------------ checkpoints
     @property
@@ -147,6 +162,8 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "history": json.dumps(history),
         }
+        if self.noise_monitor is not None:  # the log travels with the weights: a resume rewrites it from here
+            state["noise_log"] = self.noise_monitor.snapshot()
         tmp = self.ckpt_path.with_name("checkpoint.pt.tmp")
         torch.save(state, tmp)
         tmp.replace(self.ckpt_path)
@@ -157,9 +174,9 @@ class Trainer:
         if not (self.keep_stale and kept.exists()):
             return False
         kept.replace(self.ckpt_path)
-        log_file = kept.with_name("train_log.jsonl")
-        if log_file.exists():
-            log_file.replace(self.out / "train_log.jsonl")
+        for name in ("train_log.jsonl", "noise_level.jsonl"):
+            if kept.with_name(name).exists():
+                kept.with_name(name).replace(self.out / name)
         log.warning("reusing the checkpoint of this configuration kept in %s", kept.parent)
         return True
 
@@ -196,6 +213,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.method.load_state_dict(state["method"])
         torch.set_rng_state(state["torch_rng"].cpu())
+        self.saved_noise_log = state.get("noise_log")
         log.info("resumed %s from epoch %d", self.ckpt_path, state["epoch"])
         return int(state["epoch"]), json.loads(state["history"])
 
@@ -254,6 +272,9 @@ class Trainer:
         tcfg = self.cfg["train"]
         self.out.mkdir(parents=True, exist_ok=True)
         start_epoch, history = self.load_checkpoint()
+        monitor = self.noise_monitor
+        if monitor is not None:
+            monitor.start(self.out / "noise_level.jsonl", start_epoch, self.saved_noise_log)
         streams = self.streams
         plans = [EpochPlan(s, self.cfg["seed"], self.iters) for s in streams]
         dataset = TrainImages(self.train_images, self.train_table.paths, tcfg["image_size"], tcfg["photometric"])
@@ -274,6 +295,9 @@ class Trainer:
                 batches = {s.name: self.to_device(b) for s, b in zip(streams, raw)}
                 with self.autocast():
                     loss, logs = self.method.training_loss(self.model, batches, epoch, it)
+                published = self.method.take_published()  # computed targets only, never read back
+                if monitor is not None:
+                    monitor.observe(epoch, it, published)
                 if not torch.isfinite(loss):
                     raise NoisyMLTError(f"{self.cfg['method']}: non-finite loss at epoch {epoch + 1} iteration {it}")
                 self.optimizer.zero_grad(set_to_none=True)
@@ -292,6 +316,8 @@ class Trainer:
             log.info("epoch %d/%d %s seconds=%.2f", epoch + 1, tcfg["epochs"],
                      " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()),
                      seconds)
+            if monitor is not None:
+                monitor.append_epoch()
             self.save_checkpoint(epoch + 1, history)
             with open(self.out / "train_log.jsonl", "a") as f:
                 f.write(json.dumps({**record, "seconds": seconds}) + "\n")
@@ -411,7 +437,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     trainer = Trainer(resolved, train_labels=args.train_labels, test_labels=args.test_labels, split=args.split,
                       train_images=args.train_images, test_images=args.test_images, out_dir=out,
                       device=args.device, progress=not args.no_progress,
-                      provenance_inputs=extra, keep_stale=args.keep_stale)
+                      provenance_inputs=extra, keep_stale=args.keep_stale, clean_labels=args.clean_labels)
     log.info("run %s: %s on %s gamma=%s seed=%s, %d iterations/epoch on %s", trainer.run_id, resolved["method"],
              resolved["dataset"], resolved["gamma"], resolved["seed"], trainer.iters, trainer.device)
     trainer.run()
@@ -440,6 +466,9 @@ def add_cli(sub) -> None:
     io.add_argument("--train-images", required=True, help="folder the train label paths are relative to")
     io.add_argument("--test-images", required=True, help="folder the test label paths are relative to")
     io.add_argument("--out", required=True, help="run folder (checkpoint, predictions, manifest)")
+    io.add_argument("--clean-labels",
+                    help="clean long-tail subset table: logs the noise of the targets each branch trains on "
+                         "(OUT/noise_level.jsonl); read for that log only, never by training")
     io.add_argument("--provenance", nargs="*", metavar="NAME=FILE",
                     help="further upstream files whose sha256 the manifest records (raw-data manifest, clean subset)")
     p.add_argument("--device", default="auto", help="auto (GPU if any, honouring CUDA_VISIBLE_DEVICES), cpu, cuda:N")

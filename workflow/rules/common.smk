@@ -157,6 +157,35 @@ def timing_runs(pattern):
     return [pattern.format(gamma=gtag(block["gamma"]), seed=block["seed"], method=m) for m in block.get("methods", [])]
 
 
+# The paper's training-dynamics figures (noise level during training, pseudo labels) show Ours at gamma 0.5.
+FIGURE_METHOD = "ours"
+FIGURE_GAMMA = 0.5
+
+
+def figure_seeds(dataset):
+    """Seeds of the FIGURE_METHOD runs at FIGURE_GAMMA on ``dataset`` that the workflow trains anyway
+    (main grid or a selected ablation): the figures add no training job."""
+    runs = (r.split("|") for r in all_runs("{dataset}|{gamma}|{seed}|{method}"))
+    return sorted({int(s) for d, g, s, m in runs if (d, g, m) == (dataset, gtag(FIGURE_GAMMA), FIGURE_METHOD)})
+
+
+def figure_run(dataset, seed, name):
+    return f"runs/{dataset}/g{gtag(FIGURE_GAMMA)}/s{seed}/{FIGURE_METHOD}/{name}"
+
+
+def figure_logs(w):
+    seeds = figure_seeds(w.dataset)
+    if not seeds:
+        raise ValueError(f"reports/noise_level_{w.dataset}.png: the workflow trains no {FIGURE_METHOD} run at "
+                         f"gamma {FIGURE_GAMMA} on {w.dataset} (add them to grid.methods/gammas)")
+    return [figure_run(w.dataset, s, "noise_level.jsonl") for s in seeds]
+
+
+def figure_datasets():
+    datasets = dict.fromkeys(r.split("|")[0] for r in all_runs("{dataset}|{gamma}|{seed}|{method}"))
+    return [d for d in datasets if figure_seeds(d)]
+
+
 def report_targets():
     """Every table and figure the grid's runs support, each as the file the report links."""
     return [
@@ -169,4 +198,5 @@ def report_targets():
         *[f"reports/inference_time_{d}.tex" for d in GRID["datasets"] if config.get("timing")],
         # the numbers the README quotes (the demo's grid: one dataset)
         *(["reports/readme_numbers.json"] if len(GRID["datasets"]) == 1 else []),
+        *[f"reports/{fig}_{d}.png" for d in figure_datasets() for fig in ("noise_level", "pseudo_labels")],
     ]

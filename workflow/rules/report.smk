@@ -188,3 +188,56 @@ rule readme_numbers:
     shell:
         "{params.cli} readme-numbers --results {input} --methods {params.methods} --labels {params.labels:q} "
         "--out {output} > {log} 2>&1"
+
+
+# Training dynamics of Ours at gamma 0.5 (paper Figs. voc_stitchup / coco_stitchup and vis_pl): drawn when the
+# workflow trains those runs (common.smk: figure_datasets).
+
+
+rule figure_noise_level:
+    input:
+        figure_logs,
+    output:
+        png=report("reports/noise_level_{dataset}.png", caption="../report/noise_level.rst", category="Figures"),
+        pdf="reports/noise_level_{dataset}.pdf",
+        csv="reports/noise_level_{dataset}.csv",
+        md="reports/noise_level_{dataset}.md",
+    params:
+        cli=NOISYMLT,
+        title=lambda w: f"{w.dataset}: {FIGURE_METHOD}, noise rate {FIGURE_GAMMA}",
+        code=code("noise-figure"),
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/report/noise_level_{dataset}.log",
+    benchmark:
+        "benchmarks/report/noise_level_{dataset}.tsv"
+    shell:
+        "{params.cli} noise-figure --logs {input} --out {output.png} --title {params.title:q} --smooth 5 > {log} 2>&1"
+
+
+rule figure_pseudo_labels:
+    input:
+        # the run's checkpoint.pt and run_config.json sit beside its manifest
+        manifest=lambda w: figure_run(w.dataset, figure_seeds(w.dataset)[0], "manifest.json"),
+        noisy=lambda w: f"data/{w.dataset}/noisy/g{gtag(FIGURE_GAMMA)}_s{figure_seeds(w.dataset)[0]}.parquet",
+        clean="data/{dataset}/train_labels.parquet",
+        split="data/{dataset}/class_split.json",
+        images=lambda w: train_images_ready(w.dataset),
+    output:
+        png=report("reports/pseudo_labels_{dataset}.png", caption="../report/pseudo_labels.rst", category="Figures"),
+        pdf="reports/pseudo_labels_{dataset}.pdf",
+    params:
+        cli=NOISYMLT,
+        run=lambda w: figure_run(w.dataset, figure_seeds(w.dataset)[0], "").rstrip("/"),
+        train_images=lambda w: image_root(w.dataset, "train"),
+        code=code("pseudo-label-figure"),
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/report/pseudo_labels_{dataset}.log",
+    benchmark:
+        "benchmarks/report/pseudo_labels_{dataset}.tsv"
+    shell:
+        "{params.cli} pseudo-label-figure --run {params.run} --train-labels {input.noisy} --clean-labels {input.clean} "
+        "--split {input.split} --train-images {params.train_images} --out {output.png} > {log} 2>&1"

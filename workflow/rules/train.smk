@@ -40,6 +40,8 @@ rule run_config:
 
 # One training run per (dataset, noise rate, seed, method). The job picks its own GPU
 # (CUDA_VISIBLE_DEVICES under SLURM, else a per-GPU lock), so --resources gpu=N spreads jobs over N cards.
+# The clean subset goes in twice: its hash into the manifest, its labels into the noise-level log (analysis
+# only; training never reads them). The log is empty for methods that publish no targets.
 
 
 rule train:
@@ -58,6 +60,7 @@ rule train:
         config="runs/{dataset}/g{gamma}/s{seed}/{method}/run_config.json",
         # checkpoint.pt is written too (and is a DVC output) but not declared: Snakemake deletes a job's
         # outputs before it runs and after it fails, which would throw away the epochs a rerun resumes from
+        noise="runs/{dataset}/g{gamma}/s{seed}/{method}/noise_level.jsonl",
     params:
         cli=NOISYMLT,
         out=run_dir,
@@ -77,4 +80,4 @@ rule train:
         "{params.cli} train --run-config {input.config} --train-labels {input.train} "
         "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
         "--test-images {params.test_images} --out {params.out} --no-progress --keep-stale "
-        "--provenance raw_manifest={input.raw} clean_subset={input.subset} > {log} 2>&1"
+        "--clean-labels {input.subset} --provenance raw_manifest={input.raw} clean_subset={input.subset} > {log} 2>&1"

@@ -33,6 +33,22 @@ def eval_mode(*modules: nn.Module):
             m.train(mode)
 
 
+@dataclass(frozen=True)
+class PublishedTargets:
+    """The targets a method trained one branch on in one step, published after they were computed
+    (detached) for the trainer's label-noise log (noisymlt.noise_monitor); nothing comes back.
+
+    ``noisy`` and ``corrected`` are (B*K, C), view-major like ``index.flatten()``; ``corrected`` is None
+    when the method corrects nothing.
+    """
+
+    branch: str
+    index: torch.Tensor  # (B, K) training-set row of every view; column 0 = the anchor
+    stitched: torch.Tensor  # (B,) bool: rows whose partners were stitched to the anchor
+    noisy: torch.Tensor
+    corrected: torch.Tensor | None
+
+
 FAMILIES: dict[str, type["Method"]] = {}
 
 
@@ -77,6 +93,9 @@ class Method:
     family = "?"  # set by @register_family; its options are described in noisymlt.methods.options
     # Prediction heads written for evaluation; the first is the method's reported result.
     heads: tuple[str, ...] = ("main",)
+    # Set by the trainer when it logs label noise; a method that supports it then keeps the targets it
+    # trained on for ``take_published`` (methods that do not, publish nothing).
+    publish_targets: bool = False
 
     def __init__(self, ctx: TrainContext):
         self.ctx = ctx
@@ -111,6 +130,14 @@ class Method:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+    def publish(self, record: PublishedTargets) -> None:
+        if self.publish_targets:
+            self.__dict__.setdefault("_published", []).append(record)
+
+    def take_published(self) -> list[PublishedTargets]:
+        """The targets published since the last call (the trainer calls this after every step)."""
+        return self.__dict__.pop("_published", [])
 
     def targets(self, index: torch.Tensor) -> torch.Tensor:
         """Noisy targets of the images at ``index`` (any shape) -> index.shape + (C,)."""

@@ -28,7 +28,7 @@ from noisymlt.config import method_options
 from noisymlt.dataset import StreamSpec
 from noisymlt.errors import NoisyMLTError
 from noisymlt.labels import GROUPS
-from noisymlt.methods.base import Method, eval_mode, register_family
+from noisymlt.methods.base import Method, PublishedTargets, eval_mode, register_family
 from noisymlt.methods.options import (
     BATCH_SIZE_KEYS,
     BRANCH_DEFAULTS,
@@ -175,12 +175,14 @@ class CoLearning(Method):
 
         if self.mix["enabled"]:
             targets, logs = self._corrected(model, name, views, None, noisy, used.flatten(), frozen)
+            self._publish(name, batch, noisy, targets)
             rng = np.random.default_rng([self.ctx.seed, epoch, step, branch_idx, 0x6D6978])
             mixed, mixed_targets, _, _ = mixup(images[:, 0], targets, self.mix["alpha"], rng)
             return loss_fn(branch(mixed).float(), mixed_targets), logs
 
         maps = branch.feature_maps(views) if frozen is None else branch.trained_stages(frozen)
         targets, logs = self._corrected(model, name, views, maps, noisy, used.flatten(), frozen)
+        self._publish(name, batch, noisy, targets)
         feats = self._embed(model, name, maps, B, K)  # (B, K, d)
         singles = branch.head(feats)  # (B, K, C)
         if K == 1:
@@ -198,6 +200,12 @@ class CoLearning(Method):
                              [targets[:, j] for j in range(K)], mask=batch["stitched"],
                              negatives=self.stitch["negatives"])
         return loss, logs
+
+    def _publish(self, name: str, batch: dict, noisy: torch.Tensor, targets: torch.Tensor) -> None:
+        """Hand the step's targets, once computed, to the trainer's noise log (a copy; read-only there)."""
+        if self.publish_targets:
+            self.publish(PublishedTargets(name, batch["index"].detach(), batch["stitched"].detach(), noisy.detach(),
+                                          None if targets is noisy else targets.detach()))
 
     def _embed(self, model: TwoBranch, name: str, maps: torch.Tensor, B: int, K: int) -> torch.Tensor:
         """Neck outputs (B, K, d) of every view; partners through the partner BatchNorm if present."""
