@@ -76,10 +76,14 @@ def test_train_jobs_read_their_config_from_a_file(tmp_path):
 
 
 TINY_LAYER = {
-    "grid": {"datasets": ["toy"], "gammas": [0.5, 0.9], "seeds": [0], "methods": ["erm"]},
+    # ERM and Ours at two noise rates, the K sweep (Ours variants) at 0.5: every kind of table and figure
+    "grid": {"datasets": ["toy"], "gammas": [0.5, 0.9], "seeds": [0], "methods": ["erm", "ours"], "ablations": ["ab_k"]},
+    "ablations": {"ab_k": {"methods": ["ours_no_pseudo", "ours_k3"]}},
+    "timing": {"methods": ["erm", "ours"], "trials": 1, "batch_sizes": [1, 64]},
     "datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 600, "n_test": 200, "size": 32},
                          "longtail": {"source": "pareto", "b": 6, "max": 150, "min": 4, "seed": 0}}},
-    "train": {"epochs": 2, "batch_size": 16, "image_size": 32, "warmup_iters": 2, "lr_steps": [2], "workers": 0},
+    "train": {"epochs": 2, "batch_size": 16, "balanced_batch_size": 32, "image_size": 32, "warmup_iters": 2,
+              "lr_steps": [2], "workers": 0},
     "schedules": {"db": {"train": {"warmup_iters": 2}}},  # a schedule's keys win over the train block
     # the demo's pretrained backbone through the real rule, in seconds: a small source task, one epoch
     "pretrain": {"toy_glyphs": {"epochs": 1, "source": {"classes": 8, "images_per_class": 16, "held_out_per_class": 4}}},
@@ -93,12 +97,30 @@ def test_demo_profile_runs_end_to_end(tmp_path):
     args = ("--profile", "workflow/profiles/demo", "--configfile", "workflow/profiles/demo/params.yaml", "tiny.yaml")
     snakemake(wf, *args, timeout=900)
     table = (wf / "reports" / "table_total.md").read_text()
-    assert re.search(r"\| ERM \| \*\*\d+\.\d\d\*\* \| \*\*\d+\.\d\d\*\* \|", table), table
+    assert re.search(r"\| ERM \| _?\*?\*?\d+\.\d\d", table) and "| Ours-balance |" in table, table
     assert (wf / "reports" / "table_total.tex").read_text().count("ERM") == 1
+    # every table and figure of the paper, in each of its formats
+    made = {p.name for p in (wf / "reports").iterdir() if p.stat().st_size > 0}
+    for stem, suffixes in {"table_total": ".tex .md .html .cells.json", "table_groups_toy": ".tex .md .html .cells.json",
+                           "ablation_ab_k": ".tex .md .html .cells.json .png .pdf .csv",
+                           "noise_level_toy": ".png .pdf", "pseudo_labels_toy": ".png .pdf",
+                           "inference_time_toy": ".tex .md .html .json", "map_vs_gamma": ".png .pdf"}.items():
+        for suffix in suffixes.split():
+            assert stem + suffix in made, (stem + suffix, sorted(made))
+    timing = (wf / "reports" / "inference_time_toy.md").read_text()
+    assert "| Running time, batch 1 (s) |" in timing and "CPU" in timing
+    readme_numbers = json.loads((wf / "reports" / "readme_numbers.json").read_text())
+    assert {r["method"] for r in readme_numbers["rows"]} == {"erm", "ours"}
+    # Snakemake's report holds every flagged table and figure with its caption
+    snakemake(wf, *args, "--report", "reports/report.html", timeout=300)
+    html = (wf / "reports" / "report.html").read_text(errors="replace")
+    assert len(html) > 100_000 and "report.html" not in made
+    for name in ("table_groups_toy.html", "ablation_ab_k.png", "noise_level_toy.png", "inference_time_toy.html"):
+        assert name in html, name
     assert (wf / "reports" / "map_vs_gamma.png").stat().st_size > 1000
     results = pd.read_parquet(wf / "reports" / "results.parquet")
     assert sorted(results["gamma"].unique()) == [0.5, 0.9]
-    assert results["run_id"].nunique() == 2
+    assert results["run_id"].nunique() == 2 + 2 + 2  # ERM and Ours at two rates, two K variants
     assert results.loc[results["metric"] == "mAP", "value"].between(0, 1).all()
     for g in ("0.5", "0.9"):
         assert (wf / "logs" / "train" / f"toy_g{g}_s0_erm.log").exists()
