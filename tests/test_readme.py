@@ -57,3 +57,21 @@ def test_readme_markers_are_required(tmp_path):
     with pytest.raises(NoisyMLTError, match="README.md: expected one pair of demo-numbers marker lines"):
         replace_block("no markers here", "x", "README.md")
     assert replace_block(f"a\n{START}\nold\n{END}\nb", "new", "R") == f"a\n{START}\nnew\n{END}\nb"
+
+
+@pytest.mark.slow
+def test_demo_sentinel_runs_still_give_the_committed_numbers(tmp_path):
+    """Retrain, through the demo profile, the single runs docs/demo_numbers.json records (ERM, DB-Focal and
+    Ours, first seed, middle noise rate): each still gives its recorded total mAP. CPU runs are
+    bit-reproducible for a fixed thread count; the tolerance only absorbs other CPUs' kernels."""
+    from test_workflow import copy_workflow, snakemake
+
+    sentinels = json.loads((REPO / "docs" / "demo_numbers.json").read_text())["sentinel_runs"]
+    assert {key.split("/")[0] for key in sentinels} == {"erm", "db_focal", "ours"}
+    wf = copy_workflow(tmp_path)
+    runs = {key: "runs/toy/g{1}/s{2}/{0}".format(*key.split("/")) for key in sentinels}
+    snakemake(wf, "--profile", "workflow/profiles/demo", *(f"{r}/metrics.json" for r in runs.values()), timeout=2400)
+    for key, expected in sentinels.items():
+        heads = json.loads((wf / runs[key] / "metrics.json").read_text())["heads"]
+        got = 100 * heads["ensemble" if "ensemble" in heads else "main"]["map"]["total"]
+        assert got == pytest.approx(expected, abs=0.3), (key, got, expected)
