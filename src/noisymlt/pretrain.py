@@ -132,7 +132,8 @@ def pretrain(config: dict, out: Path, progress: bool = True) -> dict:
     log.info("source task: %d classes, %d train / %d held-out images rendered in %.1f s", len(glyphs), len(train_x),
              len(test_x), time.time() - t0)
     torch.manual_seed(cfg["source"]["seed"])
-    net = build_network(cfg["backbone"], len(glyphs))
+    # channels-last (NHWC) runs the small convolutions about twice as fast on CPU; the saved state dict is the same
+    net = build_network(cfg["backbone"], len(glyphs)).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(net.parameters(), lr=cfg["lr"], momentum=0.9, weight_decay=cfg["weight_decay"],
                           nesterov=True)
     iters = len(train_x) // cfg["batch_size"]
@@ -150,7 +151,7 @@ def pretrain(config: dict, out: Path, progress: bool = True) -> dict:
         for it in bar:
             idx = order[it * cfg["batch_size"]:(it + 1) * cfg["batch_size"]]
             x = torch.stack([train_transform(_decode(train_x[i]), cfg["image_size"], np.random.default_rng(seeds[i]))
-                             for i in idx])
+                             for i in idx]).contiguous(memory_format=torch.channels_last)
             y = torch.as_tensor(train_y[idx], dtype=torch.long)
             step = epoch * iters + it
             for group in opt.param_groups:  # cosine decay to 0 over the whole run
