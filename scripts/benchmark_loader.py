@@ -106,10 +106,12 @@ def scenario(name: str, n: int, workers: list[int], batch: int, device: torch.de
         rows.append({"loader": "pil", "workers": w, "img_per_s": time_loader(pil, batches, w, torch.device("cpu"), size)})
         rows.append({"loader": "cache", "workers": w,
                      "img_per_s": time_loader(cached, batches, w, torch.device("cpu"), size)})
+        deferred = CachedTrainImages(CacheRows(tmp / f"{name}_cache.npy"), size, photometric=True, deferred=True)
+        rows.append({"loader": "cache_batched", "workers": w,
+                     "img_per_s": time_loader(deferred, batches, w, torch.device("cpu"), size)})
         if device.type == "cuda":
-            on_gpu = CachedTrainImages(CacheRows(tmp / f"{name}_cache.npy"), size, photometric=True, on_device=True)
-            rows.append({"loader": "cache+gpu_augment", "workers": w,
-                         "img_per_s": time_loader(on_gpu, batches, w, device, size)})
+            rows.append({"loader": "cache_batched_gpu", "workers": w,
+                         "img_per_s": time_loader(deferred, batches, w, device, size)})
     for r in rows:
         print(f"{name:<5} {r['loader']:<18} workers={r['workers']:<3} {r['img_per_s']:>9.1f} img/s")
     print(f"{name:<5} cache build: {len(paths)} images in {build_s:.1f} s ({len(paths) / build_s:.1f} img/s)")

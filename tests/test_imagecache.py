@@ -143,12 +143,12 @@ def test_same_seed_same_batch_and_worker_count_does_not_matter(tiny_toy):
             assert torch.equal(a["images"], b["images"]) and torch.equal(a["index"], b["index"])
     assert runs[0][0]["images"].shape == (8, 2, 3, 32, 32)
     # the device route (uint8 + parameters, augmented after the transfer) gives the same tensors
-    deferred = next(iter(stream_loader(CachedTrainImages(rows, 32, True, on_device=True), batches, 0, False)))
+    deferred = next(iter(stream_loader(CachedTrainImages(rows, 32, True, deferred=True), batches, 0, False)))
     assert deferred["images"].dtype == torch.uint8
     out = augment(deferred["images"].flatten(0, 1), deferred["aug"].flatten(0, 1), 32).view(8, 2, 3, 32, 32)
     torch.testing.assert_close(out, runs[0][0]["images"], rtol=0, atol=1e-5)
     ev = CachedEvalImages(rows, 32)
-    assert ev[0].shape == (3, 32, 32) and CachedEvalImages(rows, 32, on_device=True)[0].dtype == torch.uint8
+    assert ev[0].shape == (3, 32, 32) and CachedEvalImages(rows, 32, deferred=True)[0].dtype == torch.uint8
 
 
 def test_loader_cache_requires_its_caches(tiny_toy, tmp_path):

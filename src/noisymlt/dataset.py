@@ -97,14 +97,17 @@ class CacheRows:
 
 class CachedTrainImages(Dataset):
     """``TrainImages`` over the image cache. Each view's parameters are drawn here from the slot's
-    generator; ``on_device``: the batch carries uint8 views + parameters (``aug``) and the trainer
-    augments them after the transfer (``tensoraug.augment``), else they are augmented here."""
+    generator; ``deferred`` (the trainer's choice): the batch carries uint8 views + parameters (``aug``)
+    and the trainer augments the whole batch on its device after the transfer (``tensoraug.augment``),
+    else each slot is augmented here. Per-view ops either way, so both give the same tensors; batching
+    amortises the per-op cost (at the demo's 32 px it decides the speed, measured with
+    scripts/benchmark_loader.py) and on a GPU moves the pixel work there."""
 
-    def __init__(self, cache: CacheRows, size: int, photometric: bool = True, on_device: bool = False):
+    def __init__(self, cache: CacheRows, size: int, photometric: bool = True, deferred: bool = False):
         self.cache = cache
         self.size = size
         self.photometric = photometric
-        self.on_device = on_device
+        self.deferred = deferred
 
     def __len__(self) -> int:
         return len(self.cache)
@@ -116,25 +119,25 @@ class CachedTrainImages(Dataset):
         params = torch.from_numpy(np.stack([draw_train_params(rng, s, s, self.photometric) for _ in indices]))
         raw = torch.stack([self.cache.row(i) for i in indices])
         out = {"index": torch.tensor(indices), "stitched": torch.tensor(stitched)}
-        if self.on_device:
+        if self.deferred:
             return {"images": raw, "aug": params, **out}
         return {"images": augment(raw, params, self.size, self.photometric), **out}
 
 
 class CachedEvalImages(Dataset):
-    """``EvalImages`` over the image cache: uint8 rows when ``on_device`` (resized there), else resized here."""
+    """``EvalImages`` over the image cache: uint8 rows when ``deferred`` (resized there), else resized here."""
 
-    def __init__(self, cache: CacheRows, size: int, on_device: bool = False):
+    def __init__(self, cache: CacheRows, size: int, deferred: bool = False):
         self.cache = cache
         self.size = size
-        self.on_device = on_device
+        self.deferred = deferred
 
     def __len__(self) -> int:
         return len(self.cache)
 
     def __getitem__(self, i: int) -> torch.Tensor:
         raw = self.cache.row(i)
-        return raw if self.on_device else eval_resize(raw.unsqueeze(0), self.size)[0]
+        return raw if self.deferred else eval_resize(raw.unsqueeze(0), self.size)[0]
 
 
 PartnerFn = Callable[[np.ndarray, np.random.Generator], np.ndarray]

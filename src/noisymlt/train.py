@@ -156,13 +156,15 @@ class Trainer:
         return caches
 
     def train_dataset(self):
+        """The cache path hands uint8 views and their drawn parameters to ``to_device``, which augments
+        the batch where the model is (``dataset.CachedTrainImages``)."""
         from noisymlt.dataset import CachedTrainImages, CacheRows, TrainImages
 
         tcfg = self.cfg["train"]
         if not self.caches:
             return TrainImages(self.train_images, self.train_table.paths, tcfg["image_size"], tcfg["photometric"])
         return CachedTrainImages(CacheRows(self.caches["train"]), tcfg["image_size"], tcfg["photometric"],
-                                 on_device=self.device.type == "cuda")
+                                 deferred=True)
 
     def eval_dataset(self, part: str):
         from noisymlt.dataset import CachedEvalImages, CacheRows, EvalImages
@@ -171,7 +173,7 @@ class Trainer:
         if not self.caches:
             root, table = (self.train_images, self.train_table) if part == "train" else (self.test_images, self.test_table)
             return EvalImages(root, table.paths, size)
-        return CachedEvalImages(CacheRows(self.caches[part]), size, on_device=self.device.type == "cuda")
+        return CachedEvalImages(CacheRows(self.caches[part]), size, deferred=True)
 
     def eval_images(self, images):
         """A test-transform batch on the device (cached uint8 rows are resized and normalised there)."""
@@ -274,7 +276,7 @@ class Trainer:
         out = {}
         for k, v in batch.items():
             v = v.to(self.device, non_blocking=True)
-            if k == "images" and aug is not None:  # cached uint8 views: augmented here, on the device
+            if k == "images" and aug is not None:  # cached uint8 views: augmented here, batched, on the device
                 tcfg = self.cfg["train"]
                 v = augment(v.flatten(0, 1), aug.flatten(0, 1), tcfg["image_size"], tcfg["photometric"])
                 v = v.view(*batch["images"].shape[:2], *v.shape[1:])
