@@ -71,13 +71,13 @@ def photometric(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """mmcv-style distortion of float RGB [0, 255] (N, 3, H, W), one parameter row per image."""
     col = lambda k: p[:, k].to(x.dtype).view(-1, 1, 1, 1)  # noqa: E731
     x = (x + col(BRIGHT)) * col(CONTRAST_BEFORE)
-    hsv_rows = p[:, HSV] > 0
-    if bool(hsv_rows.any()):
-        hsv = rgb_to_hsv(x.clamp(0, 255))
-        sat = (hsv[:, 1] * col(SAT).squeeze(1)).clamp(0, 1)
-        hue = torch.remainder(hsv[:, 0] + col(HUE).squeeze(1), 360)
-        y = hsv_to_rgb(torch.stack([hue, sat, hsv[:, 2]], 1))
-        x = torch.where(hsv_rows.view(-1, 1, 1, 1), y, x)
+    rows = torch.nonzero(p[:, HSV] > 0).flatten()  # the HSV round trip only where it was drawn
+    if rows.numel():
+        q = p.index_select(0, rows)
+        hsv = rgb_to_hsv(x.index_select(0, rows).clamp(0, 255))
+        sat = (hsv[:, 1] * q[:, SAT].to(x.dtype).view(-1, 1, 1)).clamp(0, 1)
+        hue = torch.remainder(hsv[:, 0] + q[:, HUE].to(x.dtype).view(-1, 1, 1), 360)
+        x = x.index_copy(0, rows, hsv_to_rgb(torch.stack([hue, sat, hsv[:, 2]], 1)))
     x = x * col(CONTRAST_AFTER)
     perm = p[:, [P0, P1, P2]].long().view(-1, 3, 1, 1).expand_as(x)
     return x.gather(1, perm).clamp(0, 255)
