@@ -104,6 +104,7 @@ def reference_dir() -> Path:
 
 # ---------------------------------------------------------------- a tiny embedded dataset, built once per session
 TINY_TOY = {"n_trainval": 600, "n_test": 200, "size": 32}
+TINY_CACHE_SIZE = 40  # the demo's train.cache_size
 TINY_LONGTAIL = {"b": 6, "max_count": 150, "min_count": 4, "seed": 0}
 
 
@@ -111,7 +112,8 @@ TINY_LONGTAIL = {"b": 6, "max_count": 150, "min_count": 4, "seed": 0}
 def tiny_toy(tmp_path_factory):
     """Toy dataset -> labels -> long-tail subset -> noisy labels (gamma 0.5, seed 0), at 32 px.
 
-    Returns a dict of paths: root (image folder), train_source, test, train, split, noisy.
+    Returns a dict of paths: root (image folder), train_source, test, train, split, noisy, and the
+    decoded-image caches train_cache / test_cache at the demo's cache size.
     """
     from noisymlt.data.longtail import pareto_subsample
     from noisymlt.data.toy import make_toy
@@ -133,6 +135,11 @@ def tiny_toy(tmp_path_factory):
     write_labels(train, paths["train"])
     write_class_split(split_from_counts(train.labels.sum(0)), paths["split"])
     make_noisy_table(paths["train"], 0.5, 0, paths["noisy"])
+    from noisymlt.imagecache import build_cache
+
+    for part, table in (("train", paths["train"]), ("test", paths["test"])):
+        paths[f"{part}_cache"] = base / "cache" / f"{part}.npy"
+        build_cache(table, root, TINY_CACHE_SIZE, paths[f"{part}_cache"], progress=False)
     return paths
 
 
@@ -160,5 +167,8 @@ def toy_trainer(tiny_toy: dict, resolved: dict, out_dir, **kwargs):
     from noisymlt.train import Trainer
 
     kwargs.setdefault("train_labels", tiny_toy["noisy"])
+    if resolved["train"].get("loader") == "cache":
+        kwargs.setdefault("train_cache", tiny_toy["train_cache"])
+        kwargs.setdefault("test_cache", tiny_toy["test_cache"])
     return Trainer(resolved, test_labels=tiny_toy["test"], split=tiny_toy["split"], train_images=tiny_toy["root"],
                    test_images=tiny_toy["root"], out_dir=out_dir, device="cpu", progress=False, **kwargs)

@@ -444,7 +444,7 @@ def toy(tmp_path_factory) -> dict:
     return {"dir": d, "root": root}
 
 
-TOY_TRAIN = {"epochs": 1, "batch_size": 16, "balanced_batch_size": 16, "image_size": 16, "workers": 0,
+TOY_TRAIN = {"epochs": 1, "batch_size": 16, "balanced_batch_size": 16, "image_size": 16, "workers": 0, "loader": "pil",
              "warmup_iters": 2, "eval_batch_size": 64, "backbone": "smallcnn", "weights_path": None,
              "trainable": "all", "frozen_bn": False}
 

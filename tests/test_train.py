@@ -42,7 +42,7 @@ def test_erm_run_writes_predictions_manifest_and_learns(tiny_toy, tmp_path):
     assert scores.shape == (200, 20) and np.isfinite(scores).all() and (scores >= 0).all() and (scores <= 1).all()
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["run_id"] == trainer.run_id
-    assert set(manifest["inputs"]) == {"train_labels", "test_labels", "split"}
+    assert set(manifest["inputs"]) == {"train_labels", "test_labels", "split", "train_cache", "test_cache"}
     assert len(manifest["outputs"]["predictions"]["sha256"]) == 64
     log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in log] == [1, 2, 3]
@@ -97,7 +97,7 @@ def test_corrupt_image_names_the_file(tiny_toy, tmp_path):
     shutil.copytree(tiny_toy["root"], root)
     victim = root / read_labels(tiny_toy["noisy"]).paths[0]
     victim.write_bytes(b"not a jpeg at all")
-    resolved = resolve_run(tiny_params("erm", epochs=1), "toy", "erm", 0.5, 0)
+    resolved = resolve_run(tiny_params("erm", epochs=1, loader="pil"), "toy", "erm", 0.5, 0)  # the cache's own: test_imagecache
     trainer = Trainer(resolved, train_labels=tiny_toy["noisy"], test_labels=tiny_toy["test"], split=tiny_toy["split"],
                       train_images=root, test_images=root, out_dir=tmp_path / "run", device="cpu", progress=False)
     with pytest.raises(NoisyMLTError, match=victim.name):
@@ -156,7 +156,8 @@ def test_restart_keeps_the_old_run_and_starts_a_marked_log(tiny_toy, tmp_path):
     config.write_text(json.dumps(resolve_run(tiny_params("erm", epochs=1), "toy", "erm", 0.5, 0)))
     args = ["train", "--run-config", str(config), "--train-labels", str(tiny_toy["noisy"]), "--test-labels",
             str(tiny_toy["test"]), "--split", str(tiny_toy["split"]), "--train-images", str(tiny_toy["root"]),
-            "--test-images", str(tiny_toy["root"]), "--out", str(run), "--device", "cpu", "--no-progress"]
+            "--test-images", str(tiny_toy["root"]), "--train-cache", str(tiny_toy["train_cache"]),
+            "--test-cache", str(tiny_toy["test_cache"]), "--out", str(run), "--device", "cpu", "--no-progress"]
     assert main(args) == 0
     old = (run / "checkpoint.pt").read_bytes()
     assert main(args + ["--restart"]) == 0

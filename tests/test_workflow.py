@@ -61,6 +61,7 @@ def test_paper_dry_run_plans_the_full_grid(tmp_path):
     assert counts["noise"] == len(grid["datasets"]) * len(grid["gammas"]) * len(grid["seeds"])
     assert counts["download"] == 2 and counts["fetch_coco_train_images"] == 1
     assert counts["parse_labels"] == 4 and counts["longtail"] == 2
+    assert counts["cache_images"] == 4  # train subset + test set per dataset (train.loader: cache)
 
 
 def test_train_jobs_read_their_config_from_a_file(tmp_path):
@@ -139,6 +140,7 @@ def test_demo_profile_runs_end_to_end(tmp_path):
     assert requested == manifest["run"]  # the file the job read is the configuration it trained
     assert manifest["run"]["train"]["weights_path"] == "data/pretrained/toy_glyphs.pt"
     assert manifest["cpu_threads"] == manifest["run"]["train"]["cpu_threads"] == 1
+    assert set(manifest["inputs"]) >= {"train_cache", "test_cache"}  # train.loader: cache, through the rule
 
     # Same run id, same numbers: DVC's command (`noisymlt step train`) retrains the Snakemake run bit for bit.
     step = subprocess.run(

@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "noisymlt.data.parse",
     "noisymlt.data.longtail",
     "noisymlt.noise",
+    "noisymlt.imagecache",
     "noisymlt.pretrain",
     "noisymlt.train",
     "noisymlt.evaluate",
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Noisy multi-label long-tailed recognition pipeline (VOC-MLT-Noise, COCO-MLT-Noise). "
             "Each subcommand is one pipeline step; Snakemake and DVC call them in order: "
-            "download -> parse -> longtail -> noise -> train -> evaluate -> aggregate -> table."
+            "download -> parse -> longtail -> cache-images -> noise -> train -> evaluate -> aggregate -> table."
         ),
     )
     parser.add_argument("--version", action="version", version=f"noisymlt {__version__}")

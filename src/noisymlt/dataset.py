@@ -1,4 +1,5 @@
-"""Streaming image loading: images are decoded per batch by loader workers, never held in RAM.
+"""Streaming image loading: images are decoded (``pil``) or read from the decoded-image cache (``cache``,
+``noisymlt.imagecache``) per batch by loader workers, never held in RAM.
 
 A training *stream* is one branch's view of the data: a sampler, a batch size and, for Stitch-Up,
 K images per slot (the anchor and its partners). ``EpochPlan`` turns a stream into the epoch's list of
@@ -19,6 +20,7 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset
 
 from noisymlt.errors import NoisyMLTError
+from noisymlt.tensoraug import augment, draw_train_params, eval_resize
 from noisymlt.transforms import eval_transform, train_transform
 
 
@@ -63,6 +65,79 @@ class EvalImages(Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         return eval_transform(load_image(self.root / self.paths[i]), self.size)
+
+
+class CacheRows:
+    """Rows of an image-cache array as uint8 (3, S, S) tensors. The memmap is opened lazily in the
+    process that reads it: a pickled memmap would carry a copy of the whole array into every worker."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._arr = None
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "_arr": None}
+
+    @property
+    def array(self) -> np.ndarray:
+        if self._arr is None:
+            self._arr = np.load(self.path, mmap_mode="r")
+        return self._arr
+
+    @property
+    def size(self) -> int:
+        return int(self.array.shape[1])
+
+    def __len__(self) -> int:
+        return int(self.array.shape[0])
+
+    def row(self, i: int) -> torch.Tensor:
+        return torch.from_numpy(np.array(self.array[i])).permute(2, 0, 1)
+
+
+class CachedTrainImages(Dataset):
+    """``TrainImages`` over the image cache. Each view's parameters are drawn here from the slot's
+    generator; ``deferred`` (the trainer's choice): the batch carries uint8 views + parameters (``aug``)
+    and the trainer augments the whole batch on its device after the transfer (``tensoraug.augment``),
+    else each slot is augmented here. Per-view ops either way, so both give the same tensors; batching
+    amortises the per-op cost (at the demo's 32 px it decides the speed, measured with
+    scripts/benchmark_loader.py) and on a GPU moves the pixel work there."""
+
+    def __init__(self, cache: CacheRows, size: int, photometric: bool = True, deferred: bool = False):
+        self.cache = cache
+        self.size = size
+        self.photometric = photometric
+        self.deferred = deferred
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, item: tuple[tuple[int, ...], int, bool]) -> dict:
+        indices, aug_seed, stitched = item
+        rng = np.random.default_rng(aug_seed)
+        s = self.cache.size
+        params = torch.from_numpy(np.stack([draw_train_params(rng, s, s, self.photometric) for _ in indices]))
+        raw = torch.stack([self.cache.row(i) for i in indices])
+        out = {"index": torch.tensor(indices), "stitched": torch.tensor(stitched)}
+        if self.deferred:
+            return {"images": raw, "aug": params, **out}
+        return {"images": augment(raw, params, self.size, self.photometric), **out}
+
+
+class CachedEvalImages(Dataset):
+    """``EvalImages`` over the image cache: uint8 rows when ``deferred`` (resized there), else resized here."""
+
+    def __init__(self, cache: CacheRows, size: int, deferred: bool = False):
+        self.cache = cache
+        self.size = size
+        self.deferred = deferred
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        raw = self.cache.row(i)
+        return raw if self.deferred else eval_resize(raw.unsqueeze(0), self.size)[0]
 
 
 PartnerFn = Callable[[np.ndarray, np.random.Generator], np.ndarray]
@@ -120,9 +195,12 @@ def hash_name(name: str) -> int:
     return int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") % (2**31)
 
 
-class _ListSampler(torch.utils.data.Sampler):
-    def __init__(self, batches: list):
-        self.batches = batches
+class EpochBatches(torch.utils.data.Sampler):
+    """The batch list of the current epoch; reassigned each epoch so that one loader (and its
+    persistent workers) serves every epoch."""
+
+    def __init__(self, batches: list | None = None):
+        self.batches = batches or []
 
     def __iter__(self):
         return iter(self.batches)
@@ -131,10 +209,34 @@ class _ListSampler(torch.utils.data.Sampler):
         return len(self.batches)
 
 
-def stream_loader(dataset: TrainImages, batches: list, workers: int, pin_memory: bool) -> DataLoader:
-    return DataLoader(dataset, batch_sampler=_ListSampler(batches), num_workers=workers,
-                      pin_memory=pin_memory, persistent_workers=False)
+def stream_loader(dataset: Dataset, batches: list | None, workers: int, pin_memory: bool) -> DataLoader:
+    """A loader whose ``batch_sampler.batches`` is the epoch's plan. Workers only read and augment
+    slots whose parameters are fixed by the plan, so their number does not change the batches."""
+    return DataLoader(dataset, batch_sampler=EpochBatches(batches), num_workers=workers,
+                      pin_memory=pin_memory, persistent_workers=workers > 0)
 
 
-def eval_loader(dataset: EvalImages, batch_size: int, workers: int, pin_memory: bool) -> DataLoader:
+def eval_loader(dataset: Dataset, batch_size: int, workers: int, pin_memory: bool) -> DataLoader:
     return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers, pin_memory=pin_memory)
+
+
+def available_cores() -> int:
+    """CPU cores this process was given: SLURM_CPUS_PER_TASK under SLURM, else its CPU affinity."""
+    import os
+
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        return int(slurm)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def resolve_workers(setting: int | str, cores: int | None, cpu_threads: int, on_gpu: bool) -> int:
+    """Loader worker processes. ``auto``: the job's cores (``cores``, else ``available_cores``) less
+    what computes: the torch threads on CPU, the main process on GPU. Batches do not depend on it."""
+    if setting != "auto":
+        return int(setting)
+    cores = cores or available_cores()
+    return max(0, min(16, cores - (1 if on_gpu else cpu_threads)))

@@ -59,6 +59,9 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
                  "seeds": [int(s) for s in grid["seeds"]]},
         "pretrain": list(dict.fromkeys(pretrain)),
         "fetch_images": [d for d in grid["datasets"] if params["datasets"][d]["kind"] == "coco"],
+        # decoded-image caches: the folder each part's label paths are relative to
+        "caches": {f"{d}-{part}": {"dataset": d, "part": part, "images": steps.image_root(params, d, part)}
+                   for d in grid["datasets"] for part in ("train", "test")},
         "runs": runs,
     }
 

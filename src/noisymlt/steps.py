@@ -18,6 +18,7 @@ from pathlib import Path
 from noisymlt.errors import NoisyMLTError
 
 PARTS = ("train_source", "test")
+CACHE_PARTS = ("train", "test")
 
 
 def gtag(gamma: float) -> str:
@@ -123,6 +124,41 @@ def pretrain_argv(params: dict, name: str, out: str) -> list[str]:
     return ["pretrain", "--config", json.dumps(blocks[name], sort_keys=True), "--out", out, "--no-progress"]
 
 
+def cache_path(name: str, part: str) -> str:
+    """Decoded-image cache of a dataset's train subset ('train') or test set ('test'); index beside it (.json)."""
+    if part not in CACHE_PARTS:
+        raise NoisyMLTError(f"--part must be one of {', '.join(CACHE_PARTS)}, got {part!r}")
+    return f"data/{name}/cache/{part}.npy"
+
+
+def cache_labels(name: str, part: str) -> str:
+    """The label table a cache holds the images of (the noisy copies share the subset's rows)."""
+    return f"data/{name}/{'train' if part == 'train' else 'test'}_labels.parquet"
+
+
+def cache_size(params: dict, name: str) -> int:
+    """train.cache_size with the dataset's train block over it: one cache per dataset, shared by its runs."""
+    from noisymlt.config import deep_merge
+
+    train = deep_merge(params["train"], dataset_block(params, name).get("train", {}))
+    if "cache_size" not in train:
+        raise NoisyMLTError(f"params: train.cache_size is not set (dataset {name})")
+    return int(train["cache_size"])
+
+
+def cache_argv(params: dict, name: str, part: str, out: str) -> list[str]:
+    """`noisymlt cache-images` of a dataset's train subset or test set at its cache size."""
+    return ["cache-images", "--labels", cache_labels(name, part), "--images", image_root(params, name, part),
+            "--size", str(cache_size(params, name)), "--out", out, "--no-progress"]
+
+
+def cache_args(name: str, loader: str) -> list[str]:
+    """The train command's cache arguments for a run whose train.loader is ``loader``."""
+    if loader != "cache":
+        return []
+    return ["--train-cache", cache_path(name, "train"), "--test-cache", cache_path(name, "test")]
+
+
 def run_dir(dataset: str, gamma: float, seed: int, method: str, root: str = "runs") -> str:
     return f"{root}/{dataset}/g{gtag(gamma)}/s{int(seed)}/{method}"
 
@@ -181,8 +217,15 @@ def _cmd_train_images(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cache_images(args: argparse.Namespace) -> int:
+    return _run(cache_argv(_params(args), args.dataset, args.part, args.out))
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
+    from noisymlt.config import resolve_run
+
     params = _params(args)
+    loader = resolve_run(params, args.dataset, args.method, args.gamma, args.seed)["train"].get("loader", "pil")
     argv = ["train", "--params", *args.params, "--dataset", args.dataset, "--method", args.method,
             "--gamma", gtag(args.gamma), "--seed", str(args.seed), "--train-labels", args.train_labels,
             "--test-labels", args.test_labels, "--split", args.split,
@@ -190,7 +233,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             "--test-images", image_root(params, args.dataset, "test"), "--out", args.out,
             "--clean-labels", f"data/{args.dataset}/train_labels.parquet",  # the noise log only (analysis)
             "--provenance", f"raw_manifest={raw_marker(params, args.dataset)}",
-            f"clean_subset=data/{args.dataset}/train_labels.parquet"]
+            f"clean_subset=data/{args.dataset}/train_labels.parquet"] + cache_args(args.dataset, loader)
     return _run(argv + ["--device", args.device, "--no-progress", "--keep-stale"])
 
 
@@ -239,6 +282,9 @@ def add_cli(sub) -> None:
              dataset=False)
     q.add_argument("--name", required=True, help="a key under pretrain:")
     q.add_argument("--out", required=True, help="weights file to write (data/pretrained/NAME.pt)")
+    q = step("cache-images", "decode a dataset's train subset or test set into its image cache", _cmd_cache_images)
+    q.add_argument("--part", required=True, choices=CACHE_PARTS)
+    q.add_argument("--out", required=True, help="cache array to write (data/NAME/cache/PART.npy)")
     q = step("train", "train one run, with the dataset's image folders filled in", _cmd_train)
     q.add_argument("--method", required=True)
     q.add_argument("--gamma", required=True, type=float)

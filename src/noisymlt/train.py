@@ -68,10 +68,12 @@ class Trainer:
                  train_images: Path, test_images: Path, out_dir: Path, device: str = "auto",
                  progress: bool = True, limit_iters: int | None = None,
                  provenance_inputs: dict[str, Path] | None = None, keep_stale: bool = False,
-                 clean_labels: Path | None = None):
+                 clean_labels: Path | None = None, train_cache: Path | None = None,
+                 test_cache: Path | None = None, cores: int | None = None):
         import torch
 
         from noisymlt.config import run_id
+        from noisymlt.dataset import resolve_workers
         from noisymlt.devices import select_device
         from noisymlt.labels import read_class_split, read_labels
         from noisymlt.methods import FAMILY_MODULES, load_family
@@ -107,6 +109,9 @@ class Trainer:
         if self.train_table.classes != self.test_table.classes:
             raise NoisyMLTError(f"{test_labels}: class columns differ from {train_labels}")
         tcfg = resolved["train"]
+        self.caches = self._open_caches(tcfg, train_cache, test_cache)
+        on_gpu = self.device.type == "cuda"
+        self.workers = resolve_workers(tcfg["workers"], cores, int(tcfg.get("cpu_threads", 1)), on_gpu)
         n = len(self.train_table)
         if tcfg["batch_size"] > n:
             raise NoisyMLTError(f"train.batch_size={tcfg['batch_size']} exceeds the {n} training images")
@@ -143,6 +148,58 @@ class Trainer:
             self.method.publish_targets = True
             if Path(clean_labels) not in self.provenance_inputs.values():
                 self.provenance_inputs["clean_labels"] = Path(clean_labels)
+
+    def _open_caches(self, tcfg: dict, train_cache: Path | None, test_cache: Path | None) -> dict:
+        """``train.loader: cache``: the decoded-image caches of the train and test tables, checked
+        against them (row order, storage size); ``pil``: none (images decoded from their files)."""
+        from noisymlt.imagecache import open_cache
+
+        loader = tcfg.get("loader", "pil")
+        if loader == "pil":
+            return {}
+        if loader != "cache":
+            raise NoisyMLTError(f"train.loader: unknown loader {loader!r}; choose cache or pil")
+        caches = {}
+        for part, path in (("train", train_cache), ("test", test_cache)):
+            if path is None:
+                raise NoisyMLTError(f"train.loader is cache but no --{part}-cache was given "
+                                    "(build it with `noisymlt cache-images`, or set train.loader: pil)")
+            table = self.train_table if part == "train" else self.test_table
+            open_cache(path, labels=self.paths[f"{part}_labels"], image_ids=table.image_ids, paths=table.paths,
+                       size=tcfg["cache_size"])
+            caches[part] = Path(path)
+        return caches
+
+    def train_dataset(self):
+        """The cache path hands uint8 views and their drawn parameters to ``to_device``, which augments
+        the batch where the model is (``dataset.CachedTrainImages``)."""
+        from noisymlt.dataset import CachedTrainImages, CacheRows, TrainImages
+
+        tcfg = self.cfg["train"]
+        if not self.caches:
+            return TrainImages(self.train_images, self.train_table.paths, tcfg["image_size"], tcfg["photometric"])
+        return CachedTrainImages(CacheRows(self.caches["train"]), tcfg["image_size"], tcfg["photometric"],
+                                 deferred=True)
+
+    def eval_dataset(self, part: str):
+        from noisymlt.dataset import CachedEvalImages, CacheRows, EvalImages
+
+        size = self.cfg["train"]["image_size"]
+        if not self.caches:
+            root, table = (self.train_images, self.train_table) if part == "train" else (self.test_images, self.test_table)
+            return EvalImages(root, table.paths, size)
+        return CachedEvalImages(CacheRows(self.caches[part]), size, deferred=True)
+
+    def eval_images(self, images):
+        """A test-transform batch on the device (cached uint8 rows are resized and normalised there)."""
+        import torch
+
+        from noisymlt.tensoraug import eval_resize
+
+        images = images.to(self.device, non_blocking=True)
+        if images.dtype == torch.uint8:
+            images = eval_resize(images, self.cfg["train"]["image_size"])
+        return images
 
     # ------------------------------------------------------------------ checkpoints
     @property
@@ -230,9 +287,17 @@ class Trainer:
     def to_device(self, batch: dict) -> dict:
         import torch
 
+        from noisymlt.tensoraug import augment
+
+        batch = dict(batch)
+        aug = batch.pop("aug", None)
         out = {}
         for k, v in batch.items():
             v = v.to(self.device, non_blocking=True)
+            if k == "images" and aug is not None:  # cached uint8 views: augmented here, batched, on the device
+                tcfg = self.cfg["train"]
+                v = augment(v.flatten(0, 1), aug.flatten(0, 1), tcfg["image_size"], tcfg["photometric"])
+                v = v.view(*batch["images"].shape[:2], *v.shape[1:])
             if k == "images" and self.cfg["train"]["channels_last"]:
                 v = v.flatten(0, 1).contiguous(memory_format=torch.channels_last).view(v.shape)
             out[k] = v
@@ -267,7 +332,7 @@ class Trainer:
         import torch
         from tqdm import tqdm
 
-        from noisymlt.dataset import EpochPlan, TrainImages, stream_loader
+        from noisymlt.dataset import EpochPlan, stream_loader
 
         tcfg = self.cfg["train"]
         self.out.mkdir(parents=True, exist_ok=True)
@@ -277,14 +342,16 @@ class Trainer:
             monitor.start(self.out / "noise_level.jsonl", start_epoch, self.saved_noise_log)
         streams = self.streams
         plans = [EpochPlan(s, self.cfg["seed"], self.iters) for s in streams]
-        dataset = TrainImages(self.train_images, self.train_table.paths, tcfg["image_size"], tcfg["photometric"])
+        dataset = self.train_dataset()
         pin = self.device.type == "cuda"
+        loaders = [stream_loader(dataset, None, self.workers, pin) for _ in plans]
         params = [p for p in self.model.parameters() if p.requires_grad]
         for epoch in range(start_epoch, tcfg["epochs"]):
             t0 = time.time()
             self.model.train()
             self.method.on_epoch_start(self.model, epoch)
-            loaders = [stream_loader(dataset, plan.batches(epoch), tcfg["workers"], pin) for plan in plans]
+            for loader, plan in zip(loaders, plans):
+                loader.batch_sampler.batches = plan.batches(epoch)
             sums: dict[str, float] = {}
             bar = tqdm(zip(*loaders), total=self.iters, desc=f"{self.cfg['method']} epoch {epoch + 1}/{tcfg['epochs']}",
                        disable=not self.progress, leave=False, dynamic_ncols=True)
@@ -328,16 +395,16 @@ class Trainer:
         for methods that score every training image (DivideMix's per-sample losses)."""
         import torch
 
-        from noisymlt.dataset import EvalImages, eval_loader
+        from noisymlt.dataset import eval_loader
 
         tcfg = self.cfg["train"]
-        data = EvalImages(self.train_images, self.train_table.paths, tcfg["image_size"])
-        loader = eval_loader(data, tcfg["eval_batch_size"], tcfg["workers"], self.device.type == "cuda")
+        loader = eval_loader(self.eval_dataset("train"), tcfg["eval_batch_size"], self.workers,
+                             self.device.type == "cuda")
         start = 0
         for images in loader:
             idx = torch.arange(start, start + len(images), device=self.device)
             start += len(images)
-            yield idx, images.to(self.device, non_blocking=True)
+            yield idx, self.eval_images(images)
 
     def predict(self, batch_size: int | None = None, forward_seconds: list | None = None) -> dict[str, np.ndarray]:
         """Sigmoid scores of every test image per head. ``forward_seconds``: a list that receives the
@@ -345,16 +412,16 @@ class Trainer:
         import torch
         from tqdm import tqdm
 
-        from noisymlt.dataset import EvalImages, eval_loader
+        from noisymlt.dataset import eval_loader
 
         tcfg = self.cfg["train"]
-        data = EvalImages(self.test_images, self.test_table.paths, tcfg["image_size"])
-        loader = eval_loader(data, batch_size or tcfg["eval_batch_size"], tcfg["workers"], self.device.type == "cuda")
+        loader = eval_loader(self.eval_dataset("test"), batch_size or tcfg["eval_batch_size"], self.workers,
+                             self.device.type == "cuda")
         self.model.eval()
         outs: dict[str, list] = {}
         with torch.no_grad():
             for images in tqdm(loader, desc="predict", disable=not self.progress, leave=False):
-                images = images.to(self.device, non_blocking=True)
+                images = self.eval_images(images)
                 if tcfg["channels_last"]:
                     images = images.contiguous(memory_format=torch.channels_last)
                 t0 = time.perf_counter()
@@ -391,11 +458,12 @@ class Trainer:
         (self.out / "run_config.json").write_text(json.dumps(self.cfg, indent=1, sort_keys=True) + "\n")
         write_manifest(
             self.out / "manifest.json", step="train", started=started, device=str(self.device),
-            inputs={**self.provenance_inputs, **self.paths},
+            inputs={**self.provenance_inputs, **self.paths, **{f"{k}_cache": v for k, v in self.caches.items()}},
             outputs={"checkpoint": self.ckpt_path, "predictions": pred_path}, code=run_entries(self.cfg),
             extra={"run_id": self.run_id, "run": self.cfg, "history": history,
                    "iterations_per_epoch": self.iters, "cpu_threads": torch.get_num_threads()},
-            timing={"epoch_seconds": self._epoch_seconds()},
+            # how it ran, not what it computed (loader workers never change results): untracked
+            timing={"epoch_seconds": self._epoch_seconds(), "loader_workers": self.workers},
         )
         return pred_path
 
@@ -437,7 +505,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     trainer = Trainer(resolved, train_labels=args.train_labels, test_labels=args.test_labels, split=args.split,
                       train_images=args.train_images, test_images=args.test_images, out_dir=out,
                       device=args.device, progress=not args.no_progress,
-                      provenance_inputs=extra, keep_stale=args.keep_stale, clean_labels=args.clean_labels)
+                      provenance_inputs=extra, keep_stale=args.keep_stale, clean_labels=args.clean_labels,
+                      train_cache=args.train_cache, test_cache=args.test_cache, cores=args.cores)
     log.info("run %s: %s on %s gamma=%s seed=%s, %d iterations/epoch on %s", trainer.run_id, resolved["method"],
              resolved["dataset"], resolved["gamma"], resolved["seed"], trainer.iters, trainer.device)
     trainer.run()
@@ -465,6 +534,8 @@ def add_cli(sub) -> None:
     io.add_argument("--split", required=True, help="head/medium/tail class split JSON")
     io.add_argument("--train-images", required=True, help="folder the train label paths are relative to")
     io.add_argument("--test-images", required=True, help="folder the test label paths are relative to")
+    io.add_argument("--train-cache", type=Path, help="decoded-image cache of the train subset (train.loader: cache)")
+    io.add_argument("--test-cache", type=Path, help="decoded-image cache of the test set (train.loader: cache)")
     io.add_argument("--out", required=True, help="run folder (checkpoint, predictions, manifest)")
     io.add_argument("--clean-labels",
                     help="clean long-tail subset table: logs the noise of the targets each branch trains on "
@@ -472,6 +543,8 @@ def add_cli(sub) -> None:
     io.add_argument("--provenance", nargs="*", metavar="NAME=FILE",
                     help="further upstream files whose sha256 the manifest records (raw-data manifest, clean subset)")
     p.add_argument("--device", default="auto", help="auto (GPU if any, honouring CUDA_VISIBLE_DEVICES), cpu, cuda:N")
+    p.add_argument("--cores", type=int, help="CPU cores given to this job (train.workers: auto takes loader workers "
+                   "from them); default: SLURM_CPUS_PER_TASK, else the process's CPU affinity")
     p.add_argument("--restart", action="store_true", help="keep an existing checkpoint aside and start over")
     p.add_argument("--keep-stale", action="store_true",
                    help="a checkpoint of another configuration is kept as checkpoint.<its run id>.pt and training "

@@ -12,6 +12,8 @@ distribution at a fraction of the cost.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from PIL import Image
@@ -48,29 +50,60 @@ def hsv_to_rgb(hsv: np.ndarray) -> np.ndarray:
     return out + m[..., None]
 
 
-def photometric_distortion(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """mmcv-style PhotoMetricDistortion on float RGB [0, 255]: brightness +-32, contrast 0.5..1.5
-    (before or after the HSV ops, at random), saturation 0.5..1.5, hue +-18 degrees, random
-    channel swap; each applied with probability 0.5."""
-    img = img.astype(np.float32, copy=True)
-    if rng.random() < 0.5:
-        img += rng.uniform(-32, 32)
+@dataclass(frozen=True)
+class Photometric:
+    """One draw of the photometric distortion; neutral values where an op was not drawn."""
+
+    brightness: float = 0.0        # added
+    contrast_before: float = 1.0   # multiplied before the HSV ops
+    saturation: float = 1.0        # multiplies HSV saturation
+    hue: float = 0.0               # degrees added to HSV hue
+    hsv: bool = False              # the HSV round trip (and its clip to [0, 255]) happens
+    contrast_after: float = 1.0    # multiplied after the HSV ops
+    channels: tuple[int, int, int] = (0, 1, 2)
+
+
+def draw_photometric(rng: np.random.Generator) -> Photometric:
+    """mmcv-style PhotoMetricDistortion parameters: brightness +-32, contrast 0.5..1.5 (before or after
+    the HSV ops, at random), saturation 0.5..1.5, hue +-18 degrees, random channel swap; each applied
+    with probability 0.5. The draw order is the reference's: the PIL and the cached-tensor paths take
+    their parameters from here, so one slot seed gives both the same augmentation."""
+    brightness = rng.uniform(-32, 32) if rng.random() < 0.5 else 0.0
     contrast_first = rng.random() < 0.5
-    if contrast_first and rng.random() < 0.5:
-        img *= rng.uniform(0.5, 1.5)
+    before = rng.uniform(0.5, 1.5) if contrast_first and rng.random() < 0.5 else 1.0
     do_sat, do_hue = rng.random() < 0.5, rng.random() < 0.5
-    if do_sat or do_hue:
+    saturation = rng.uniform(0.5, 1.5) if do_sat else 1.0
+    hue = rng.uniform(-18, 18) if do_hue else 0.0
+    after = rng.uniform(0.5, 1.5) if not contrast_first and rng.random() < 0.5 else 1.0
+    channels = tuple(int(c) for c in rng.permutation(3)) if rng.random() < 0.5 else (0, 1, 2)
+    return Photometric(float(brightness), float(before), float(saturation), float(hue), do_sat or do_hue,
+                       float(after), channels)
+
+
+def apply_photometric(img: np.ndarray, p: Photometric) -> np.ndarray:
+    """The distortion ``p`` on float RGB [0, 255] (H, W, 3)."""
+    img = img.astype(np.float32, copy=True)
+    if p.brightness:
+        img += p.brightness
+    if p.contrast_before != 1.0:
+        img *= p.contrast_before
+    if p.hsv:
         hsv = rgb_to_hsv(np.clip(img, 0, 255))
-        if do_sat:
-            hsv[..., 1] = np.clip(hsv[..., 1] * rng.uniform(0.5, 1.5), 0, 1)
-        if do_hue:
-            hsv[..., 0] = (hsv[..., 0] + rng.uniform(-18, 18)) % 360
+        if p.saturation != 1.0:
+            hsv[..., 1] = np.clip(hsv[..., 1] * p.saturation, 0, 1)
+        if p.hue:
+            hsv[..., 0] = (hsv[..., 0] + p.hue) % 360
         img = hsv_to_rgb(hsv)
-    if not contrast_first and rng.random() < 0.5:
-        img *= rng.uniform(0.5, 1.5)
-    if rng.random() < 0.5:
-        img = img[..., rng.permutation(3)]
+    if p.contrast_after != 1.0:
+        img *= p.contrast_after
+    if p.channels != (0, 1, 2):
+        img = img[..., list(p.channels)]
     return np.clip(img, 0, 255)
+
+
+def photometric_distortion(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """mmcv-style PhotoMetricDistortion on float RGB [0, 255] (see ``draw_photometric``)."""
+    return apply_photometric(img, draw_photometric(rng))
 
 
 def random_crop_box(width: int, height: int, rng: np.random.Generator, lo: float = 0.8) -> tuple[int, int, int, int]:

@@ -92,8 +92,22 @@ def run_config(w):
 
 
 def train_threads(w):
-    """The run's own CPU thread count (part of its config: CPU results depend on it)."""
-    return resolved(w)["train"]["cpu_threads"]
+    """The run's own CPU thread count (part of its config: CPU results depend on it), plus its loader
+    workers when they are a number; with `workers: auto` the job takes its workers from the cores it is
+    given (the train command's --cores {threads}), so raise a profile's set-threads to give it more."""
+    train = resolved(w)["train"]
+    workers = train.get("workers", 0)
+    return train["cpu_threads"] + (workers if isinstance(workers, int) else 0)
+
+
+def run_caches(w):
+    """The decoded-image caches a run reads (train.loader: cache), as inputs; none for the PIL loader."""
+    args = steps.cache_args(w.dataset, resolved(w)["train"].get("loader", "pil"))
+    return args[1::2]
+
+
+def cache_args(w):
+    return argv(steps.cache_args(w.dataset, resolved(w)["train"].get("loader", "pil")))
 
 
 def backbone_weights(w):

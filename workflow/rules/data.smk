@@ -99,3 +99,28 @@ rule fetch_coco_train_images:
         "benchmarks/data/fetch_images_{dataset}.tsv"
     shell:
         "{params.cli} {params.args} > {log} 2>&1"
+
+
+# Every image of the train subset / test set decoded once into a uint8 array (train.loader: cache reads it).
+rule cache_images:
+    input:
+        labels=lambda w: steps.cache_labels(w.dataset, w.part),
+        images=lambda w: train_images_ready(w.dataset) if w.part == "train" else raw_marker(w.dataset),
+    output:
+        array="data/{dataset}/cache/{part}.npy",
+        index="data/{dataset}/cache/{part}.json",
+        manifest="data/{dataset}/cache/{part}.manifest.json",
+    wildcard_constraints:
+        part="train|test",
+    params:
+        cli=NOISYMLT,
+        args=lambda w, output: argv(steps.cache_argv(config, w.dataset, w.part, output.array)),
+        code=code("cache-images"),
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/data/cache_images_{dataset}_{part}.log",
+    benchmark:
+        "benchmarks/data/cache_images_{dataset}_{part}.tsv"
+    shell:
+        "{params.cli} {params.args} > {log} 2>&1"

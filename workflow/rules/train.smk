@@ -54,6 +54,7 @@ rule train:
         raw=lambda w: raw_marker(w.dataset),
         subset="data/{dataset}/train_labels.parquet",
         weights=backbone_weights,
+        caches=run_caches,
     output:
         predictions="runs/{dataset}/g{gamma}/s{seed}/{method}/predictions.npz",
         manifest="runs/{dataset}/g{gamma}/s{seed}/{method}/manifest.json",
@@ -66,6 +67,7 @@ rule train:
         out=run_dir,
         train_images=lambda w: image_root(w.dataset, "train"),
         test_images=lambda w: image_root(w.dataset, "test"),
+        caches=cache_args,
         code=run_code,
     threads: train_threads
     resources:
@@ -79,5 +81,6 @@ rule train:
     shell:
         "{params.cli} train --run-config {input.config} --train-labels {input.train} "
         "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
-        "--test-images {params.test_images} --out {params.out} --no-progress --keep-stale "
-        "--clean-labels {input.subset} --provenance raw_manifest={input.raw} clean_subset={input.subset} > {log} 2>&1"
+        "--test-images {params.test_images} {params.caches} --out {params.out} --cores {threads} --no-progress "
+        "--keep-stale --clean-labels {input.subset} --provenance raw_manifest={input.raw} clean_subset={input.subset} "
+        "> {log} 2>&1"
