@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_dvc import (BIN, DVC, SNAKEMAKE, _digests, _needs_tools, _run, dvc_outputs, snakemake_outputs,
-                      unwritten_outputs)
+from test_dvc import (BIN, DVC, SNAKEMAKE, _digests, _needs_tools, _run, dvc_outputs, snakemake_only,
+                      snakemake_outputs, unwritten_outputs)
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = ("params.yaml", "workflow/profiles/demo/params.yaml")
@@ -105,11 +105,8 @@ def test_every_dvc_output_of_the_demo_is_written_by_its_snakemake_route(tmp_path
     assert unwritten_outputs(outs, smk) == []
     # Snakemake-only, as dvc.yaml's header says: ablations, timings, README numbers, job configs
     ablation_runs = {f"runs/toy/g0.5/s0/{m}/" for m in smk_ablation_methods(root)}
-    snakemake_only = ("reports/ablation_", "reports/inference_time_", "reports/noise_level_", "reports/pseudo_labels_",
-                      "reports/readme_numbers.json")
     uncovered = sorted(f for f in smk if not any(f == o or f.startswith(o + "/") for o in outs)
-                       and not f.startswith(snakemake_only) and not f.endswith("/requested_config.json")
-                       and not any(f.startswith(r) for r in ablation_runs))
+                       and not snakemake_only(f) and not any(f.startswith(r) for r in ablation_runs))
     assert uncovered == []
     assert {"reports/table_groups_toy.html", "reports/map_vs_gamma.pdf"} <= outs
     assert smk["data/code"] == "code_digests" and smk["data/pretrained/toy_glyphs.pt"] == "pretrain"

@@ -59,8 +59,10 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
                  "seeds": [int(s) for s in grid["seeds"]]},
         "pretrain": list(dict.fromkeys(pretrain)),
         "fetch_images": [d for d in grid["datasets"] if params["datasets"][d]["kind"] == "coco"],
-        # decoded-image caches: the folder each part's label paths are relative to
-        "caches": {f"{d}-{part}": {"dataset": d, "part": part, "images": steps.image_root(params, d, part)}
+        # decoded-image caches and the stage output holding each part's images (COCO's train subset is fetched)
+        "caches": {f"{d}-{part}": {"dataset": d, "part": part, "images": steps.train_images_dir(d)
+                                   if part == "train" and params["datasets"][d]["kind"] == "coco"
+                                   else steps.raw_dir(params, d)}
                    for d in grid["datasets"] for part in ("train", "test")},
         "runs": runs,
     }

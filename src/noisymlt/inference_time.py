@@ -58,9 +58,11 @@ def load_trained(run_dir: Path, test_labels: Path, train_images: Path, test_imag
     for key in ("train_labels", "split"):
         if key not in inputs:
             raise NoisyMLTError(f"{files['manifest.json']}: no recorded input {key!r}")
+    caches = {f"{part}_cache": Path(inputs[f"{part}_cache"]["path"]) for part in ("train", "test")
+              if f"{part}_cache" in inputs}  # train.loader: cache reads the images the run read
     trainer = Trainer(cfg, train_labels=Path(inputs["train_labels"]["path"]), test_labels=test_labels,
                       split=Path(inputs["split"]["path"]), train_images=train_images, test_images=test_images,
-                      out_dir=run_dir, device=device, progress=False)
+                      out_dir=run_dir, device=device, progress=False, **caches)
     state = torch.load(files["checkpoint.pt"], map_location=trainer.device, weights_only=True)
     if state.get("epoch") != cfg["train"]["epochs"]:
         raise NoisyMLTError(f"{files['checkpoint.pt']}: training stopped at epoch {state.get('epoch')} of "

@@ -52,9 +52,13 @@ def score_train_set(run: Path, train_labels: Path, split: Path, train_images: Pa
         raise NoisyMLTError(f"{config}: method {resolved['method']!r} is not of the co-learning family; "
                             "it has no pseudo labels to show")
     # The trainer needs a test table only to check classes: the train table stands in (nothing is predicted).
+    # train.loader: cache reads the images the run read; here the train images serve as the "test" set too
+    manifest = json.loads((Path(run) / "manifest.json").read_text()) if (Path(run) / "manifest.json").is_file() else {}
+    cache = manifest.get("inputs", {}).get("train_cache", {}).get("path")
+    caches = {"train_cache": Path(cache), "test_cache": Path(cache)} if cache else {}
     trainer = Trainer(resolved, train_labels=train_labels, test_labels=train_labels, split=split,
                       train_images=train_images, test_images=train_images, out_dir=run, device=device,
-                      progress=False)
+                      progress=False, **caches)
     epoch, _ = trainer.load_checkpoint()  # refuses a checkpoint of another config or other inputs
     if epoch < resolved["train"]["epochs"]:
         raise NoisyMLTError(f"{trainer.ckpt_path}: run stopped after epoch {epoch} of {resolved['train']['epochs']}")
