@@ -32,10 +32,13 @@ rule run_config:
     params:
         config=run_config,
     localrule: True
+    conda:
+        "../envs/noisymlt.yaml"
     log:
         "logs/train/{dataset}_g{gamma}_s{seed}_{method}.config.log",
-    run:
-        Path(output[0]).write_text(f"{params.config}\n")
+    # a shell job (milliseconds): a `run:` block would start a whole Snakemake process per run
+    shell:
+        "printf '%s\\n' {params.config:q} > {output} 2> {log}"
 
 
 # One training run per (dataset, noise rate, seed, method). The job picks its own GPU
