@@ -125,7 +125,9 @@ def test_figure_is_written(tmp_path):
 def test_ablation_table_layout_rows_and_paper_column(tmp_path):
     files = [fake_run(tmp_path, m, 0.5, s, [v + s / 100]) for s in (0, 1, 2)
              for m, v in (("base", 0.60), ("variant", 0.65))]
-    block = {"label": "Ablation X", "dataset": "toy", "methods": ["base", "variant"],
+    # the variant also has main-grid runs at another rate and a fourth seed: not the ablation's
+    files += [fake_run(tmp_path, "variant", 0.9, 0, [0.1]), fake_run(tmp_path, "variant", 0.5, 3, [0.9])]
+    block = {"label": "Ablation X", "dataset": "toy", "methods": ["base", "variant"], "gammas": [0.5], "seeds": [0, 1, 2],
              "rows": {"base": "-- / --", "variant": "Stitch-Up"}, "paper": {"base": [66.84, 65.33, 77.02, 60.33]}}
     from noisymlt.report.tables import write_ablation_table
 
@@ -133,7 +135,7 @@ def test_ablation_table_layout_rows_and_paper_column(tmp_path):
     sidecar = write_ablation_table(aggregate(files), out, {}, block)
     md = out.with_suffix(".md").read_text()
     assert "| -- / -- | _61.00 ± 2.48_ | _61.00 ± 2.48_ | _61.00 ± 2.48_ | _61.00 ± 2.48_ | 66.84 |" in md
-    assert "| Stitch-Up | **66.00 ± 2.48** |" in md
+    assert "| Stitch-Up | **66.00 ± 2.48** |" in md and "0.9" not in md
     assert "Method & Total & Head & Medium & Tail & Paper" in out.read_text()
     assert "variant/main/0.5/tail" in sidecar["cells"]
 

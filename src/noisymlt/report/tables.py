@@ -192,8 +192,11 @@ def write_ablation_table(results: pd.DataFrame, out_tex: Path, labels: dict[str,
     the block's ``rows``; the published numbers (``paper``) follow in a last column for comparison.
     Cell keys: METHOD/HEAD/GAMMA/GROUP."""
     methods, dataset = block["methods"], block["dataset"]
+    # only the ablation's own noise rates and seeds: a variant that is also in the main grid (Ours) has runs
+    # at every rate and seed there, which would make columns and means the ablation never asked for
     sel = results[(results["dataset"] == dataset) & results["method"].isin(methods)
-                  & results["group"].isin(("total", *GROUPS))]
+                  & results["group"].isin(("total", *GROUPS))
+                  & results["gamma"].isin([float(g) for g in block["gammas"]]) & results["seed"].isin(block["seeds"])]
     if sel.empty:
         raise NoisyMLTError(f"results hold no runs of {methods} on {dataset}")
     cells = collect_cells(sel, ["gamma", "group"])
