@@ -30,7 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO = ("params.yaml", "workflow/profiles/demo/params.yaml")
 # The demo reduced to seconds: one noise rate, one epoch, a small source task for the pretrained backbone.
 TINY_LAYER = {
-    "grid": {"datasets": ["toy"], "gammas": [0.5], "seeds": [0], "methods": ["erm"]},
+    # no ablations (Snakemake's only: their runs would enter its results.parquet, not DVC's) and no timing runs
+    "grid": {"datasets": ["toy"], "gammas": [0.5], "seeds": [0], "methods": ["erm"], "ablations": []},
+    "timing": {"methods": ["erm"], "trials": 1, "batch_sizes": [1]},
     "datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 240, "n_test": 60, "size": 32},
                          "longtail": {"source": "pareto", "b": 6, "max": 60, "min": 3, "seed": 0}}},
     "train": {"epochs": 1, "batch_size": 16, "warmup_iters": 2, "lr_steps": [1], "eval_batch_size": 64},
