@@ -40,6 +40,8 @@ def test_paper_and_demo_params_are_valid(paper):
         (lambda p: p["datasets"]["voc"]["longtail"].update(source="magic"), "datasets.voc.longtail.source"),
         (lambda p: p.update(extra_section={}), "extra_section"),
         (lambda p: p["grid"].update(gammas=[0.5, 1]), "write the noise rate 1 as 1.0"),
+        (lambda p: p["timing"].update(methods=["db", "fastest"]), "timing.methods names 'fastest'"),
+        (lambda p: p["timing"].update(trials=0), "timing.trials"),
     ],
 )
 def test_bad_params_are_rejected_with_the_key(paper, mutate, message):

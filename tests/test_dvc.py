@@ -240,7 +240,7 @@ def _tiny_params() -> dict:
     toy["toy"] = {"seed": 0, "n_trainval": 240, "n_test": 60, "size": 32}
     toy["longtail"] = {"source": "pareto", "b": 6, "max": 60, "min": 3, "seed": 0}
     params["datasets"] = {"toy": toy}
-    for key in ("download", "ablations"):
+    for key in ("download", "ablations", "timing"):
         params.pop(key, None)
     params["grid"] = {"datasets": ["toy"], "gammas": [0.5], "seeds": [0], "methods": ["erm"]}
     params["methods"] = {"erm": params["methods"]["erm"]}

@@ -101,6 +101,10 @@ def validate_params(params: dict, source: str = "params") -> None:
         if params["ablations"][name]["dataset"] not in params["datasets"]:
             raise NoisyMLTError(f"{source}: ablations.{name}.dataset: unknown dataset "
                                 f"{params['ablations'][name]['dataset']!r}")
+    for name in (params.get("timing") or {}).get("methods", []):
+        if name not in params["methods"]:
+            raise NoisyMLTError(f"{source}: timing.methods names {name!r}, which has no block under methods "
+                                f"(configured: {', '.join(sorted(params['methods']))})")
     for name in params["grid"]["methods"] + [m for a in params.get("ablations", {}).values() for m in a["methods"]]:
         if name not in params["methods"]:
             known = ", ".join(sorted(params["methods"]))
