@@ -202,7 +202,7 @@ def figure_datasets():
 
 def timing_runs_trained(dataset):
     """The running-time table times runs the grid trains anyway (main grid or ablations), never extra ones."""
-    wanted = timing_runs("runs/" + dataset + "/g{gamma}/s{seed}/{method}")
+    wanted = timing_runs(f"runs/{dataset}/g{{gamma}}/s{{seed}}/{{method}}")
     return bool(wanted) and set(wanted) <= set(all_runs("runs/{dataset}/g{gamma}/s{seed}/{method}"))
 
 
