@@ -17,7 +17,7 @@ import pandas as pd
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.labels import GROUPS
-from noisymlt.report.tables import mean_ci, primary_head
+from noisymlt.report.tables import mean_ci, primary_head, read_results
 
 MARKERS = "os^vD<>ph*"
 
@@ -121,10 +121,7 @@ def plot_sweep(results: pd.DataFrame, block: dict, xs: dict[str, float], out: Pa
 
 
 def _cmd_figure(args: argparse.Namespace) -> int:
-    try:
-        results = pd.read_parquet(args.results)
-    except Exception as exc:
-        raise NoisyMLTError(f"{args.results}: cannot read results ({exc})") from exc
+    results = read_results(args.results)
     if args.ablation_spec:
         block = json.loads(args.ablation_spec)
         if "sweep" not in block:

@@ -35,6 +35,14 @@ class Cell:
     runs: list[dict]
 
 
+def read_results(path: str | Path) -> pd.DataFrame:
+    """results.parquet, or an error naming the file (every report command reads it through this)."""
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:
+        raise NoisyMLTError(f"{path}: cannot read results ({exc})") from exc
+
+
 def mean_ci(values: np.ndarray) -> tuple[float, float | None]:
     """Mean and Student-t 95% confidence half-width over seeds."""
     from scipy import stats
@@ -225,11 +233,7 @@ def write_ablation_table(results: pd.DataFrame, out_tex: Path, labels: dict[str,
 
 
 def _cmd_table(args: argparse.Namespace) -> int:
-    path = Path(args.results)
-    try:
-        results = pd.read_parquet(path)
-    except Exception as exc:
-        raise NoisyMLTError(f"{path}: cannot read results ({exc})") from exc
+    results = read_results(args.results)
     labels = json.loads(args.labels) if args.labels else {}
     params = None
     if args.params:
