@@ -4,8 +4,8 @@
 Measures the compute of one optimisation step (forward, backward, clipping, SGD) on synthetic batches
 shaped exactly as each method's data streams (batch size, Stitch-Up views), so data loading is left out:
 the point is what a method's extra machinery costs over training the backbone alone. The bare backbone
-trains the same stages as the methods (BatchNorm frozen likewise) with a linear classifier, on the
-random-branch batch. All nets start from one set of (random) backbone weights, as they would from one
+trains the same stages as the methods (BatchNorm frozen likewise) with a linear classifier, on as many
+images per step as the method it is compared with. All nets start from one set of (random) backbone weights, as they would from one
 pretrained file, so that methods that share identical frozen stages do so here too.
 
     python scripts/benchmark_throughput.py                         # paper scale: ResNet-50 @ 224, VOC
@@ -105,9 +105,9 @@ def method_step(params: dict, dataset: str, method: str, device: torch.device, n
     return step, images_per_step
 
 
-def bare_backbone_step(tcfg: dict, device: torch.device, num_classes: int):
+def bare_backbone_step(tcfg: dict, device: torch.device, num_classes: int, batch: int):
     """The reference: the configured backbone (its trainable stages, frozen BatchNorm as configured) with
-    global pooling and a linear classifier, BCE, on the random-branch batch."""
+    global pooling and a linear classifier, BCE, on ``batch`` images per step."""
     from noisymlt.models.backbones import apply_trainable, build_backbone, freeze_batchnorm
 
     torch.manual_seed(0)
@@ -122,7 +122,7 @@ def bare_backbone_step(tcfg: dict, device: torch.device, num_classes: int):
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3, momentum=0.9)
-    b, size = tcfg["batch_size"], tcfg["image_size"]
+    b, size = batch, tcfg["image_size"]
     x = torch.randn(b, 3, size, size).to(device)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
@@ -195,13 +195,15 @@ def main() -> int:
             print(f"skipping {method}: not defined in {' + '.join(args.params)}")
         configs = {m: resolve_run(params, args.dataset, m, 0.5, 0)["train"] for m in methods}
         tcfg = configs[methods[0]]
-        # one bare reference per trainable policy in use ([DB]'s layer2 on, [CL]'s layer4 only)
-        bare_of = {m: f"bare backbone ({c['trainable']})" for m, c in configs.items()}
-        steps = {bare_of[m]: bare_backbone_step(configs[m], device, args.num_classes)
-                 for m in dict.fromkeys(m for m in methods)}
-        steps = dict(sorted(steps.items()))
-        for method in methods:
-            steps[method] = method_step(params, args.dataset, method, device, args.num_images, args.num_classes)
+        method_steps = {m: method_step(params, args.dataset, m, device, args.num_images, args.num_classes)
+                        for m in methods}
+        # One bare reference per (trainable policy, images per step) in use: [DB]'s layer2 on or [CL]'s
+        # layer4 only, at the method's own images per step, since the cost per image of a step depends on
+        # its batch (on CPU a step of 576 images costs ~1.7x more per image than one of 32).
+        bare_of = {m: f"bare backbone ({c['trainable']}, {method_steps[m][1]} img)" for m, c in configs.items()}
+        steps = {bare_of[m]: bare_backbone_step(configs[m], device, args.num_classes, method_steps[m][1])
+                 for m in methods}
+        steps = {**dict(sorted(steps.items())), **method_steps}
         # Interleaved rounds, median per method: drifts of clock speed or background load hit all alike.
         times: dict[str, list[float]] = {name: [] for name in steps}
         for _ in range(args.rounds):
@@ -215,7 +217,8 @@ def main() -> int:
     by_name = {r["method"]: r for r in rows}
     for r in rows:
         bare = by_name[bare_of.get(r["method"], r["method"])]
-        r["trainable"] = configs[r["method"]]["trainable"] if r["method"] in configs else r["method"][15:-1]
+        r["trainable"] = (configs[r["method"]] if r["method"] in configs else
+                          configs[next(m for m, b in bare_of.items() if b == r["method"])])["trainable"]
         r["cost_per_image_vs_bare"] = (r["ms_per_step"] / r["train_images_per_step"]) / (
             bare["ms_per_step"] / bare["train_images_per_step"])
     name = (torch.cuda.get_device_name(device) if device.type == "cuda"
@@ -223,9 +226,9 @@ def main() -> int:
     precision = tcfg["precision"] if device.type == "cuda" else "fp32"
     print(f"device: {name}; backbone {tcfg['backbone']} @ {tcfg['image_size']}px, "
           f"precision {precision}, random batch {tcfg['batch_size']}, balanced batch {tcfg['balanced_batch_size']}")
-    print(f"{'method':<25}{'img/step':>10}{'ms/step':>12}{'img/s':>10}{'cost/img vs bare':>19}")
+    print(f"{'method':<34}{'img/step':>10}{'ms/step':>12}{'img/s':>10}{'cost/img vs bare':>19}")
     for r in rows:
-        print(f"{r['method']:<25}{r['train_images_per_step']:>10}{r['ms_per_step']:>12.1f}"
+        print(f"{r['method']:<34}{r['train_images_per_step']:>10}{r['ms_per_step']:>12.1f}"
               f"{r['train_images_per_s']:>10.1f}{r['cost_per_image_vs_bare']:>18.2f}x")
     if args.json:
         import torchvision
