@@ -123,6 +123,13 @@ def test_demo_profile_runs_end_to_end(tmp_path):
     assert sorted(results["gamma"].unique()) == [0.5, 0.9]
     assert results["run_id"].nunique() == 2 + 2 + 2  # ERM and Ours at two rates, two K variants
     assert results.loc[results["metric"] == "mAP", "value"].between(0, 1).all()
+    # workflow.preload (the demo layer): every training job ran in a child of the preload server, which
+    # logged it and ended with the workflow; its runs equal a plain process's (the `step train` check below)
+    served = (wf / "logs" / "preload.log").read_text()
+    assert len(re.findall(r"noisymlt train --out runs/toy/g0\.[59]/s0/\w+$", served, re.M)) == results["run_id"].nunique()
+    assert served.count("exit status 0 after") >= results["run_id"].nunique() and "exit status 1" not in served
+    sockets = re.findall(r"serving on (\S+):", served)
+    assert sockets and not any(Path(sock).exists() for sock in sockets)  # stopped with the workflow
     for g in ("0.5", "0.9"):
         assert (wf / "logs" / "train" / f"toy_g{g}_s0_erm.log").exists()
         assert (wf / "runs" / "toy" / f"g{g}" / "s0" / "erm" / "checkpoint.pt").exists()

@@ -35,6 +35,7 @@ COMMAND_MODULES = (
     "noisymlt.steps",
     "noisymlt.dvcparams",
     "noisymlt.codedeps",
+    "noisymlt.preload",
 )
 
 

@@ -1,0 +1,356 @@
+"""A preloaded process that runs `noisymlt` commands in forked children: local workflow runs only.
+
+Every training job pays about 3.5 s importing torch and torchvision (which imports torch._dynamo)
+before its first step, and the demo runs about 160 of them on 2 cores. With ``workflow.preload: true``
+the Snakefile starts one server per Snakemake run, which imports those modules once. A `noisymlt`
+command whose environment names the server (``NOISYMLT_PRELOAD``) hands it its arguments, working
+directory, environment and standard streams; the server forks a child that runs the command with
+them, as a fresh process would, and reports the child's exit status, which the command exits with.
+If the command's process is killed (a cancelled job), the child is killed too.
+
+Nothing depends on the server: without one (a SLURM node, a stale socket, a source tree edited since
+the server started) the command runs in its own process as always. The server saves start-up time
+and never changes a result: tests compare its runs' outputs with plain runs byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ENV = "NOISYMLT_PRELOAD"
+# What a training or evaluation job imports; the server does it once. numpy and pyarrow start
+# threads of their own, which fork handles as it does for PyTorch's DataLoader workers.
+PRELOAD_MODULES = ("numpy", "pandas", "pyarrow.parquet", "torch", "torchvision", "noisymlt.cli", "noisymlt.train",
+                   "noisymlt.methods.single", "noisymlt.methods.colearning_family", "noisymlt.methods.dividemix",
+                   "noisymlt.methods.bbn", "noisymlt.methods.mlgcn", "noisymlt.evaluate")
+KILL_GRACE_S = 5.0
+
+
+# ---------------------------------------------------------------------------------------------- wire
+def _send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
+    data = json.dumps(message).encode()
+    header = struct.pack("!I", len(data))
+    if fds:
+        socket.send_fds(sock, [header + data], fds)
+    else:
+        sock.sendall(header + data)
+
+
+def _recv(sock: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[int]]:
+    """One message (None at end of stream) and the file descriptors that came with it."""
+    fds: list[int] = []
+    if with_fds:
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, with_fds)
+    else:
+        data = sock.recv(1 << 16)
+    if not data:
+        return None, fds
+    while len(data) < 4 or len(data) < 4 + struct.unpack("!I", data[:4])[0]:
+        more = sock.recv(1 << 16)
+        if not more:
+            return None, fds
+        data += more
+    (size,) = struct.unpack("!I", data[:4])
+    return json.loads(data[4:4 + size]), fds
+
+
+def source_fingerprint() -> dict[str, list[int]]:
+    """(mtime, size) of every module of the package: a server whose code was edited since it
+    imported it must not run jobs with the old code."""
+    root = Path(__file__).resolve().parent
+    return {str(p.relative_to(root)): [p.stat().st_mtime_ns, p.stat().st_size] for p in sorted(root.rglob("*.py"))}
+
+
+def _identity() -> dict:
+    """What client and server must share: the interpreter and the package location."""
+    return {"executable": os.path.realpath(sys.executable), "package": str(Path(__file__).resolve().parent)}
+
+
+def _out_arg(argv: list[str]) -> list[str]:
+    """The --out of a command line, which names the run a training job is for."""
+    return [f"--out {argv[i + 1]}" for i, a in enumerate(argv[:-1]) if a == "--out"][:1]
+
+
+def _log(line: str) -> None:
+    print(time.strftime("%Y-%m-%d %H:%M:%S"), line, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- client
+def run_via_server(argv: list[str]) -> int | None:
+    """Run ``noisymlt ARGV`` in a child of the preload server named by $NOISYMLT_PRELOAD, and return its
+    exit status; None when there is no usable server (the caller then runs the command itself)."""
+    path = os.environ.get(ENV)
+    if not path or not os.path.exists(path):
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        _send(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), **_identity()}, fds=[0, 1, 2])
+        reply, _ = _recv(sock)
+    except OSError:
+        sock.close()
+        return None
+    if reply is None or "refused" in reply:
+        sock.close()
+        return None
+    # Started: from here on the command's fate is the child's. A signal that ends this process closes
+    # the socket, and the server then kills the child.
+    result, _ = _recv(sock)
+    sock.close()
+    if result is None:
+        print(f"noisymlt: the preload server ({path}) went away while running the command", file=sys.stderr)
+        return 1
+    return int(result["exit"])
+
+
+# ---------------------------------------------------------------------------------------------- server
+class Server:
+    """Single-threaded: a fork from a process with several Python threads could copy a held lock."""
+
+    def __init__(self, path: Path, *, idle_timeout: float, parent: int | None):
+        self.path = path
+        self.idle_timeout = idle_timeout
+        self.parent = parent
+        self.fingerprint = source_fingerprint()
+        self.identity = _identity()
+        self.children: dict[int, socket.socket] = {}  # pid -> the client waiting for it
+        self.started: dict[int, tuple[float, str]] = {}  # pid -> (start time, command) for the log
+        self.killing: dict[int, float] = {}  # pid -> when SIGTERM was sent
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        os.chmod(path, 0o600)
+        self.listener.listen(64)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        self.last_active = time.monotonic()
+
+    def serve(self) -> None:
+        try:
+            while self._should_run():
+                for key, _ in self.selector.select(timeout=0.05):
+                    if key.fileobj is self.listener:
+                        self._accept()
+                    else:  # a client closed its end before its child finished: it was killed
+                        self._client_gone(key.data)
+                self._reap()
+        finally:
+            for pid in list(self.children):
+                self._kill(pid, signal.SIGKILL)
+            self.listener.close()
+            self.path.unlink(missing_ok=True)
+
+    def _should_run(self) -> bool:
+        if self.parent is not None and os.getppid() != self.parent:
+            return False  # the workflow that started us has ended
+        if self.children:
+            self.last_active = time.monotonic()
+        return time.monotonic() - self.last_active < self.idle_timeout
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        self.last_active = time.monotonic()
+        conn.settimeout(5.0)  # a client sends its request at once; never let one stall the server
+        try:
+            request, fds = _recv(conn, with_fds=3)
+        except (OSError, ValueError):
+            conn.close()
+            return
+        conn.settimeout(None)
+        reason = self._refusal(request, fds)
+        if reason:
+            for fd in fds:
+                os.close(fd)
+            try:
+                _send(conn, {"refused": reason})
+            except OSError:
+                pass
+            conn.close()
+            return
+        pid = os.fork()
+        if pid == 0:
+            self._child(request, fds)  # never returns
+        try:
+            os.setpgid(pid, pid)  # as the child does: whichever runs first, the group exists before a kill
+        except OSError:
+            pass
+        for fd in fds:
+            os.close(fd)
+        try:
+            _send(conn, {"pid": pid})
+        except OSError:
+            pass
+        self.children[pid] = conn
+        self.started[pid] = (time.monotonic(), " ".join(request["argv"][:1] + _out_arg(request["argv"])))
+        self.selector.register(conn, selectors.EVENT_READ, pid)
+        _log(f"pid {pid}: noisymlt {self.started[pid][1]}")
+
+    def _refusal(self, request: dict | None, fds: list[int]) -> str | None:
+        if request is None or len(fds) != 3:
+            return "malformed request"
+        if {k: request.get(k) for k in self.identity} != self.identity:
+            return "another interpreter or package location"
+        if source_fingerprint() != self.fingerprint:
+            self.idle_timeout = 0  # stale for good: finish the running children, then exit
+            return "the package's source changed since the server started"
+        return None
+
+    def _child(self, request: dict, fds: list[int]) -> None:
+        code = 1
+        try:
+            self.selector.close()
+            self.listener.close()
+            for conn in self.children.values():
+                conn.close()
+            os.setpgid(0, 0)  # its own group: the server kills it with everything it started
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+                os.close(fd)
+            os.chdir(request["cwd"])
+            os.environ.clear()
+            os.environ.update(request["env"])
+            sys.argv = [sys.argv[0], *request["argv"]]
+            from noisymlt.cli import main
+
+            code = main(request["argv"])
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        except BaseException:  # noqa: BLE001 (report anything, as the interpreter would)
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            import logging
+
+            logging.shutdown()
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001
+                    pass
+            os._exit(code if isinstance(code, int) else 1)
+
+    def _client_gone(self, pid: int) -> None:
+        conn = self.children.get(pid)
+        if conn is not None and pid not in self.killing:
+            self.selector.unregister(conn)
+            self._kill(pid, signal.SIGTERM)
+            self.killing[pid] = time.monotonic()
+
+    def _kill(self, pid: int, sig: int) -> None:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, sig)
+                return
+            except ProcessLookupError:
+                continue
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                break
+            conn = self.children.pop(pid, None)
+            if conn is None:
+                continue
+            t0, command = self.started.pop(pid)
+            _log(f"pid {pid}: exit status {os.waitstatus_to_exitcode(status)} after {time.monotonic() - t0:.1f} s"
+                 + (" (its caller was killed)" if pid in self.killing else ""))
+            if pid not in self.killing:
+                self.selector.unregister(conn)
+                code = os.waitstatus_to_exitcode(status)  # -N for signal N, reported as a shell does
+                try:
+                    _send(conn, {"exit": code if code >= 0 else 128 - code})
+                except OSError:
+                    pass
+            self.killing.pop(pid, None)
+            conn.close()
+        now = time.monotonic()
+        for pid, since in list(self.killing.items()):
+            if now - since > KILL_GRACE_S:
+                self._kill(pid, signal.SIGKILL)
+
+
+def start_server(*, idle_timeout: float = 600.0, log: Path | None = None):
+    """Start a server in the background for the calling process (it exits when this process does, or
+    after ``idle_timeout`` seconds without work) and wait until it accepts; returns (socket path, its
+    Popen). The socket lives in a private temporary folder: a Unix socket path must stay short.
+    ``log``: the file the server appends one line per command started and ended to."""
+    import subprocess
+
+    folder = Path(tempfile.mkdtemp(prefix="noisymlt-preload-"))
+    path = folder / "socket"
+    stream = None
+    if log is not None:
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        stream = open(log, "a")
+    proc = subprocess.Popen([sys.executable, "-m", "noisymlt", "preload", "--socket", str(path),
+                             "--idle-timeout", str(idle_timeout), "--parent", str(os.getpid())],
+                            stdin=subprocess.DEVNULL, stdout=stream, stderr=stream, start_new_session=True)
+    if stream is not None:
+        stream.close()
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the preload server did not start (exit status {proc.poll()})")
+        time.sleep(0.05)
+    return str(path), proc
+
+
+def stop_server(path: str, proc) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except Exception:  # noqa: BLE001
+        proc.kill()
+    Path(path).unlink(missing_ok=True)
+    try:
+        Path(path).parent.rmdir()
+    except OSError:
+        pass
+
+
+def _cmd_preload(args: argparse.Namespace) -> int:
+    import importlib
+
+    path = Path(args.socket)
+    if path.exists():
+        raise SystemExit(f"noisymlt preload: {path} exists (another server?); remove it or choose another path")
+    for name in PRELOAD_MODULES:
+        importlib.import_module(name)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    server = Server(path, idle_timeout=args.idle_timeout, parent=args.parent)
+    _log(f"serving on {path}: {', '.join(PRELOAD_MODULES)} imported")
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "idle_timeout", -1.0))
+    server.serve()
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser(
+        "preload", help="serve noisymlt commands from a process with torch already imported (local runs)",
+        description="Import torch, torchvision and the trainer once, then run each noisymlt command that "
+                    f"connects (its environment has {ENV}=SOCKET) in a forked child with the command's "
+                    "arguments, working directory, environment and standard streams. Saves the ~3.5 s "
+                    "import per job; results are those of a fresh process. The workflow starts and stops it "
+                    "(workflow.preload: true); it exits on SIGTERM, when --parent exits, or when idle.",
+    )
+    p.add_argument("--socket", required=True, help="Unix socket path to listen on (short: ~100 characters at most)")
+    p.add_argument("--idle-timeout", type=float, default=600.0, help="exit after this many seconds without work")
+    p.add_argument("--parent", type=int, help="exit when this process (the workflow) is no longer our parent")
+    p.set_defaults(func=_cmd_preload)
