@@ -45,30 +45,10 @@ def device_name(device) -> str:
 
 def load_trained(run_dir: Path, test_labels: Path, train_images: Path, test_images: Path, device: str):
     """A Trainer holding the finished model of RUN_DIR (its recorded config, labels and weights)."""
-    import torch
-
     from noisymlt.train import Trainer
 
-    files = {name: run_dir / name for name in ("run_config.json", "manifest.json", "checkpoint.pt")}
-    for name, path in files.items():
-        if not path.is_file():
-            raise NoisyMLTError(f"{path}: missing; {run_dir} is not a finished training run")
-    cfg = json.loads(files["run_config.json"].read_text())
-    inputs = json.loads(files["manifest.json"].read_text())["inputs"]
-    for key in ("train_labels", "split"):
-        if key not in inputs:
-            raise NoisyMLTError(f"{files['manifest.json']}: no recorded input {key!r}")
-    caches = {f"{part}_cache": Path(inputs[f"{part}_cache"]["path"]) for part in ("train", "test")
-              if f"{part}_cache" in inputs}  # train.loader: cache reads the images the run read
-    trainer = Trainer(cfg, train_labels=Path(inputs["train_labels"]["path"]), test_labels=test_labels,
-                      split=Path(inputs["split"]["path"]), train_images=train_images, test_images=test_images,
-                      out_dir=run_dir, device=device, progress=False, **caches)
-    state = torch.load(files["checkpoint.pt"], map_location=trainer.device, weights_only=True)
-    if state.get("epoch") != cfg["train"]["epochs"]:
-        raise NoisyMLTError(f"{files['checkpoint.pt']}: training stopped at epoch {state.get('epoch')} of "
-                            f"{cfg['train']['epochs']}; time a finished run")
-    trainer.model.load_state_dict(state["model"])
-    return trainer
+    return Trainer.from_run_dir(run_dir, test_labels=test_labels, train_images=train_images,
+                                test_images=test_images, device=device)
 
 
 def time_predictions(trainer, batch_size: int, trials: int) -> dict:

@@ -170,6 +170,41 @@ class Trainer:
             caches[part] = Path(path)
         return caches
 
+    @classmethod
+    def from_run_dir(cls, run_dir: Path, *, test_labels: Path, train_images: Path, test_images: Path,
+                     device: str = "cpu", train_labels: Path | None = None, split: Path | None = None,
+                     resolved: dict | None = None) -> "Trainer":
+        """A Trainer holding the finished model of RUN_DIR: its recorded configuration (or ``resolved``,
+        read from there by the caller), the train labels and class split its manifest names (unless
+        given), the image caches it read, and its final checkpoint, which ``load_checkpoint`` refuses
+        if it belongs to another configuration or other inputs. When the train table stands in for the
+        test table, the train cache does too."""
+        run_dir = Path(run_dir)
+        files = {name: run_dir / name for name in ("run_config.json", "manifest.json", "checkpoint.pt")}
+        for name, path in files.items():
+            if not path.is_file():
+                raise NoisyMLTError(f"{path}: missing; {run_dir} is not a finished training run")
+        cfg = resolved if resolved is not None else json.loads(files["run_config.json"].read_text())
+        inputs = json.loads(files["manifest.json"].read_text()).get("inputs", {})
+        given = {"train_labels": train_labels, "split": split}
+        for key, value in given.items():
+            if value is None and key not in inputs:
+                raise NoisyMLTError(f"{files['manifest.json']}: no recorded input {key!r}")
+            given[key] = Path(value) if value is not None else Path(inputs[key]["path"])
+        # train.loader: cache reads the images the run read
+        caches = {f"{part}_cache": Path(inputs[f"{part}_cache"]["path"]) for part in ("train", "test")
+                  if f"{part}_cache" in inputs}
+        if Path(test_labels) == given["train_labels"] and "train_cache" in caches:
+            caches["test_cache"] = caches["train_cache"]
+        trainer = cls(cfg, train_labels=given["train_labels"], test_labels=test_labels, split=given["split"],
+                      train_images=train_images, test_images=test_images, out_dir=run_dir, device=device,
+                      progress=False, **caches)
+        epoch, _ = trainer.load_checkpoint()
+        if epoch != cfg["train"]["epochs"]:
+            raise NoisyMLTError(f"{files['checkpoint.pt']}: training stopped at epoch {epoch} of "
+                                f"{cfg['train']['epochs']}; a finished run is needed")
+        return trainer
+
     def train_dataset(self):
         """The cache path hands uint8 views and their drawn parameters to ``to_device``, which augments
         the batch where the model is (``dataset.CachedTrainImages``)."""

@@ -45,23 +45,16 @@ def score_train_set(run: Path, train_labels: Path, split: Path, train_images: Pa
     from noisymlt.train import Trainer
 
     config = Path(run) / "run_config.json"
-    if not config.is_file() or not (Path(run) / "checkpoint.pt").is_file():
-        raise NoisyMLTError(f"{run}: not a finished run (needs run_config.json and checkpoint.pt)")
+    if not config.is_file():
+        raise NoisyMLTError(f"{config}: missing; {run} is not a finished training run")
     resolved = json.loads(config.read_text())
     if resolved["method_cfg"]["family"] != "colearning":
         raise NoisyMLTError(f"{config}: method {resolved['method']!r} is not of the co-learning family; "
                             "it has no pseudo labels to show")
     # The trainer needs a test table only to check classes: the train table stands in (nothing is predicted).
-    # train.loader: cache reads the images the run read; here the train images serve as the "test" set too
-    manifest = json.loads((Path(run) / "manifest.json").read_text()) if (Path(run) / "manifest.json").is_file() else {}
-    cache = manifest.get("inputs", {}).get("train_cache", {}).get("path")
-    caches = {"train_cache": Path(cache), "test_cache": Path(cache)} if cache else {}
-    trainer = Trainer(resolved, train_labels=train_labels, test_labels=train_labels, split=split,
-                      train_images=train_images, test_images=train_images, out_dir=run, device=device,
-                      progress=False, **caches)
-    epoch, _ = trainer.load_checkpoint()  # refuses a checkpoint of another config or other inputs
-    if epoch < resolved["train"]["epochs"]:
-        raise NoisyMLTError(f"{trainer.ckpt_path}: run stopped after epoch {epoch} of {resolved['train']['epochs']}")
+    trainer = Trainer.from_run_dir(Path(run), test_labels=train_labels, train_images=train_images,
+                                   test_images=train_images, device=device, train_labels=train_labels, split=split,
+                                   resolved=resolved)
     method, model = trainer.method, trainer.model
     if not isinstance(method, CoLearning):  # the family check above, as the trainer built it
         raise NoisyMLTError(f"{config}: the trainer built a {type(method).__name__}, not a co-learning method")
