@@ -132,3 +132,14 @@ def test_the_server_exits_with_the_workflow_that_started_it(tmp_path):
     while sock.exists():
         assert time.monotonic() < deadline, "the server outlived its parent"
         time.sleep(0.1)
+
+
+def test_manifests_record_the_same_environment_in_a_preloaded_process():
+    """A step's manifest lists the installed library versions, not what its process happened to import:
+    a light step run in the server (torch already imported) records what a fresh process records."""
+    code = "import json; from noisymlt.provenance import environment; print(json.dumps(environment()))"
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded = subprocess.run([sys.executable, "-c", "import torch, torchvision, sklearn; " + code],
+                            capture_output=True, text=True, check=True).stdout
+    assert json.loads(fresh) == json.loads(loaded)
+    assert {"numpy", "torch", "torchvision", "pandas", "pyarrow"} <= set(json.loads(fresh)["versions"])

@@ -189,3 +189,11 @@ def test_sweep_figure_plots_each_methods_swept_value(tmp_path):
     first = (tmp_path / "k.png").read_bytes(), (tmp_path / "k.pdf").read_bytes()
     plot_sweep(aggregate(files), block, xs, tmp_path / "k.png")
     assert ((tmp_path / "k.png").read_bytes(), (tmp_path / "k.pdf").read_bytes()) == first
+
+
+def test_branch_rows_are_titled_as_in_the_paper():
+    from noisymlt.report.tables import branch_title
+
+    assert branch_title("Ours", "random") == "Ours-random" and branch_title("Ours", "balanced") == "Ours-balance"
+    assert branch_title("-- / --", "random") == "-- / -- (random)"  # an ablation row ending in punctuation
+    assert branch_title("Stitch-Up + PL", "balanced") == "Stitch-Up + PL-balance"

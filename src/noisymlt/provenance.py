@@ -45,13 +45,23 @@ def git_info(cwd: Path | None = None) -> dict:
     return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
+# The libraries results can depend on: (import name, distribution name)
+LIBRARIES = (("numpy", "numpy"), ("torch", "torch"), ("torchvision", "torchvision"), ("pandas", "pandas"),
+             ("pyarrow", "pyarrow"), ("sklearn", "scikit-learn"), ("pycocotools", "pycocotools"))
+
+
 def environment(device: str | None = None) -> dict:
-    """What the results depend on (library versions, platform, device): part of the tracked manifest."""
+    """What the results depend on (library versions, platform, device): part of the tracked manifest.
+    The installed versions, whether or not this process imported them: a step run in a preloaded
+    process (noisymlt.preload) must record what a fresh one records."""
+    from importlib import metadata
+
     versions = {"python": sys.version.split()[0]}
-    for mod in ("numpy", "torch", "torchvision", "pandas", "pyarrow", "sklearn", "pycocotools"):
-        module = sys.modules.get(mod)
-        if module is not None:
-            versions[mod] = getattr(module, "__version__", "?")
+    for name, dist in LIBRARIES:
+        try:
+            versions[name] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
     return {
         "versions": versions,
         "platform": platform.platform(),

@@ -496,7 +496,9 @@ class Trainer:
             inputs={**self.provenance_inputs, **self.paths, **{f"{k}_cache": v for k, v in self.caches.items()}},
             outputs={"checkpoint": self.ckpt_path, "predictions": pred_path}, code=run_entries(self.cfg),
             extra={"run_id": self.run_id, "run": self.cfg, "history": history,
-                   "iterations_per_epoch": self.iters, "cpu_threads": torch.get_num_threads()},
+                   "iterations_per_epoch": self.iters, "cpu_threads": torch.get_num_threads(),
+                   # the build as well as the release (the environment block has the release only)
+                   "torch_build": {"version": torch.__version__, "cuda": torch.version.cuda}},
             # how it ran, not what it computed (loader workers never change results): untracked
             timing={"epoch_seconds": self._epoch_seconds(), "loader_workers": self.workers},
         )

@@ -28,6 +28,13 @@ DATASET_TITLES = {"voc": "VOC-MLT-Noise", "coco": "COCO-MLT-Noise", "toy": "Toy-
 BRANCH_TITLES = {"random": "random", "balanced": "balance"}
 
 
+def branch_title(label: str, head: str) -> str:
+    """A branch row's title: "Ours-random" as in the paper; a label ending in punctuation ("-- / --",
+    an ablation row) gets the branch in brackets instead."""
+    branch = BRANCH_TITLES.get(head, head)
+    return f"{label}-{branch}" if label[-1:].isalnum() else f"{label} ({branch})"
+
+
 @dataclass
 class Cell:
     mean: float
@@ -133,7 +140,7 @@ def render(results: pd.DataFrame, cells: dict, methods: list[str], cols: list[tu
              f"\\begin{{tabular}}{{{spec}}}", "\\toprule", *header_tex, "\\midrule"]
     md = [header_md, "|---|" + "---|" * len(cols)]
     for m, h, ranked in rows:
-        title = labels.get(m, m) + ("" if ranked else f"-{BRANCH_TITLES.get(h, h)}")
+        title = labels.get(m, m) if ranked else branch_title(labels.get(m, m), h)
         tex_cells = [fmt(cells.get((m, h, *c)), "tex", marks.get(((m, h), c))) for c in cols]
         md_cells = [fmt(cells.get((m, h, *c)), "md", marks.get(((m, h), c))) for c in cols]
         lines.append(("" if ranked else "\\rowcolor{Gray}\n") + f"{title} & " + " & ".join(tex_cells) + " \\\\")
