@@ -1,3 +1,23 @@
-from noisymlt.cli import entry
+"""`noisymlt` (the console script) and `python -m noisymlt`."""
 
-raise SystemExit(entry())
+import os
+import sys
+
+
+def entry() -> int:
+    """A preload server (noisymlt.preload) runs the command when the environment names one; else, or when
+    it cannot, this process does. (The server's children call ``cli.main`` itself, so a command never goes
+    round to the server twice.)"""
+    if os.environ.get("NOISYMLT_PRELOAD") and sys.argv[1:2] != ["preload"]:
+        from noisymlt.preload import run_via_server
+
+        code = run_via_server(sys.argv[1:])
+        if code is not None:
+            return code
+    from noisymlt.cli import main
+
+    return main()
+
+
+if __name__ == "__main__":
+    raise SystemExit(entry())

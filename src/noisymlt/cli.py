@@ -77,17 +77,3 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     return int(result or 0)
 
-
-def entry() -> int:
-    """`noisymlt` and `python -m noisymlt`: a preload server (noisymlt.preload) runs the command when the
-    environment names one; else, or when it cannot, this process does. (The server's children call
-    ``main`` itself, so a command never goes round to the server twice.)"""
-    import os
-
-    if os.environ.get("NOISYMLT_PRELOAD") and sys.argv[1:2] != ["preload"]:
-        from noisymlt.preload import run_via_server
-
-        code = run_via_server(sys.argv[1:])
-        if code is not None:
-            return code
-    return main()
