@@ -36,6 +36,7 @@ from noisymlt.methods.options import (
     MIXUP_DEFAULTS,
     STITCHUP_DEFAULTS,
     THRESHOLDS_SCHEMA,
+    stitched_views,
 )
 from noisymlt.methods.single import loss_for
 from noisymlt.models.twobranch import TwoBranch, build_two_branch, ensemble_logits
@@ -115,7 +116,7 @@ class CoLearning(Method):
 
     @property
     def k(self) -> int:
-        return int(self.stitch["k"]) if self.stitch["enabled"] else 1
+        return stitched_views(self.stitch)
 
     # ------------------------------------------------------------------ Method API
     def build_model(self) -> TwoBranch:

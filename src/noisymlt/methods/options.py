@@ -115,9 +115,15 @@ def stitchup_option(method_block: dict, option: str) -> float:
     if section != "stitchup" or key not in STITCHUP_DEFAULTS:
         raise NoisyMLTError(f"sweep option {option!r}: expected stitchup.<{'|'.join(STITCHUP_DEFAULTS)}>")
     stitch = {**STITCHUP_DEFAULTS, **(method_block.get("stitchup") or {})}
-    if key == "k" and not stitch["enabled"]:
-        return 1
-    return stitch[key]
+    return stitched_views(stitch) if key == "k" else stitch[key]
+
+
+def stitched_views(stitch: dict) -> int:
+    """K, the views per training slot: the anchor alone when Stitch-Up is off (``stitch``: the method's
+    resolved ``stitchup`` options)."""
+    return int(stitch["k"]) if stitch["enabled"] else 1
+
+
 # batch_size names the train setting a branch's stream uses
 BATCH_SIZE_KEYS = {"random": "batch_size", "balanced": "balanced_batch_size"}
 
