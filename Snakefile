@@ -20,28 +20,6 @@ validate(config, "workflow/schemas/params.schema.yaml")
 include: "workflow/rules/common.smk"
 
 
-# workflow.preload (the demo): on a local run, one server process imports torch once and every noisymlt
-# job runs in a child forked from it (noisymlt.preload), which saves ~3.5 s of start-up per job.
-if config.get("workflow", {}).get("preload") and workflow.local_exec:
-    import os
-
-    from noisymlt import preload as _preload
-
-    _PRELOAD = []
-
-    onstart:
-        _PRELOAD.append(_preload.start_server(log=Path("logs/preload.log")))
-        os.environ[_preload.ENV] = _PRELOAD[0][0]
-
-    onsuccess:
-        for server in _PRELOAD:
-            _preload.stop_server(*server)
-
-    onerror:
-        for server in _PRELOAD:
-            _preload.stop_server(*server)
-
-
 wildcard_constraints:
     dataset="[a-z0-9_]+",
     gamma="[0-9.]+",

@@ -25,6 +25,7 @@ import struct
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ENV = "NOISYMLT_PRELOAD"
@@ -44,6 +45,19 @@ def _send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> N
         socket.send_fds(sock, [header + data], fds)
     else:
         sock.sendall(header + data)
+
+
+def _reply(conn: socket.socket, message: dict) -> None:
+    """Send to a client that may have gone already (then there is no one left to tell)."""
+    try:
+        _send(conn, message)
+    except OSError:
+        pass
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _recv(sock: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[int]]:
@@ -114,6 +128,13 @@ def run_via_server(argv: list[str]) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------------- server
+@dataclass
+class _Job:
+    conn: socket.socket  # the client waiting for the child's exit status
+    started: float
+    command: str  # for the log
+
+
 class Server:
     """Single-threaded: a fork from a process with several Python threads could copy a held lock."""
 
@@ -123,8 +144,7 @@ class Server:
         self.parent = parent
         self.fingerprint = source_fingerprint()
         self.identity = _identity()
-        self.children: dict[int, socket.socket] = {}  # pid -> the client waiting for it
-        self.started: dict[int, tuple[float, str]] = {}  # pid -> (start time, command) for the log
+        self.children: dict[int, _Job] = {}  # pid -> its job
         self.killing: dict[int, float] = {}  # pid -> when SIGTERM was sent
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))
@@ -168,12 +188,8 @@ class Server:
         conn.settimeout(None)
         reason = self._refusal(request, fds)
         if reason:
-            for fd in fds:
-                os.close(fd)
-            try:
-                _send(conn, {"refused": reason})
-            except OSError:
-                pass
+            _close_all(fds)
+            _reply(conn, {"refused": reason})
             conn.close()
             return
         pid = os.fork()
@@ -183,16 +199,12 @@ class Server:
             os.setpgid(pid, pid)  # as the child does: whichever runs first, the group exists before a kill
         except OSError:
             pass
-        for fd in fds:
-            os.close(fd)
-        try:
-            _send(conn, {"pid": pid})
-        except OSError:
-            pass
-        self.children[pid] = conn
-        self.started[pid] = (time.monotonic(), " ".join(request["argv"][:1] + _out_arg(request["argv"])))
+        _close_all(fds)
+        _reply(conn, {"pid": pid})
+        job = _Job(conn, time.monotonic(), " ".join(request["argv"][:1] + _out_arg(request["argv"])))
+        self.children[pid] = job
         self.selector.register(conn, selectors.EVENT_READ, pid)
-        _log(f"pid {pid}: noisymlt {self.started[pid][1]}")
+        _log(f"pid {pid}: noisymlt {job.command}")
 
     def _refusal(self, request: dict | None, fds: list[int]) -> str | None:
         if request is None or len(fds) != 3:
@@ -209,8 +221,8 @@ class Server:
         try:
             self.selector.close()
             self.listener.close()
-            for conn in self.children.values():
-                conn.close()
+            for job in self.children.values():
+                job.conn.close()
             os.setpgid(0, 0)  # its own group: the server kills it with everything it started
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
@@ -242,9 +254,9 @@ class Server:
             os._exit(code if isinstance(code, int) else 1)
 
     def _client_gone(self, pid: int) -> None:
-        conn = self.children.get(pid)
-        if conn is not None and pid not in self.killing:
-            self.selector.unregister(conn)
+        job = self.children.get(pid)
+        if job is not None and pid not in self.killing:
+            self.selector.unregister(job.conn)
             self._kill(pid, signal.SIGTERM)
             self.killing[pid] = time.monotonic()
 
@@ -264,21 +276,17 @@ class Server:
                 return
             if pid == 0:
                 break
-            conn = self.children.pop(pid, None)
-            if conn is None:
+            job = self.children.pop(pid, None)
+            if job is None:
                 continue
-            t0, command = self.started.pop(pid)
-            _log(f"pid {pid}: exit status {os.waitstatus_to_exitcode(status)} after {time.monotonic() - t0:.1f} s"
+            code = os.waitstatus_to_exitcode(status)  # -N for signal N
+            _log(f"pid {pid}: exit status {code} after {time.monotonic() - job.started:.1f} s"
                  + (" (its caller was killed)" if pid in self.killing else ""))
             if pid not in self.killing:
-                self.selector.unregister(conn)
-                code = os.waitstatus_to_exitcode(status)  # -N for signal N, reported as a shell does
-                try:
-                    _send(conn, {"exit": code if code >= 0 else 128 - code})
-                except OSError:
-                    pass
+                self.selector.unregister(job.conn)
+                _reply(job.conn, {"exit": code if code >= 0 else 128 - code})  # a signal as a shell reports it
             self.killing.pop(pid, None)
-            conn.close()
+            job.conn.close()
         now = time.monotonic()
         for pid, since in list(self.killing.items()):
             if now - since > KILL_GRACE_S:
