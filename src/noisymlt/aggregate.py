@@ -2,6 +2,9 @@
 
 One row per (run, prediction head, class group or class, metric). Table and figure writers read
 only this file, so every reported number has a row that names its run id and input hashes.
+Besides the test mAP / AP, every run contributes its fit diagnostics (noisymlt.fit_diagnostics, metrics
+``fit_*``, analysis only): run-level ones with no head, per-head ones on the training images, and for the
+co-learning family the pseudo-label changes per branch (in ``head``) and ``epoch``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ COLUMNS = {
     "run_id": "string", "dataset": "string", "method": "string", "gamma": "float64", "seed": "int64",
     "head": "string", "group": "string", "class_name": "string", "metric": "string", "value": "float64",
     "git_commit": "string", "git_dirty": "boolean", "code_digest": "string", "noisy_labels_sha256": "string",
-    "manifest": "string",
+    "manifest": "string", "epoch": "Int64",
 }  # no time column: results.parquet is a tracked output (the run's times are in manifest.timing.json)
 
 
@@ -39,7 +42,7 @@ def rows_for_run(metrics_path: Path) -> list[dict]:
         "noisy_labels_sha256": manifest["inputs"]["train_labels"]["sha256"],
         "manifest": str(manifest_path),
     }
-    rows = []
+    rows = fit_rows(manifest.get("fit"), base)
     for head, rec in metrics["heads"].items():
         for group in ("total", *GROUPS):
             rows.append({**base, "head": head, "group": group, "class_name": None, "metric": "mAP",
@@ -47,6 +50,29 @@ def rows_for_run(metrics_path: Path) -> list[dict]:
         for cls, ap in zip(metrics["classes"], rec["ap"]):
             rows.append({**base, "head": head, "group": "class", "class_name": cls, "metric": "AP",
                          "value": float("nan") if ap is None else ap})
+    return rows
+
+
+RUN_FIT = ("prior_bce", "final_loss", "lr_nominal", "lr_peak", "warmup_share")
+PL_FIT = ("entries", "added", "added_correct", "removed", "removed_correct", "changed", "precision")
+
+
+def fit_rows(fit: dict | None, base: dict) -> list[dict]:
+    """The fit diagnostics a run's manifest records, as long rows (``fit_<name>``); none for a run
+    trained before they existed."""
+    if not fit:
+        return []
+    row = {**base, "group": "total", "class_name": None, "epoch": None}
+
+    def value(v):
+        return float("nan") if v is None else float(v)
+
+    rows = [{**row, "head": None, "metric": f"fit_{k}", "value": value(fit[k])} for k in RUN_FIT]
+    for head, rec in fit["heads"].items():
+        rows += [{**row, "head": head, "metric": f"fit_{k}", "value": value(v)} for k, v in rec.items()]
+    for rec in fit["pseudo_labels"]:
+        rows += [{**row, "head": rec["branch"], "epoch": rec["epoch"], "metric": f"fit_pl_{k}", "value": value(rec[k])}
+                 for k in PL_FIT]
     return rows
 
 

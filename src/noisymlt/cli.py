@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "noisymlt.inference_time",
     "noisymlt.aggregate",
     "noisymlt.report.tables",
+    "noisymlt.report.fit",
     "noisymlt.report.figures",
     "noisymlt.report.readme",
     "noisymlt.report.noise_level",

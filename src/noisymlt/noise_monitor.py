@@ -21,6 +21,9 @@ anchors' labels after Co-Learning, Eq. 3; only when pseudo labels are on), ``noi
 corrected labels, the target of the stitched sample's positives; its truth is the union of their clean
 labels, a class being present in a stitched input if any of its images shows it; only with Stitch-Up).
 Counts are logged raw (also per class group), so pooling branches, iterations or seeds stays exact.
+``corrected`` records also count what the pseudo labels changed in the anchors' targets (``CHANGES``):
+labels added (0 -> 1) and removed (1 -> 0), and how many of each moved toward the clean label, so the
+precision of Co-Learning's corrections is measured, not assumed.
 
 The log (``noise_level.jsonl`` in the run folder) is appended once per epoch right before the checkpoint
 is saved, and the checkpoint carries a copy of it: a resumed run rewrites the file from that copy (only
@@ -46,6 +49,7 @@ LOG_NAME = "noise_level.jsonl"
 KINDS = ("noisy", "corrected", "noisy_stitched", "corrected_stitched")
 STATS = ("wrong_positives", "positives", "missing_positives", "clean_positives")
 SCOPES = ("total", *GROUPS)
+CHANGES = ("added", "added_correct", "removed", "removed_correct")
 
 
 def stat_columns() -> list[str]:
@@ -62,6 +66,13 @@ def count_noise(targets: torch.Tensor, clean: torch.Tensor, groups: torch.Tensor
     scoped = (per_class.double() @ groups).T.reshape(-1).round().long()  # scope-major
     rows = torch.full((1,), targets.shape[0], dtype=torch.long, device=scoped.device)
     return torch.cat([rows, scoped])
+
+
+def count_changes(noisy: torch.Tensor, corrected: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+    """int64 counts laid out as CHANGES of what ``corrected`` changed in ``noisy`` (all (n, C) bool):
+    labels added and removed, and of those the ones that now agree with ``clean``."""
+    added, removed = corrected & ~noisy, noisy & ~corrected
+    return torch.stack([added.sum(), (added & clean).sum(), removed.sum(), (removed & ~clean).sum()])
 
 
 def align_clean_labels(clean_path: Path, noisy_table, noisy_path: Path) -> np.ndarray:
@@ -117,6 +128,9 @@ class NoiseMonitor:
         for kind, targets in views.items():
             t = (targets.detach() > 0.5).reshape(B, K, -1)
             out[kind] = count_noise(t[:, 0], clean[:, 0], self._groups)
+            if kind == "corrected":
+                noisy = (record.noisy.detach() > 0.5).reshape(B, K, -1)[:, 0]
+                out[kind] = torch.cat([out[kind], count_changes(noisy, t[:, 0], clean[:, 0])])
             if K > 1:
                 rows = record.stitched.to(t.device).bool()
                 out[f"{kind}_stitched"] = count_noise(t[rows].any(1), clean[rows].any(1), self._groups)
@@ -151,11 +165,14 @@ class NoiseMonitor:
         """The pending counts as log records (epoch 1-based as in train_log.jsonl, iteration 0-based)."""
         if not self._pending:
             return []
-        counts = torch.stack([p[4] for p in self._pending]).cpu().numpy()
+        # one transfer for the epoch; rows differ in length (corrected ones carry CHANGES)
+        flat = torch.cat([p[4] for p in self._pending]).cpu().numpy()
+        ends = np.cumsum([len(p[4]) for p in self._pending])
         out = []
-        for (epoch, it, branch, kind, _), row in zip(self._pending, counts):
+        for (epoch, it, branch, kind, _), row in zip(self._pending, np.split(flat, ends[:-1])):
+            columns = stat_columns() + (list(CHANGES) if kind == "corrected" else [])
             record = {"epoch": epoch + 1, "iteration": it, "step": epoch * self.iterations + it, "branch": branch,
-                      "targets": kind, **{k: int(v) for k, v in zip(stat_columns(), row)}}
+                      "targets": kind, **{k: int(v) for k, v in zip(columns, row)}}
             record["noise_level"] = _rate(record["wrong_positives"], record["positives"])
             record["missing_rate"] = _rate(record["missing_positives"], record["clean_positives"])
             out.append(record)

@@ -33,6 +33,22 @@ def lr_at(cfg: dict, epoch: int, it: int, iters_per_epoch: int) -> float:
     return lr
 
 
+def check_warmup(cfg: dict, iters_per_epoch: int, where: str) -> None:
+    """Refuse a schedule whose linear warm-up ends after the first lr step: its runs would never train at
+    their nominal lr (``train.long_warmup: true`` allows it, to reproduce a reference that does so)."""
+    if cfg.get("long_warmup", False) or not cfg["warmup_iters"]:
+        return
+    total = cfg["epochs"] * iters_per_epoch
+    first_step = min([s for s in cfg["lr_steps"] if s < cfg["epochs"]], default=cfg["epochs"]) * iters_per_epoch
+    if cfg["warmup_iters"] > first_step:
+        raise NoisyMLTError(
+            f"{where}: train.warmup_iters={cfg['warmup_iters']} outlasts the {first_step} iterations before the "
+            f"first lr step (epoch {first_step // iters_per_epoch} of {cfg['epochs']}, {iters_per_epoch} iterations "
+            f"each, {total} in all), so the run would never reach train.lr={cfg['lr']:g}. Shorten the warm-up "
+            "(e.g. in the method's schedule), train longer, or set train.long_warmup: true to reproduce a "
+            "reference that does this")
+
+
 RUN_FILES = ("checkpoint.pt", "train_log.jsonl", "noise_level.jsonl", "predictions.npz", "manifest.json",
              "run_config.json", "metrics.json", "metrics.manifest.json", "manifest.timing.json",
              "metrics.manifest.timing.json")
@@ -127,6 +143,7 @@ class Trainer:
         self.method = load_family(family)(self.ctx)
         self.streams = self.method.streams()
         self.iters = epoch_iterations(tcfg.get("epoch_length", "batches"), self.streams, n, tcfg["batch_size"])
+        check_warmup(tcfg, self.iters, f"method {resolved['method']!r} on {resolved['dataset']}")
         if limit_iters:  # smoke tests and benchmarks: a few iterations per epoch
             self.iters = min(self.iters, limit_iters)
         self.ctx.iterations_per_epoch = self.iters
@@ -441,21 +458,23 @@ class Trainer:
             start += len(images)
             yield idx, self.eval_images(images)
 
-    def predict(self, batch_size: int | None = None, forward_seconds: list | None = None) -> dict[str, np.ndarray]:
-        """Sigmoid scores of every test image per head. ``forward_seconds``: a list that receives the
-        time of each batch's forward pass (synchronised on a GPU), for the inference-time table."""
+    def predict(self, batch_size: int | None = None, forward_seconds: list | None = None,
+                part: str = "test") -> dict[str, np.ndarray]:
+        """Sigmoid scores of every image of ``part`` (test or train, test transform) per head.
+        ``forward_seconds``: a list that receives the time of each batch's forward pass (synchronised on
+        a GPU), for the inference-time table."""
         import torch
         from tqdm import tqdm
 
         from noisymlt.dataset import eval_loader
 
         tcfg = self.cfg["train"]
-        loader = eval_loader(self.eval_dataset("test"), batch_size or tcfg["eval_batch_size"], self.workers,
+        loader = eval_loader(self.eval_dataset(part), batch_size or tcfg["eval_batch_size"], self.workers,
                              self.device.type == "cuda")
         self.model.eval()
         outs: dict[str, list] = {}
         with torch.no_grad():
-            for images in tqdm(loader, desc="predict", disable=not self.progress, leave=False):
+            for images in tqdm(loader, desc=f"predict {part}", disable=not self.progress, leave=False):
                 images = self.eval_images(images)
                 if tcfg["channels_last"]:
                     images = images.contiguous(memory_format=torch.channels_last)
@@ -477,9 +496,20 @@ class Trainer:
         with self.exclusive():
             history = self.fit()
             scores = self.predict()
-            return self._write_outputs(started, history, scores)
+            return self._write_outputs(started, history, scores, self.fit_record(history, scores))
 
-    def _write_outputs(self, started: str, history: list, scores: dict) -> Path:
+    def fit_record(self, history: list, test_scores: dict) -> dict:
+        """How far the finished model fitted its training labels (noisymlt.fit_diagnostics; analysis
+        only, computed after training)."""
+        from noisymlt.fit_diagnostics import diagnose
+
+        tcfg = self.cfg["train"]
+        rates = [lr_at(tcfg, e, i, self.iters) for e in range(tcfg["epochs"]) for i in range(self.iters)]
+        noise_log = self.noise_monitor.snapshot() if self.noise_monitor is not None else None
+        return diagnose(train_cfg=tcfg, lr_rates=rates, history=history, noisy=self.train_table.labels,
+                        train_scores=self.predict(part="train"), test_scores=test_scores, noise_log=noise_log)
+
+    def _write_outputs(self, started: str, history: list, scores: dict, fit: dict) -> Path:
         import torch
 
         from noisymlt.codedeps import run_entries
@@ -495,7 +525,7 @@ class Trainer:
             self.out / "manifest.json", step="train", started=started, device=str(self.device),
             inputs={**self.provenance_inputs, **self.paths, **{f"{k}_cache": v for k, v in self.caches.items()}},
             outputs={"checkpoint": self.ckpt_path, "predictions": pred_path}, code=run_entries(self.cfg),
-            extra={"run_id": self.run_id, "run": self.cfg, "history": history,
+            extra={"run_id": self.run_id, "run": self.cfg, "history": history, "fit": fit,
                    "iterations_per_epoch": self.iters, "cpu_threads": torch.get_num_threads(),
                    # the build as well as the release (the environment block has the release only)
                    "torch_build": {"version": torch.__version__, "cuda": torch.version.cuda}},

@@ -212,6 +212,8 @@ def report_targets():
         "reports/results.parquet",
         "reports/table_total.tex",
         *[f"reports/table_groups_{d}.tex" for d in GRID["datasets"]],
+        *[f"reports/fit_{d}.tex" for d in GRID["datasets"]],
+        *[f"reports/paired_{d}.tex" for d in GRID["datasets"] if "ours" in GRID["methods"]],
         "reports/map_vs_gamma.png",
         *[f"reports/ablation_{name}.tex" for name in selected_ablations()],
         *[f"reports/ablation_{name}.png" for name, block in selected_ablations().items() if "sweep" in block],

@@ -42,6 +42,60 @@ rule table_total:
         "{params.cli} table --results {input} --out {output.tex} --labels {params.labels:q} --methods {params.methods} > {log} 2>&1"
 
 
+# Whether the regime is the paper's: the runs fit their training labels, reach their learning rate, and
+# Ours' pseudo labels fire (noisymlt.fit_diagnostics); and Ours minus each method, paired by seed.
+
+
+rule table_fit:
+    input:
+        "reports/results.parquet",
+    output:
+        tex="reports/fit_{dataset}.tex",
+        md="reports/fit_{dataset}.md",
+        csv="reports/fit_{dataset}.csv",
+        html=report("reports/fit_{dataset}.html", caption="../report/fit.rst", category="Diagnostics",
+                    labels={"table": "fit diagnostics", "dataset": "{dataset}"}),
+    params:
+        cli=NOISYMLT,
+        labels=method_labels(),
+        methods=" ".join(GRID["methods"]),
+        code=code("fit-table"),
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/report/fit_{dataset}.log",
+    benchmark:
+        "benchmarks/report/fit_{dataset}.tsv"
+    shell:
+        "{params.cli} fit-table --results {input} --dataset {wildcards.dataset} --out {output.tex} "
+        "--methods {params.methods} --labels {params.labels:q} > {log} 2>&1"
+
+
+rule table_paired:
+    input:
+        "reports/results.parquet",
+    output:
+        tex="reports/paired_{dataset}.tex",
+        md="reports/paired_{dataset}.md",
+        cells="reports/paired_{dataset}.cells.json",
+        html=report("reports/paired_{dataset}.html", caption="../report/paired.rst", category="Tables",
+                    labels={"table": "paired differences", "dataset": "{dataset}"}),
+    params:
+        cli=NOISYMLT,
+        labels=method_labels(),
+        methods=" ".join(GRID["methods"]),
+        code=code("paired-table"),
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/report/paired_{dataset}.log",
+    benchmark:
+        "benchmarks/report/paired_{dataset}.tsv"
+    shell:
+        "{params.cli} paired-table --results {input} --dataset {wildcards.dataset} --out {output.tex} "
+        "--methods {params.methods} --labels {params.labels:q} > {log} 2>&1"
+
+
 rule figure_map_vs_gamma:
     input:
         "reports/results.parquet",

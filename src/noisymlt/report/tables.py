@@ -66,7 +66,7 @@ def mean_ci(values: np.ndarray) -> tuple[float, float | None]:
 
 def primary_head(results: pd.DataFrame, method: str) -> str:
     """The head a method is ranked by: its ensemble if it has one, else its single head."""
-    heads = set(results.loc[results["method"] == method, "head"])
+    heads = set(results.loc[(results["method"] == method) & (results["metric"] == "mAP"), "head"])
     return "ensemble" if "ensemble" in heads else sorted(heads)[0]
 
 
