@@ -54,7 +54,7 @@ def rows_for_run(metrics_path: Path) -> list[dict]:
 
 
 RUN_FIT = ("prior_bce", "final_loss", "lr_nominal", "lr_peak", "warmup_share")
-PL_FIT = ("entries", "added", "added_correct", "removed", "removed_correct", "changed", "precision")
+PL_FIT = ("anchors", "added", "added_correct", "removed", "removed_correct", "changed", "precision")
 
 
 def fit_rows(fit: dict | None, base: dict) -> list[dict]:

@@ -68,8 +68,8 @@ def pseudo_label_changes(noise_log: str) -> list[dict]:
         if rec.get("targets") != "corrected" or "added" not in rec:
             continue
         acc = sums.setdefault((rec["epoch"], rec["branch"]), dict.fromkeys(
-            ("entries", "added", "added_correct", "removed", "removed_correct"), 0))
-        acc["entries"] += rec["rows"]
+            ("anchors", "added", "added_correct", "removed", "removed_correct"), 0))
+        acc["anchors"] += rec["rows"]
         for key in ("added", "added_correct", "removed", "removed_correct"):
             acc[key] += rec[key]
     out = []

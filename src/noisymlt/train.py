@@ -39,12 +39,15 @@ def check_warmup(cfg: dict, iters_per_epoch: int, where: str) -> None:
     if cfg.get("long_warmup", False) or not cfg["warmup_iters"]:
         return
     total = cfg["epochs"] * iters_per_epoch
-    first_step = min([s for s in cfg["lr_steps"] if s < cfg["epochs"]], default=cfg["epochs"]) * iters_per_epoch
+    step = min([s for s in cfg["lr_steps"] if s < cfg["epochs"]], default=None)
+    first_step = total if step is None else step * iters_per_epoch
     if cfg["warmup_iters"] > first_step:
+        span = (f"the {total} iterations of the run" if step is None else
+                f"the {first_step} iterations before the first lr step (epoch {step} of {cfg['epochs']}, "
+                f"{iters_per_epoch} iterations each, {total} in all)")
         raise NoisyMLTError(
-            f"{where}: train.warmup_iters={cfg['warmup_iters']} outlasts the {first_step} iterations before the "
-            f"first lr step (epoch {first_step // iters_per_epoch} of {cfg['epochs']}, {iters_per_epoch} iterations "
-            f"each, {total} in all), so the run would never reach train.lr={cfg['lr']:g}. Shorten the warm-up "
+            f"{where}: train.warmup_iters={cfg['warmup_iters']} outlasts {span}, so the run would never reach "
+            f"train.lr={cfg['lr']:g}. Shorten the warm-up "
             "(e.g. in the method's schedule), train longer, or set train.long_warmup: true to reproduce a "
             "reference that does this")
 

@@ -81,7 +81,7 @@ def fit_summary(results: pd.DataFrame, dataset: str, methods: list[str] | None =
                     correct = sums.get("fit_pl_added_correct", 0.0) + sums.get("fit_pl_removed_correct", 0.0)
                     seeds = b["seed"].nunique()
                     row[f"pl_{branch}_changed"] = changed / seeds
-                    row[f"pl_{branch}_entries"] = sums.get("fit_pl_entries", 0.0) / seeds
+                    row[f"pl_{branch}_anchors"] = sums.get("fit_pl_anchors", 0.0) / seeds
                     row[f"pl_{branch}_precision"] = correct / changed if changed else float("nan")
             rows.append(row)
     return pd.DataFrame(rows)
@@ -131,7 +131,7 @@ def paired_differences(results: pd.DataFrame, reference: str, dataset: str, grou
     for m in methods or [m for m in dict.fromkeys(sel["method"]) if m != reference]:
         if m == reference or m not in set(sel["method"]):
             continue
-        both = ref.join(per_seed(m), lsuffix="_ref", rsuffix="_other", how="inner")
+        both = ref.merge(per_seed(m), left_index=True, right_index=True, suffixes=("_ref", "_other"))
         for gamma, g in both.groupby(level="gamma"):
             mean, ci = mean_ci(100 * (g["value_ref"] - g["value_other"]).to_numpy())
             runs = [{"seed": int(s), "reference": r.run_id_ref, "other": r.run_id_other}

@@ -1,0 +1,262 @@
+"""Fit diagnostics (noisymlt.fit_diagnostics), the warm-up check, pseudo-label change counts, and the two
+report tables that read them (fit, paired differences)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import tiny_params, toy_trainer
+from noisymlt.aggregate import aggregate
+from noisymlt.config import resolve_run
+from noisymlt.errors import NoisyMLTError
+from noisymlt.fit_diagnostics import bce, diagnose, noisy_map, prior_bce, pseudo_label_changes
+from noisymlt.methods.base import PublishedTargets
+from noisymlt.noise_monitor import NoiseMonitor
+from noisymlt.report.fit import fit_summary, paired_differences, write_fit_table, write_paired_table
+from noisymlt.train import check_warmup, lr_at
+
+
+def test_bce_and_prior_bce_follow_their_formulas():
+    rng = np.random.default_rng(0)
+    y = (rng.random((50, 6)) < 0.3).astype(float)
+    p = rng.random((50, 6))
+    by_hand = -np.mean([[math.log(p[i, c]) if y[i, c] else math.log(1 - p[i, c]) for c in range(6)] for i in range(50)])
+    assert bce(y, p) == pytest.approx(by_hand, rel=1e-12)
+    # the prior-only BCE is the mean binary entropy of the class frequencies
+    f = y.mean(0)
+    assert prior_bce(y) == pytest.approx(np.mean(-(f * np.log(f) + (1 - f) * np.log(1 - f))), rel=1e-9)
+    # no better constant exists: nudging any class's constant raises the loss
+    for delta in (-0.05, 0.05):
+        assert bce(y, np.broadcast_to(np.clip(f + delta, 0.01, 0.99), y.shape)) > prior_bce(y)
+    # a class that is always 0 costs nothing (clipped, finite)
+    y[:, 0] = 0
+    assert np.isfinite(prior_bce(y))
+
+
+def test_noisy_map_equals_sklearn():
+    from sklearn.metrics import average_precision_score
+
+    rng = np.random.default_rng(1)
+    y = (rng.random((80, 5)) < 0.25).astype(int)
+    y[:, 4] = 0  # no positive: left out, as the test-set evaluation does
+    s = rng.random((80, 5))
+    expected = np.mean([average_precision_score(y[:, c], s[:, c]) for c in range(4)])
+    assert noisy_map(y, s) == pytest.approx(expected, rel=1e-12)
+
+
+def test_diagnose_reports_peak_lr_and_quantiles():
+    cfg = {"lr": 0.02, "lr_gamma": 0.1, "lr_steps": [4], "warmup_iters": 101, "warmup_ratio": 1 / 3, "epochs": 5}
+    rates = [lr_at(cfg, e, i, 11) for e in range(5) for i in range(11)]
+    y = np.array([[1, 0], [0, 1], [1, 1], [0, 0]])
+    scores = {"main": np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.6], [0.1, 0.3]])}
+    test = {"main": np.linspace(0, 1, 101).reshape(-1, 1)}
+    fit = diagnose(train_cfg=cfg, lr_rates=rates, history=[{"loss": 0.5}], noisy=y, train_scores=scores,
+                   test_scores=test)
+    # the demo's old ERM: a warm-up of 101 iterations in a 55-iteration run, stepped at iteration 44
+    assert fit["lr_peak"] == pytest.approx(0.02 * (1 / 3 + 2 / 3 * 43 / 101))
+    assert fit["lr_peak"] < fit["lr_nominal"] and fit["warmup_share"] == 1.0
+    h = fit["heads"]["main"]
+    assert (h["test_score_p05"], h["test_score_p50"], h["test_score_p95"]) == pytest.approx((0.05, 0.5, 0.95))
+    assert h["train_map"] == 1.0 and h["train_bce"] < fit["prior_bce"] and fit["final_loss"] == 0.5
+
+
+def test_warmup_that_outlasts_the_first_step_is_refused_unless_declared():
+    cfg = {"lr": 0.02, "lr_steps": [4], "warmup_iters": 101, "epochs": 5}
+    with pytest.raises(NoisyMLTError, match=r"warmup_iters=101 outlasts the 44 iterations before the first lr step"):
+        check_warmup(cfg, 11, "method 'erm' on toy")
+    check_warmup({**cfg, "long_warmup": True}, 11, "x")  # a reference that does this, declared
+    check_warmup(cfg, 31, "x")  # class-aware epochs: 124 iterations before the step
+    check_warmup({**cfg, "lr_steps": [], "warmup_iters": 50}, 11, "x")  # no step: it ends within the 55
+    with pytest.raises(NoisyMLTError, match="outlasts the 55 iterations of the run"):
+        check_warmup({**cfg, "lr_steps": [], "warmup_iters": 56}, 11, "x")
+
+
+def paper_iterations(resolved: dict, n: int, largest: int, classes: int) -> int:
+    """Iterations per epoch of a paper-scale run, from the trainer's own code (the method's streams and
+    ``epoch_iterations``) on a label matrix of the dataset's size and largest class count."""
+    from noisymlt.methods import load_family
+    from noisymlt.methods.base import TrainContext
+    from noisymlt.train import epoch_iterations
+
+    labels = torch.zeros(n, classes)
+    labels[torch.arange(n), 1 + torch.arange(n) % (classes - 1)] = 1  # every other class has positives
+    labels[:, 0] = 0
+    labels[:largest, 0] = 1  # the largest class
+    ctx = TrainContext(resolved, labels, {"head": [0], "medium": [], "tail": list(range(1, classes))},
+                       torch.device("cpu"), 0)
+    method = load_family(resolved["method_cfg"]["family"])(ctx)
+    t = resolved["train"]
+    return epoch_iterations(t["epoch_length"], method.streams(), n, t["batch_size"])
+
+
+@pytest.fixture(scope="module")
+def paper():
+    from pathlib import Path
+
+    from noisymlt.config import load_params
+
+    return load_params(Path(__file__).resolve().parents[1] / "params.yaml")
+
+
+@pytest.mark.parametrize("dataset,n,largest,classes", [("voc", 1142, 775, 20), ("coco", 1909, 1128, 80)])
+def test_paper_recipes_reach_their_lr(paper, dataset, n, largest, classes):
+    """Every method of the paper grid reaches its lr before the first step at the real epoch lengths
+    (VOC-MLT: 1,142 images, largest class 775; COCO-MLT: 1,909 and 1,128), and [DB]'s own 500-iteration
+    warm-up would not for the uniformly sampled baselines."""
+    seen = {}
+    for method in paper["grid"]["methods"]:
+        r = resolve_run(paper, dataset, method, 0.5, 0)
+        iters = paper_iterations(r, n, largest, classes)
+        check_warmup(r["train"], iters, f"{method} on {dataset}")
+        seen[method] = iters
+    assert seen["erm"] == n // 32 and seen["ours"] == n // 32
+    assert seen["db_focal"] == int(largest * classes / 4) // 32  # [DB]: one pass over the class-aware sampler
+    r = resolve_run(paper, dataset, "erm", 0.5, 0)
+    with pytest.raises(NoisyMLTError, match="never reach"):
+        check_warmup({**r["train"], "warmup_iters": 500}, seen["erm"], "erm")
+
+
+def test_trainer_refuses_the_old_demo_erm_schedule(tiny_toy, tmp_path):
+    resolved = resolve_run(tiny_params("erm", epochs=2, lr_steps=[1], warmup_iters=50), "toy", "erm", 0.5, 0)
+    with pytest.raises(NoisyMLTError, match="never reach train.lr"):
+        toy_trainer(tiny_toy, resolved, tmp_path / "run")
+    resolved["train"]["long_warmup"] = True
+    toy_trainer(tiny_toy, resolved, tmp_path / "run2")
+
+
+def test_pseudo_label_changes_are_counted_against_the_clean_labels():
+    clean = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1]])
+    monitor = NoiseMonitor(clean, {"head": [0], "medium": [1], "tail": [2]}, torch.device("cpu"), iterations=4)
+    noisy = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 1]], dtype=torch.float32)
+    corrected = torch.tensor([[1, 0, 1], [0, 1, 0], [0, 0, 1]], dtype=torch.float32)
+    # row 0: removes 1 (right: clean 0), adds 2 (wrong); row 1: removes 0 (right), adds 1 (right)
+    record = PublishedTargets("random", torch.tensor([[0], [1], [2]]), torch.tensor([False] * 3), noisy, corrected)
+    monitor.observe(0, 0, [record])
+    monitor.observe(0, 1, [PublishedTargets("balanced", torch.tensor([[2]]), torch.tensor([False]),
+                                            noisy[2:], noisy[2:].clone())])
+    recs = monitor.records()
+    got = {(r["branch"], r["targets"]): r for r in recs}
+    c = got[("random", "corrected")]
+    assert (c["added"], c["added_correct"], c["removed"], c["removed_correct"]) == (2, 1, 2, 2)
+    assert "added" not in got[("random", "noisy")]
+    assert got[("balanced", "corrected")]["added"] == 0
+    summary = pseudo_label_changes("".join(json.dumps(r) + "\n" for r in recs))
+    by_branch = {s["branch"]: s for s in summary}
+    assert by_branch["random"]["changed"] == 4 and by_branch["random"]["precision"] == 0.75
+    assert by_branch["balanced"]["changed"] == 0 and by_branch["balanced"]["precision"] is None
+
+
+def test_trained_run_records_its_fit(tiny_toy, tmp_path):
+    resolved = resolve_run(tiny_params("ours", epochs=2, lr_steps=[2]), "toy", "ours", 0.5, 0)
+    trainer = toy_trainer(tiny_toy, resolved, tmp_path / "run", limit_iters=3, clean_labels=tiny_toy["train"])
+    trainer.run()
+    fit = json.loads((tmp_path / "run" / "manifest.json").read_text())["fit"]
+    assert set(fit["heads"]) == {"ensemble", "random", "balanced"}
+    noisy = pd.read_parquet(tiny_toy["noisy"])
+    assert fit["prior_bce"] == pytest.approx(prior_bce(noisy[trainer.train_table.classes].to_numpy()), abs=1e-6)
+    scores = trainer.predict(part="train")
+    assert fit["heads"]["random"]["train_bce"] == pytest.approx(bce(trainer.train_table.labels, scores["random"]),
+                                                                abs=1e-6)
+    assert [(r["epoch"], r["branch"]) for r in fit["pseudo_labels"]] == [
+        (1, "balanced"), (1, "random"), (2, "balanced"), (2, "random")]
+    for r in fit["pseudo_labels"]:
+        batch = resolved["train"]["batch_size" if r["branch"] == "random" else "balanced_batch_size"]
+        assert r["anchors"] == 3 * batch
+        assert r["added_correct"] <= r["added"] and r["removed_correct"] <= r["removed"]
+    # the epoch log's own pseudo-label counts (the method's, per iteration) agree with the monitor's
+    history = json.loads((tmp_path / "run" / "manifest.json").read_text())["history"]
+    for r in fit["pseudo_labels"]:
+        epoch = history[r["epoch"] - 1]
+        assert epoch[f"pl_added_{r['branch']}"] * 3 == pytest.approx(r["added"])
+        assert epoch[f"pl_removed_{r['branch']}"] * 3 == pytest.approx(r["removed"])
+
+
+def _results(maps: dict[tuple[str, float, int], float], fit: bool = True) -> pd.DataFrame:
+    rows = []
+    for (method, gamma, seed), value in maps.items():
+        head = "ensemble" if method == "ours" else "main"
+        base = {"run_id": f"{method}-{gamma}-{seed}", "dataset": "toy", "method": method, "gamma": gamma,
+                "seed": seed, "class_name": None, "git_commit": "c", "git_dirty": False, "code_digest": "d",
+                "noisy_labels_sha256": "n", "manifest": "m", "epoch": None}
+        rows.append({**base, "head": head, "group": "total", "metric": "mAP", "value": value})
+        if fit:
+            rows += [{**base, "head": None, "group": "total", "metric": "fit_prior_bce", "value": 0.2},
+                     {**base, "head": None, "group": "total", "metric": "fit_lr_peak", "value": 0.02},
+                     {**base, "head": None, "group": "total", "metric": "fit_lr_nominal", "value": 0.02},
+                     {**base, "head": head, "group": "total", "metric": "fit_train_bce", "value": 0.1 + seed / 100}]
+            if method == "ours":
+                for epoch in (1, 2):
+                    rows += [{**base, "head": "random", "group": "total", "epoch": epoch, "metric": f"fit_pl_{k}",
+                              "value": v} for k, v in (("changed", 10 * epoch), ("added_correct", 3 * epoch),
+                                                       ("removed_correct", 4 * epoch), ("anchors", 100))]
+    return pd.DataFrame(rows).astype({"epoch": "Int64"})
+
+
+def test_paired_differences_equal_an_independent_computation(tmp_path):
+    from scipy import stats
+
+    rng = np.random.default_rng(3)
+    maps = {}
+    for seed in range(4):
+        shared = rng.normal(0.5, 0.1)  # what a seed's noisy labels do to every method
+        maps[("ours", 0.5, seed)] = shared + 0.03 + rng.normal(0, 0.005)
+        maps[("erm", 0.5, seed)] = shared + rng.normal(0, 0.005)
+    maps[("erm", 0.5, 9)] = 0.1  # a seed Ours did not run: not paired
+    res = _results(maps)
+    diffs = paired_differences(res, "ours", "toy")
+    d = np.array([100 * (maps[("ours", 0.5, s)] - maps[("erm", 0.5, s)]) for s in range(4)])
+    mean, ci, n, runs = diffs[("erm", 0.5)]
+    assert n == 4 and mean == pytest.approx(d.mean())
+    assert ci == pytest.approx(stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2)
+    assert [r["seed"] for r in runs] == [0, 1, 2, 3]
+    # pairing removes the shared seed effect: far narrower than the unpaired spread
+    assert ci < 0.2 * stats.t.ppf(0.975, 3) * np.std([100 * maps[("erm", 0.5, s)] for s in range(4)], ddof=1) / 2
+    sidecar = write_paired_table(res, tmp_path / "paired.tex", {"ours": "Ours", "erm": "ERM"}, "ours", "toy")
+    md = (tmp_path / "paired.tex").with_suffix(".md").read_text()
+    assert f"| Ours − ERM | **{d.mean():.2f} ± {ci:.2f}** |" in md  # CI above 0: bold
+    assert sidecar["cells"]["erm/0.5"]["seeds"] == 4
+    with pytest.raises(NoisyMLTError, match="no 'ours' runs"):
+        paired_differences(res[res["method"] != "ours"], "ours", "toy")
+
+
+def test_fit_table_summarises_seeds_and_pools_pseudo_label_precision(tmp_path):
+    res = _results({("erm", 0.5, 0): 0.4, ("erm", 0.5, 1): 0.5, ("ours", 0.5, 0): 0.6, ("ours", 0.5, 1): 0.7})
+    summary = fit_summary(res, "toy")
+    erm = summary[summary["method"] == "erm"].iloc[0]
+    assert erm["train_bce"] == pytest.approx(0.105) and erm["prior_bce"] == pytest.approx(0.2)
+    ours = summary[summary["method"] == "ours"].iloc[0]
+    # last epoch (2): per seed 20 changed, 6 + 8 toward the clean label
+    assert ours["pl_random_changed"] == 20 and ours["pl_random_precision"] == pytest.approx(14 / 20)
+    write_fit_table(res, tmp_path / "fit.tex", {"ours": "Ours", "erm": "ERM"}, "toy")
+    md = (tmp_path / "fit.md").read_text()
+    assert "| Ours | 0.5 |" in md and "random: 20 (70%)" in md
+    assert "70\\%" in (tmp_path / "fit.tex").read_text()
+    with pytest.raises(NoisyMLTError, match="no fit diagnostics"):
+        fit_summary(_results({("erm", 0.5, 0): 0.4}, fit=False), "toy")
+
+
+def test_aggregate_carries_the_manifest_fit_record(tmp_path):
+    from test_report import fake_run
+
+    path = fake_run(tmp_path, "ours", 0.5, 0, [0.5, 0.4, 0.3], heads=("ensemble", "random", "balanced"))
+    manifest = json.loads(path.with_name("manifest.json").read_text())
+    manifest["fit"] = {"prior_bce": 0.23, "final_loss": 0.2, "lr_nominal": 0.02, "lr_peak": 0.02, "warmup_share": 0.3,
+                       "heads": {"ensemble": {"train_bce": 0.15, "train_map": 0.6}},
+                       "pseudo_labels": [{"epoch": 1, "branch": "random", "anchors": 96, "added": 3,
+                                          "added_correct": 2, "removed": 1, "removed_correct": 1, "changed": 4,
+                                          "precision": 0.75}]}
+    path.with_name("manifest.json").write_text(json.dumps(manifest))
+    frame = aggregate([path])
+    fit = frame[frame["metric"].str.startswith("fit_")]
+    assert fit.loc[fit["metric"] == "fit_prior_bce", "value"].item() == 0.23
+    assert fit.loc[fit["metric"] == "fit_prior_bce", "head"].isna().all()
+    pl = fit[fit["metric"] == "fit_pl_precision"]
+    assert pl["head"].item() == "random" and pl["epoch"].item() == 1 and pl["value"].item() == 0.75
+    # the tables read mAP rows only
+    assert frame[frame["metric"] == "mAP"]["epoch"].isna().all()
