@@ -260,3 +260,35 @@ def test_aggregate_carries_the_manifest_fit_record(tmp_path):
     assert pl["head"].item() == "random" and pl["epoch"].item() == 1 and pl["value"].item() == 0.75
     # the tables read mAP rows only
     assert frame[frame["metric"] == "mAP"]["epoch"].isna().all()
+
+
+def test_readme_claims_are_paired_differences_and_fit_of_the_results():
+    from noisymlt.report.readme import paper_claims, render_claims
+
+    rng = np.random.default_rng(5)
+    maps = {}
+    for gamma, level in ((0.3, 0.6), (0.9, 0.3)):
+        for seed in range(3):
+            shared = level + rng.normal(0, 0.05)
+            maps[("erm", gamma, seed)] = shared
+            maps[("rs", gamma, seed)] = shared + 0.04 + rng.normal(0, 0.002)
+            maps[("ours", gamma, seed)] = shared + 0.02 + rng.normal(0, 0.002)
+    res = _results(maps)
+    labels = {"erm": "ERM", "rs": "RS", "ours": "Ours"}
+    claims = paper_claims(res, ["erm", "rs", "ours"], labels, "toy", 0.3)
+    ours_rs = next(r for r in claims["ours_minus"] if r["method"] == "rs" and r["gamma"] == 0.3)
+    expected = np.mean([100 * (maps[("ours", 0.3, s)] - maps[("rs", 0.3, s)]) for s in range(3)])
+    assert ours_rs["mean"] == pytest.approx(round(expected, 2)) and ours_rs["mean"] < 0
+    rs_erm = next(r for r in claims["balanced_minus_erm"] if r["gamma"] == 0.9)
+    assert rs_erm["reference"] == "rs" and rs_erm["mean"] == pytest.approx(
+        round(np.mean([100 * (maps[("rs", 0.9, s)] - maps[("erm", 0.9, s)]) for s in range(3)]), 2))
+    drop = {r["method"]: r for r in claims["noise_drop"]["rows"]}
+    assert drop["erm"]["mean"] == pytest.approx(
+        round(np.mean([100 * (maps[("erm", 0.3, s)] - maps[("erm", 0.9, s)]) for s in range(3)]), 2))
+    assert claims["fit"]["runs"] == 18 and claims["fit"]["runs_below_lr"] == 0
+    assert claims["fit"]["bce_ratio"]["erm"] == pytest.approx(0.11 / 0.2, abs=1e-3)  # seeds: 0.10, 0.11, 0.12
+    assert claims["fit"]["pseudo_labels"]["random"]["precision"] == pytest.approx(0.7)
+    text = "\n".join(render_claims(claims, [0.3, 0.9]))
+    assert "Here: 2 of 4 above 0, 2 below, 0 undecided" in text  # Ours above ERM, below RS, at both rates
+    assert f"| RS | **{ours_rs['mean']:+.1f} ± {ours_rs['ci95']:.1f}** |" in text
+    assert "18 of 18 runs reached their nominal learning rate" in text

@@ -331,13 +331,19 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def autocast(self):
+        """bf16 / fp16 autocast on a GPU (``train.precision``); on the CPU ``train.cpu_precision`` (fp32 by
+        default; bf16 uses the CPU's bf16 units, e.g. AMX: deterministic for a given thread count)."""
         import torch
 
-        precision = self.cfg["train"]["precision"]
-        if self.device.type != "cuda" or precision == "fp32":
-            return contextlib.nullcontext()  # CPU runs stay fp32 and bit-reproducible
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-        return torch.autocast("cuda", dtype=dtype)
+        tcfg = self.cfg["train"]
+        if self.device.type == "cuda":
+            precision = tcfg["precision"]
+            if precision == "fp32":
+                return contextlib.nullcontext()
+            return torch.autocast("cuda", dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+        if tcfg.get("cpu_precision", "fp32") == "bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def to_device(self, batch: dict) -> dict:
         import torch
