@@ -194,7 +194,7 @@ def snakemake_outputs(root: Path, *args: str) -> dict[str, str]:
 
 
 SNAKEMAKE_ONLY = ("reports/ablation_", "reports/inference_time_", "reports/noise_level_", "reports/pseudo_labels_",
-                  "reports/readme_numbers.json")
+                  "reports/readme_numbers.json", "reports/paired_")
 
 
 def snakemake_only(path: str) -> bool:
