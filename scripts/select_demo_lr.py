@@ -71,7 +71,7 @@ def main() -> int:
     from noisymlt.config import load_params, resolve_run
     from noisymlt.evaluate import average_precisions
     from noisymlt.labels import read_labels
-    from noisymlt.steps import train_images_dir
+    from noisymlt.steps import image_root
     from noisymlt.train import Trainer
 
     params = load_params(*[REPO / p for p in args.params])
@@ -81,7 +81,7 @@ def main() -> int:
     scratch = Path(args.workdir or tempfile.mkdtemp(prefix="noisymlt-select-"))
     scratch.mkdir(parents=True, exist_ok=True)
     frame = pd.read_parquet(noisy_path)
-    images = REPO / train_images_dir(args.dataset)
+    images = REPO / image_root(params, args.dataset, "train")
     cache_size = resolve_run(params, args.dataset, "ours", args.gamma, args.seed)["train"]["cache_size"]
     for part, rows in (("fit", ~val), ("val", val)):
         frame[rows].to_parquet(scratch / f"{part}.parquet", index=False)

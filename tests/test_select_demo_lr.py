@@ -1,0 +1,50 @@
+"""The demo's learning rates: the held-out split and the choice rule of scripts/select_demo_lr.py, and the demo
+profile holding the values that script chose (docs/demo_lr_selection.json)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+from select_demo_lr import RECIPES, choose, held_out_split  # noqa: E402
+
+
+def test_held_out_split_is_stratified_disjoint_and_deterministic():
+    rng = np.random.default_rng(0)
+    labels = (rng.random((355, 20)) < np.linspace(0.02, 0.5, 20)).astype(int)
+    labels[:2, 0] = 1
+    labels[2:, 0] = 0  # a class with two positives
+    val = held_out_split(labels, 0.2, seed=0)
+    assert np.array_equal(val, held_out_split(labels, 0.2, seed=0))
+    assert not np.array_equal(val, held_out_split(labels, 0.2, seed=1))
+    y = labels.astype(bool)
+    assert (y[val].sum(0) >= 1).all() and (y[~val].sum(0) >= 1).all()  # positives on both sides
+    assert 0.15 < val.mean() < 0.3
+
+
+def test_choice_is_the_best_score_and_ties_go_to_the_smaller_lr():
+    assert choose({0.02: 30.0, 0.08: 41.5, 0.14: 41.0, 0.2: 12.0}) == 0.08
+    assert choose({0.02: 30.0, 0.08: 41.5, 0.14: 41.5}) == 0.08
+    assert choose({0.2: 5.0, 0.14: 5.0}) == 0.14
+
+
+def test_demo_profile_uses_the_selected_learning_rates():
+    from noisymlt.config import load_params, resolve_run
+
+    chosen = json.loads((REPO / "docs" / "demo_lr_selection.json").read_text())
+    params = load_params(REPO / "params.yaml", REPO / "workflow" / "profiles" / "demo" / "params.yaml")
+    assert set(chosen["recipes"]) == set(RECIPES)
+    for recipe, rec in chosen["recipes"].items():
+        assert rec["chosen_lr"] == choose({float(k): v for k, v in rec["scores"].items()})
+        assert sorted(float(k) for k in rec["scores"]) == [0.02, 0.08, 0.14, 0.2]  # the paper's grid
+        for method, block in params["methods"].items():
+            if block.get("schedule", "cl") == recipe and method in params["grid"]["methods"]:
+                lr = resolve_run(params, "toy", method, 0.5, 0)["train"]["lr"]
+                assert lr == pytest.approx(rec["chosen_lr"]), (recipe, method)
