@@ -50,6 +50,8 @@ rule figure_map_vs_gamma:
         pdf="reports/map_vs_gamma.pdf",
     params:
         cli=NOISYMLT,
+        labels=method_labels(),
+        methods=" ".join(GRID["methods"]),  # the compared methods only: the ablation variants have their figures
         code=code("figure"),
     conda:
         "../envs/noisymlt.yaml"
@@ -58,7 +60,8 @@ rule figure_map_vs_gamma:
     benchmark:
         "benchmarks/report/map_vs_gamma.tsv"
     shell:
-        "{params.cli} figure --results {input} --out {output.png} > {log} 2>&1"
+        "{params.cli} figure --results {input} --out {output.png} --methods {params.methods} "
+        "--labels {params.labels:q} > {log} 2>&1"
 
 
 rule table_ablation:
