@@ -237,6 +237,42 @@ def test_noise_figure_from_synthetic_logs(tmp_path):
     assert main(["noise-figure", "--logs", str(empty), "--out", str(tmp_path / "x.png")]) == 2
 
 
+def test_noise_figure_content(tmp_path):
+    """Panels titled with one word for each branch, the epoch on x (no unexplained lines), lines that
+    coincide kept apart by width and by markers at their own places, and the layout checks of every figure."""
+    from figure_checks import check_layout
+    from noisymlt.report.noise_level import noise_level_figure, read_noise_logs
+
+    kinds = ("noisy", "noisy_stitched", "corrected", "corrected_stitched")
+    wrong = {(b, k): 4 for b in ("random", "balanced") for k in kinds}  # every line the same: all coincide
+    wrong[("random", "noisy")] = 5
+    positives = {key: 10 for key in wrong}
+    positives[("balanced", "noisy")] = 40
+    logs = [tmp_path / f"s{s}" / "noise_level.jsonl" for s in (0, 1)]
+    for log in logs:
+        synthetic_log(log, wrong, positives)
+    fig = noise_level_figure(read_noise_logs(logs), "Toy-MLT-Noise: Ours, noise rate 0.5", smooth=2)
+    check_layout(fig, internal_names=["ours", "toy", "balance", "corrected"])  # and no key with an underscore
+    assert [ax.get_title() for ax in fig.axes] == ["both branches (R + B)", "random branch (R)", "balanced branch (B)"]
+    names = ["noisy labels", "Stitch-Up", "Co-Learning", "Co-Learning + Stitch-Up"]
+    for ax in fig.axes:
+        lines = ax.get_lines()
+        assert [line.get_label() for line in lines] == names  # nothing else drawn: no unlabelled vertical lines
+        assert list(ax.get_xticks()) == list(range(EPOCHS + 1)) and ax.get_xlim() == (0, EPOCHS)
+        widths = [line.get_linewidth() for line in lines]
+        assert widths == sorted(widths, reverse=True) and len(set(widths)) == 4  # later lines nest inside
+        assert len({line.get_marker() for line in lines}) == 4
+        marked = [tuple(np.round(line.get_xdata()[line.get_markevery()], 3)) for line in lines]
+        assert len(set(marked)) == 4 and all(len(m) == EPOCHS for m in marked)  # one marker an epoch, apart
+    random, pooled = fig.axes[1].get_lines()[0], fig.axes[0].get_lines()[0]
+    assert np.allclose(random.get_ydata(), 50.0) and np.allclose(pooled.get_ydata(), 100 * 9 / 50)
+    assert np.allclose(random.get_xdata(), [i / ITERS for i in range(EPOCHS * ITERS)])  # iterations over epochs
+    assert fig.axes[-1].get_xlabel() == "epoch"
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == names
+    assert fig.get_suptitle() == ("Toy-MLT-Noise: Ours, noise rate 0.5\n"
+                                  "mean of 2 seeds ± 1 std, counts pooled over 2 iterations")
+
+
 def test_pick_examples_prefers_corrections():
     from noisymlt.report.pseudo_labels import pick_examples
 

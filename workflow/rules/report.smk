@@ -207,7 +207,8 @@ rule figure_noise_level:
         md="reports/noise_level_{dataset}.md",
     params:
         cli=NOISYMLT,
-        title=lambda w: f"{w.dataset}: {FIGURE_METHOD}, noise rate {FIGURE_GAMMA}",
+        title=lambda w: f"{dataset_title(w.dataset)}: {config['methods'][FIGURE_METHOD].get('label', FIGURE_METHOD)}, "
+        f"noise rate {FIGURE_GAMMA}",
         code=code("noise-figure"),
     conda:
         "../envs/noisymlt.yaml"
