@@ -3,8 +3,9 @@
 Reads the ``noise_level.jsonl`` logs of one method's runs (one per seed; Ours at gamma 0.5 in the
 paper) and draws three panels stacked in one column, the two branches pooled, the random branch, the
 balanced branch: the noise level (wrong positives / positives of the training targets, see
-noisymlt.noise_monitor) of every iteration, placed on an epoch axis, one line per kind of target: the noisy labels as given, after Stitch-Up (union
-over the stitched images), after Co-Learning (pseudo labels), and both. Each line is the mean over
+noisymlt.noise_monitor) of every iteration, placed on an epoch axis, one line per kind of target: the
+noisy labels as given, after Stitch-Up (union over the stitched images), after Co-Learning (pseudo
+labels), and both. Each line is the mean over
 seeds with a band of +- one standard deviation (from two seeds on). Rates are pooled counts (sums of
 wrong positives over sums of positives), so a smoothing window or a pooled panel weighs every label
 equally. Besides the PNG and PDF, a CSV and a Markdown table give each line's start (first epoch) and

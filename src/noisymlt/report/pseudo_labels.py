@@ -185,7 +185,10 @@ def pseudo_label_figure(scored: dict, clean: np.ndarray, picks: list[tuple[int, 
     with paper_style():
         fig = plt.figure(figsize=(COLUMN_WIDTH, 1.0))
         writer = _Writer(fig)
-        wrap = lambda prefix, items: writer.wrap(prefix, items or ["-"], COLUMN_WIDTH - text_x - 0.04)  # noqa: E731
+
+        def wrap(prefix: str, items: list[str]) -> list[str]:  # a row of the text column; "-" for no label
+            return writer.wrap(prefix, items or ["-"], COLUMN_WIDTH - text_x - 0.04)
+
         blocks, marks = [], {"added": False, "discarded": False}
         for row, why in picks:
             noisy, truth = scored["noisy"][row].astype(bool), clean[row].astype(bool)
@@ -238,7 +241,7 @@ def _caption(scored: dict, marks: dict, top: int) -> str:
     if marks["added"]:
         text += " Underlined: a missing label the model added."
     if marks["discarded"]:
-        text += " Bold: a wrong noisy label it discarded."
+        text += " Bold: a wrong noisy label the model discarded."
     return text[0].upper() + text[1:]
 
 
