@@ -274,6 +274,7 @@ def test_sweep_figure_on_the_papers_dataset_shares_one_panel(tmp_path):
     fig = sweep_figure(sweep_points(results, block, xs), block, xs)
     check_layout(fig, internal_names=["voc"])
     (ax,) = fig.axes
+    assert ax.get_title() == "VOC-MLT-Noise\n3 seeds, $\\gamma$ = 0.5"
     assert [line.get_label() for line in ax.get_lines()] == ["measured, $\\gamma$ = 0.5", "paper, VOC-MLT-Noise"]
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["measured, $\\gamma$ = 0.5", "paper, VOC-MLT-Noise"]
 

@@ -74,9 +74,11 @@ def map_vs_gamma_figure(results: pd.DataFrame, methods: list[str], labels: dict[
                     ax.set_xlabel("noise rate $\\gamma$")
                 if j % 2 == 0:
                     ax.set_ylabel("mAP (%)")
-        handles, names = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, names, loc="outside lower center", ncol=4, frameon=False, columnspacing=1.0,
-                   handletextpad=0.4)
+        entries = {}  # every method once, also one with runs on a later dataset only
+        for ax in axes.flat:
+            entries.update(zip(*reversed(ax.get_legend_handles_labels())))
+        fig.legend(entries.values(), entries.keys(), loc="outside lower center", ncol=4, frameon=False,
+                   columnspacing=1.0, handletextpad=0.4)
         lo, hi = int(seeds.min()), int(seeds.max())
         title = "mAP" if len(datasets) > 1 else f"{dataset_title(datasets[0])}: mAP"
         fig.suptitle(f"{title}, mean over {lo if lo == hi else f'{lo}-{hi}'} seed{'s' if hi > 1 else ''}")
@@ -130,7 +132,8 @@ def sweep_figure(points: pd.DataFrame, block: dict, xs: dict[str, float]):
                 ci = part["ci95"].fillna(0.0)
                 ax.fill_between(part["x"], part["mean"] - ci, part["mean"] + ci, color=color, alpha=0.15, lw=0)
         at = f", $\\gamma$ = {gammas[0]:g}" if len(gammas) == 1 else ""
-        ax.set_title(f"measured on {dataset_title(block['dataset'])}\n{seeds} seed{'s' if seeds > 1 else ''}{at}")
+        where = f"measured on {dataset_title(block['dataset'])}" if beside else dataset_title(block["dataset"])
+        ax.set_title(f"{where}\n{seeds} seed{'s' if seeds > 1 else ''}{at}")
         paper_gammas = block.get("gammas") or []
         paper_at = f", $\\gamma$ = {float(paper_gammas[0]):g}" if len(paper_gammas) == 1 else ""
         if published:
