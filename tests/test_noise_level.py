@@ -237,6 +237,42 @@ def test_noise_figure_from_synthetic_logs(tmp_path):
     assert main(["noise-figure", "--logs", str(empty), "--out", str(tmp_path / "x.png")]) == 2
 
 
+def test_noise_figure_content(tmp_path):
+    """Panels titled with one word for each branch, the epoch on x (no unexplained lines), lines that
+    coincide kept apart by width and by markers at their own places, and the layout checks of every figure."""
+    from figure_checks import check_layout
+    from noisymlt.report.noise_level import noise_level_figure, read_noise_logs
+
+    kinds = ("noisy", "noisy_stitched", "corrected", "corrected_stitched")
+    wrong = {(b, k): 4 for b in ("random", "balanced") for k in kinds}  # every line the same: all coincide
+    wrong[("random", "noisy")] = 5
+    positives = {key: 10 for key in wrong}
+    positives[("balanced", "noisy")] = 40
+    logs = [tmp_path / f"s{s}" / "noise_level.jsonl" for s in (0, 1)]
+    for log in logs:
+        synthetic_log(log, wrong, positives)
+    fig = noise_level_figure(read_noise_logs(logs), "Toy-MLT-Noise: Ours, noise rate 0.5", smooth=2)
+    check_layout(fig, internal_names=["ours", "toy", "balance", "corrected"])  # and no key with an underscore
+    assert [ax.get_title() for ax in fig.axes] == ["both branches (R + B)", "random branch (R)", "balanced branch (B)"]
+    names = ["noisy labels", "Stitch-Up", "Co-Learning", "Co-Learning + Stitch-Up"]
+    for ax in fig.axes:
+        lines = ax.get_lines()
+        assert [line.get_label() for line in lines] == names  # nothing else drawn: no unlabelled vertical lines
+        assert list(ax.get_xticks()) == list(range(EPOCHS + 1)) and ax.get_xlim() == (0, EPOCHS)
+        widths = [line.get_linewidth() for line in lines]
+        assert widths == sorted(widths, reverse=True) and len(set(widths)) == 4  # later lines nest inside
+        assert len({line.get_marker() for line in lines}) == 4
+        marked = [tuple(np.round(line.get_xdata()[line.get_markevery()], 3)) for line in lines]
+        assert len(set(marked)) == 4 and all(len(m) == EPOCHS for m in marked)  # one marker an epoch, apart
+    random, pooled = fig.axes[1].get_lines()[0], fig.axes[0].get_lines()[0]
+    assert np.allclose(random.get_ydata(), 50.0) and np.allclose(pooled.get_ydata(), 100 * 9 / 50)
+    assert np.allclose(random.get_xdata(), [i / ITERS for i in range(EPOCHS * ITERS)])  # iterations over epochs
+    assert fig.axes[-1].get_xlabel() == "epoch"
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == names
+    assert fig.get_suptitle() == ("Toy-MLT-Noise: Ours, noise rate 0.5\n"
+                                  "mean of 2 seeds ± 1 std, counts pooled over 2 iterations")
+
+
 def test_pick_examples_prefers_corrections():
     from noisymlt.report.pseudo_labels import pick_examples
 
@@ -247,6 +283,51 @@ def test_pick_examples_prefers_corrections():
     assert picks[:2] == [(0, "adds a missing label"), (1, "discards a wrong label")]
     assert picks[2][1] == "drawn at random" and picks[2][0] not in (0, 1)
     assert pick_examples(noisy, clean, pseudo, 3, seed=0) == picks  # deterministic
+
+
+def check_pseudo_label_figure(scored: dict, clean: np.ndarray, root) -> None:
+    """Corrections drawn in the paper's style (mathtext underline / bold) and named by a caption that
+    describes only the marks that appear; every row named by its first word, colours safe for colour-blind
+    readers (never the paper's red against green); sharp thumbnails; the layout checks of every figure."""
+    from matplotlib.colors import to_hex
+
+    from figure_checks import check_layout, strings
+    from noisymlt.dataset import load_image
+    from noisymlt.report.pseudo_labels import pick_examples, pseudo_label_figure
+    from noisymlt.report.style import BLUE, VERMILLION
+
+    plain = [r for r in range(len(clean)) if all((p[r] == scored["noisy"][r]).all() for p in scored["pseudo"].values())]
+    assert plain, "the short run should leave some images uncorrected"
+    fig = pseudo_label_figure(scored, clean, [(plain[0], "drawn at random")], root)
+    check_layout(fig)
+    text = " ".join(strings(fig))
+    assert "pseudo R (from B):" in text and "pseudo B (from R):" in text and "prediction:" in text
+    assert "Underlined" not in text and "Bold" not in text and "\\underline" not in text and "\\mathbf" not in text
+
+    row = scored["pseudo"]["random"][0]  # force one added and one discarded label on image 0
+    row[:] = scored["noisy"][0]
+    row[np.flatnonzero(scored["noisy"][0] == 0)[0]] = 1
+    row[np.flatnonzero(scored["noisy"][0] == 1)[0]] = 0
+    picks = [(0, "forced"), *pick_examples(scored["noisy"], clean, scored["pseudo"], 2)]
+    fig = pseudo_label_figure(scored, clean, picks, root)
+    check_layout(fig)
+    text = " ".join(strings(fig))
+    assert "\\underline" in text and "\\mathbf" in text
+    assert "Underlined: a missing label the model added." in text
+    assert "Bold: a wrong noisy label the model discarded." in text
+    kinds = {"#000000": ("noisy:", "prediction:", "    "), to_hex(BLUE): ("clean:", "    "),
+             to_hex(VERMILLION): ("pseudo R (from B):", "pseudo B (from R):", "    ")}
+    rows = [t for t in fig.texts if t.get_text().strip() and to_hex(t.get_color()) in kinds]
+    assert len(rows) >= 5 * len(picks)
+    for t in rows:  # the colour only repeats what the row's first word says
+        assert t.get_text().startswith(kinds[to_hex(t.get_color())]), (t.get_text(), t.get_color())
+    images = [im for ax in fig.axes for im in ax.get_images()]
+    assert len(images) == len(picks)
+    for im, (r, _) in zip(images, picks):
+        pixels, shown = np.asarray(load_image(root / scored["paths"][r])), np.asarray(im.get_array())
+        factor = shown.shape[0] // pixels.shape[0]
+        assert im.get_interpolation() == "nearest" and shown.shape[0] >= 256 == 8 * pixels.shape[0]
+        assert np.array_equal(shown, pixels.repeat(factor, 0).repeat(factor, 1))  # whole pixels, no blur
 
 
 def test_pseudo_label_figure_of_a_short_run(runs, tiny_toy, tmp_path):
@@ -271,17 +352,8 @@ def test_pseudo_label_figure_of_a_short_run(runs, tiny_toy, tmp_path):
     alpha, beta = scored["trainer"].method.thresholds["balanced"]
     expected = pseudo_labels(scored["noisy"].astype(np.float32), scored["probs"]["balanced"], alpha, beta)
     np.testing.assert_array_equal(scored["pseudo"]["random"], expected)
-    # corrections are drawn in the paper's style (mathtext underline / bold): force one of each on image 0
-    from noisymlt.report.pseudo_labels import pick_examples, plot_pseudo_labels
-
-    clean = read_labels(tiny_toy["noisy"]).clean
-    row = scored["pseudo"]["random"][0]
-    row[:] = scored["noisy"][0]
-    row[np.flatnonzero(scored["noisy"][0] == 0)[0]] = 1
-    row[np.flatnonzero(scored["noisy"][0] == 1)[0]] = 0
-    picks = pick_examples(scored["noisy"], clean, scored["pseudo"], 2)
-    styled = plot_pseudo_labels(scored, clean, [(0, "forced"), *picks], tiny_toy["root"], tmp_path / "styled.png")
-    assert all(p.stat().st_size > 5000 for p in styled)
+    # the figure, as a reader sees it (see test_pseudo_label_figure_content)
+    check_pseudo_label_figure(scored, read_labels(tiny_toy["noisy"]).clean, tiny_toy["root"])
     # a run of another family has no pseudo labels to show
     erm = runs["clean"][1].parent / "erm"
     erm.mkdir()

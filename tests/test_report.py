@@ -114,12 +114,69 @@ def test_trace_flags_every_kind_of_mismatch(tmp_path, capsys):
     assert rc == 1 and "STALE: the table shows" in text and f"CHANGED {runs[2] / 'metrics.json'}" in text
 
 
-def test_figure_is_written(tmp_path):
-    from noisymlt.report.figures import plot_map_vs_gamma
+METHODS = {"erm": "ERM", "rs_focal": "RS-Focal", "ours": "Ours"}  # keys as in params.yaml, labels as in the tables
+GAMMAS = [0.3, 0.5, 0.7, 0.9]
 
-    files = [fake_run(tmp_path, "erm", g, s, [0.5 - g / 2 + s / 100]) for g in (0.3, 0.5) for s in (0, 1)]
-    png = plot_map_vs_gamma(aggregate(files), tmp_path / "fig.png")
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+def map_results(tmp_path):
+    """Compared methods at every noise rate (two seeds) and an ablation variant at 0.5, as the demo's
+    results.parquet holds both."""
+    files = []
+    for g in GAMMAS:
+        for s in (0, 1):
+            files.append(fake_run(tmp_path, "erm", g, s, [0.6 - g / 2 + s / 100]))
+            files.append(fake_run(tmp_path, "rs_focal", g, s, [0.7 - g / 2]))
+            files.append(fake_run(tmp_path, "ours", g, s, [0.8 - g / 2, 0.1, 0.2],
+                                  heads=("ensemble", "random", "balanced")))
+    files.append(fake_run(tmp_path, "ours_no_both", 0.5, 0, [0.99, 0.1, 0.2], heads=("ensemble", "random", "balanced")))
+    return aggregate(files)
+
+
+def test_map_vs_gamma_figure_draws_the_compared_methods_only(tmp_path):
+    from figure_checks import check_layout, strings
+    from noisymlt.report.figures import map_vs_gamma_figure
+
+    results = map_results(tmp_path)
+    fig = map_vs_gamma_figure(results, list(METHODS), METHODS)
+    check_layout(fig, internal_names=[*METHODS, "ours_no_both", "toy"])
+    panels = fig.axes
+    assert [ax.get_title() for ax in panels] == ["total", "head", "medium", "tail"]
+    for ax in panels:
+        assert [line.get_label() for line in ax.get_lines()] == list(METHODS.values())  # no ablation variant
+        assert list(ax.get_xticks()) == GAMMAS  # ticks at the data's noise rates
+    for ax in panels[2:]:  # labelled under the bottom row (the columns share their x axis)
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["0.3", "0.5", "0.7", "0.9"]
+    ours = panels[0].get_lines()[2]  # the ensemble head, mean over seeds, in %
+    assert list(ours.get_xdata()) == GAMMAS
+    assert [round(y, 6) for y in ours.get_ydata()] == [65.0, 55.0, 45.0, 35.0]
+    assert [round(y, 6) for y in panels[0].get_lines()[0].get_ydata()] == [45.5, 35.5, 25.5, 15.5]
+    # every axis titled: x under the bottom row, y beside the left column
+    assert [ax.get_xlabel() for ax in panels] == ["", "", "noise rate $\\gamma$", "noise rate $\\gamma$"]
+    assert [ax.get_ylabel() for ax in panels] == ["mAP (%)", "", "mAP (%)", ""]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == list(METHODS.values())
+    assert "Toy-MLT-Noise: mAP, mean over 2 seeds" in strings(fig)
+
+
+def test_map_vs_gamma_figure_of_two_datasets_names_them(tmp_path):
+    from figure_checks import check_layout
+    from noisymlt.report.figures import map_vs_gamma_figure
+
+    toy = map_results(tmp_path)
+    results = pd.concat([toy.assign(dataset="coco"), toy.assign(dataset="voc")], ignore_index=True)
+    fig = map_vs_gamma_figure(results, list(METHODS), METHODS)
+    check_layout(fig, internal_names=[*METHODS, "voc", "coco"])
+    assert [ax.get_title() for ax in fig.axes][::3] == ["VOC-MLT-Noise: total", "VOC-MLT-Noise: tail",
+                                                        "COCO-MLT-Noise: medium"]
+
+
+def test_figure_command_writes_png_and_pdf_and_needs_the_methods(tmp_path, capsys):
+    results = tmp_path / "results.parquet"
+    map_results(tmp_path).to_parquet(results)
+    out = tmp_path / "fig.png"
+    args = ["figure", "--results", str(results), "--out", str(out)]
+    assert main(args) == 2 and "name the compared methods" in capsys.readouterr().err
+    assert main([*args, "--methods", *METHODS, "--labels", json.dumps(METHODS)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-"
 
 
 def test_ablation_table_layout_rows_and_paper_column(tmp_path):
@@ -164,31 +221,76 @@ def test_groups_table_has_head_medium_tail_per_noise_rate_and_branches(tmp_path)
     assert html.count("<tr>") == 5 and "<b>70.00 ± 0.00</b>" in html
 
 
-def test_sweep_figure_plots_each_methods_swept_value(tmp_path):
-    from noisymlt.methods.options import stitchup_option
-    from noisymlt.report.figures import plot_sweep
-
+def sweep_case(tmp_path, dataset="toy"):
     files = []
     for seed in range(3):
         for method, m in (("ours_no_pseudo", 0.60), ("ours_k3", 0.55), ("ours_k4", 0.50)):
             files.append(fake_run(tmp_path, method, 0.5, seed, [m + 0.01 * seed, m, m],
                                   heads=("ensemble", "random", "balanced")))
+    # a run outside the ablation's seeds and noise rates: not its point
+    files.append(fake_run(tmp_path, "ours_k3", 0.9, 0, [0.1, 0.1, 0.1], heads=("ensemble", "random", "balanced")))
+    results = aggregate(files).assign(dataset=dataset)
+    block = {"label": "Number K of stitched images (p = 1, without Co-Learning)", "dataset": dataset,
+             "gammas": [0.5], "seeds": [0, 1, 2], "methods": ["ours_no_pseudo", "ours_k3", "ours_k4"],
+             "sweep": {"option": "stitchup.k", "label": "number K of stitched images"},
+             "paper": {"ours_no_pseudo": [68.53, None, None, None], "ours_k4": [67.06, None, None, None]}}
+    return results, block
+
+
+def test_sweep_figure_plots_each_methods_swept_value(tmp_path):
+    from figure_checks import check_layout, strings
+    from noisymlt.methods.options import stitchup_option
+    from noisymlt.report.figures import sweep_figure, sweep_points
+
     methods = {"ours_no_pseudo": {}, "ours_k3": {"stitchup": {"k": 3}}, "ours_k4": {"stitchup": {"k": 4}}}
     xs = {m: stitchup_option(b, "stitchup.k") for m, b in methods.items()}
     assert xs == {"ours_no_pseudo": 2, "ours_k3": 3, "ours_k4": 4}
     assert stitchup_option({"stitchup": {"enabled": False}}, "stitchup.k") == 1
     assert stitchup_option({}, "stitchup.p") == 1.0
-    block = {"label": "K", "dataset": "toy", "methods": list(methods), "sweep": {"option": "stitchup.k", "label": "K"},
-             "paper": {"ours_no_pseudo": [68.53, None, None, None], "ours_k4": [67.06, None, None, None]}}
-    out = plot_sweep(aggregate(files), block, xs, tmp_path / "k.png")
-    assert out.stat().st_size > 1000 and (tmp_path / "k.pdf").stat().st_size > 1000
-    points = pd.read_csv(tmp_path / "k.csv")
-    assert points["x"].tolist() == [2, 3, 4]
+    results, block = sweep_case(tmp_path)
+    points = sweep_points(results, block, xs)
+    assert points["x"].tolist() == [2, 3, 4] and points["gamma"].tolist() == [0.5] * 3
     assert points["mean"].round(4).tolist() == [61.0, 56.0, 51.0]  # the ensemble head, mean over seeds
-    # identical results, identical bytes (no dates inside)
-    first = (tmp_path / "k.png").read_bytes(), (tmp_path / "k.pdf").read_bytes()
-    plot_sweep(aggregate(files), block, xs, tmp_path / "k.png")
-    assert ((tmp_path / "k.png").read_bytes(), (tmp_path / "k.pdf").read_bytes()) == first
+    fig = sweep_figure(points, block, xs)
+    check_layout(fig, internal_names=[*methods, "toy", "voc"])
+    # toy results and the paper's VOC numbers never share a scale: a panel each, each titled with its dataset
+    measured, paper = fig.axes
+    assert measured.get_title() == "measured on Toy-MLT-Noise\n3 seeds, $\\gamma$ = 0.5"
+    assert paper.get_title() == "paper, VOC-MLT-Noise\n$\\gamma$ = 0.5"
+    assert [list(line.get_ydata().round(4)) for line in measured.get_lines()] == [[61.0, 56.0, 51.0]]
+    assert [list(line.get_ydata()) for line in paper.get_lines()] == [[68.53, 67.06]]
+    assert list(paper.get_lines()[0].get_xdata()) == [2, 4]
+    assert all(list(ax.get_xticks()) == [2, 3, 4] for ax in fig.axes)
+    assert measured.get_ylim()[1] < 66.3 < paper.get_ylim()[0]  # each scale fits its own data
+    assert "number K of stitched images" in strings(fig) and "total mAP (%)" in strings(fig)
+
+
+def test_sweep_figure_on_the_papers_dataset_shares_one_panel(tmp_path):
+    from figure_checks import check_layout
+    from noisymlt.report.figures import sweep_figure, sweep_points
+
+    results, block = sweep_case(tmp_path, dataset="voc")
+    xs = {"ours_no_pseudo": 2, "ours_k3": 3, "ours_k4": 4}
+    fig = sweep_figure(sweep_points(results, block, xs), block, xs)
+    check_layout(fig, internal_names=["voc"])
+    (ax,) = fig.axes
+    assert ax.get_title() == "VOC-MLT-Noise\n3 seeds, $\\gamma$ = 0.5"
+    assert [line.get_label() for line in ax.get_lines()] == ["measured, $\\gamma$ = 0.5", "paper, VOC-MLT-Noise"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["measured, $\\gamma$ = 0.5", "paper, VOC-MLT-Noise"]
+
+
+def test_sweep_figure_command_gives_identical_bytes_for_identical_results(tmp_path):
+    results, block = sweep_case(tmp_path)
+    path = tmp_path / "results.parquet"
+    results.to_parquet(path)
+    out = tmp_path / "k.png"
+    args = ["figure", "--results", str(path), "--out", str(out), "--ablation-spec", json.dumps(block),
+            "--x", json.dumps({"ours_no_pseudo": 2, "ours_k3": 3, "ours_k4": 4})]
+    assert main(args) == 0
+    assert pd.read_csv(tmp_path / "k.csv")["mean"].round(4).tolist() == [61.0, 56.0, 51.0]
+    first = out.read_bytes(), out.with_suffix(".pdf").read_bytes()
+    assert main(args) == 0
+    assert (out.read_bytes(), out.with_suffix(".pdf").read_bytes()) == first
 
 
 def test_branch_rows_are_titled_as_in_the_paper():
@@ -197,3 +299,28 @@ def test_branch_rows_are_titled_as_in_the_paper():
     assert branch_title("Ours", "random") == "Ours-random" and branch_title("Ours", "balanced") == "Ours-balance"
     assert branch_title("-- / --", "random") == "-- / -- (random)"  # an ablation row ending in punctuation
     assert branch_title("Stitch-Up + PL", "balanced") == "Stitch-Up + PL-balance"
+
+
+def test_figure_checks_catch_what_the_old_figures_did():
+    """The layout check fails on a legend over the data, a title off the edge, small text and internal names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from figure_checks import check_layout
+
+    def figure(**kwargs):
+        fig, ax = plt.subplots(figsize=(3.4, 2.5), layout="constrained")
+        ax.plot([0.3, 0.5], [1, 2], label="ERM")
+        ax.set_title(kwargs.get("title", "total"), fontsize=kwargs.get("size", 8))
+        if kwargs.get("inside"):
+            ax.legend(loc="upper right")
+        return fig
+
+    check_layout(figure())
+    for kwargs, message in [({"inside": True}, "legend covers"), ({"title": "x" * 120}, "runs off"),
+                            ({"size": 5}, "'total' is 5.0 pt"), ({"title": "rs_focal"}, "internal name")]:
+        with pytest.raises(AssertionError, match=message):
+            check_layout(figure(**kwargs))
+    with pytest.raises(AssertionError, match="internal name 'erm'"):
+        check_layout(figure(title="erm"), internal_names=["erm"])

@@ -9,6 +9,7 @@ from pathlib import Path
 from noisymlt import codedeps, steps
 from noisymlt.config import resolve_run, validate_params
 from noisymlt.methods.options import stitchup_option
+from noisymlt.report.style import dataset_title
 
 validate_params(config, source="params")
 

@@ -104,6 +104,8 @@ rule figure_map_vs_gamma:
         pdf="reports/map_vs_gamma.pdf",
     params:
         cli=NOISYMLT,
+        labels=method_labels(),
+        methods=" ".join(GRID["methods"]),  # the compared methods only: the ablation variants have their figures
         code=code("figure"),
     conda:
         "../envs/noisymlt.yaml"
@@ -112,7 +114,8 @@ rule figure_map_vs_gamma:
     benchmark:
         "benchmarks/report/map_vs_gamma.tsv"
     shell:
-        "{params.cli} figure --results {input} --out {output.png} > {log} 2>&1"
+        "{params.cli} figure --results {input} --out {output.png} --methods {params.methods} "
+        "--labels {params.labels:q} > {log} 2>&1"
 
 
 rule table_ablation:
@@ -258,7 +261,8 @@ rule figure_noise_level:
         md="reports/noise_level_{dataset}.md",
     params:
         cli=NOISYMLT,
-        title=lambda w: f"{w.dataset}: {FIGURE_METHOD}, noise rate {FIGURE_GAMMA}",
+        title=lambda w: f"{dataset_title(w.dataset)}: {config['methods'][FIGURE_METHOD].get('label', FIGURE_METHOD)}, "
+        f"noise rate {FIGURE_GAMMA}",
         code=code("noise-figure"),
     conda:
         "../envs/noisymlt.yaml"

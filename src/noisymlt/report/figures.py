@@ -1,6 +1,7 @@
-"""Figures from results.parquet, mean over seeds with a 95% confidence band from three seeds on:
+"""Figures from results.parquet, drawn for one column of a two-column paper (noisymlt.report.style):
 
-* mAP against noise rate, one panel per dataset and class group (``figure``);
+* mAP against noise rate of the compared methods, a 2 x 2 block of panels (total, head, medium, tail) per
+  dataset, the mean over seeds (``figure``; the 95% intervals are in the tables);
 * an ablation sweep (the paper's K and p figures): mAP against the swept Stitch-Up option
   (``figure --ablation-spec ... --x ...``), with the published points where the paper gives them.
 
@@ -11,71 +12,89 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from pathlib import Path
 
 import pandas as pd
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.labels import GROUPS
-from noisymlt.report.tables import mean_ci, primary_head, read_results
+from noisymlt.report.style import (BLACK, BLUE, COLUMN_WIDTH, GREEN, ORANGE, VERMILLION, FONT_PT, dataset_title,
+                                   paper_style, save_figure)
+from noisymlt.report.tables import mean_ci, method_choice, primary_head, read_results
 
-MARKERS = "os^vD<>ph*"
+MARKERS = "osv^D<>phXd"
+PAPER_ABLATION_DATASET = "voc"  # every ablation of the paper is reported on VOC-MLT-Noise (its captions)
 
 
-def plot_map_vs_gamma(results: pd.DataFrame, out: Path) -> Path:
+def method_styles(methods: list[str]) -> dict[str, dict]:
+    """Colour, marker and width per method: tab10 and a marker each, and the paper's method (the last one,
+    as in the tables) in black and wider, so that eleven lines stay apart even where they cross."""
     import matplotlib
 
-    matplotlib.use("Agg")
+    colors = matplotlib.colormaps["tab10"].colors
+    styles = {m: {"color": colors[k % 10], "marker": MARKERS[k % len(MARKERS)], "lw": 1.0, "zorder": 2}
+              for k, m in enumerate(methods[:-1])}
+    if methods:
+        styles[methods[-1]] = {"color": BLACK, "marker": "*", "lw": 1.6, "ms": 5.5, "zorder": 3}
+    return styles
+
+
+def map_vs_gamma_figure(results: pd.DataFrame, methods: list[str], labels: dict[str, str]):
+    """The Figure: per dataset, total / head / medium / tail mAP (%) against the noise rate, one line per
+    method of ``methods`` (the compared methods; ablation variants belong to the ablation figures), each
+    drawn from its primary head and titled with its label; ticks at the noise rates of the data."""
     import matplotlib.pyplot as plt
 
-    colors = matplotlib.colormaps["tab20"]
-    sel = results[results["metric"] == "mAP"]
-    datasets = list(dict.fromkeys(sel["dataset"]))
+    sel = results[(results["metric"] == "mAP") & results["method"].isin(methods)]
+    if sel.empty:
+        raise NoisyMLTError(f"results hold no mAP of the methods {methods}")
+    methods = [m for m in methods if m in set(sel["method"])]
+    datasets = sorted(dict.fromkeys(sel["dataset"]), key=lambda d: (d != "voc", d != "coco", d))
+    gammas = sorted(set(sel["gamma"]))
     groups = ("total", *GROUPS)
-    fig, axes = plt.subplots(len(datasets), len(groups), figsize=(3.2 * len(groups), 2.8 * len(datasets)),
-                             squeeze=False, sharex=True)
-    for i, ds in enumerate(datasets):
-        for j, group in enumerate(groups):
-            ax = axes[i][j]
-            part = sel[(sel["dataset"] == ds) & (sel["group"] == group)]
-            for k, method in enumerate(dict.fromkeys(part["method"])):
-                rows = part[(part["method"] == method) & (part["head"] == primary_head(results, method))]
-                stats = [(g, *mean_ci(100 * r["value"].to_numpy())) for g, r in rows.groupby("gamma")]
-                xs = [s[0] for s in stats]
-                ys = [s[1] for s in stats]
-                ci = [s[2] or 0.0 for s in stats]
-                line = ax.plot(xs, ys, marker=MARKERS[k % len(MARKERS)], ms=3, lw=1.2, label=method,
-                               color=colors(k % 20))[0]
-                if rows["seed"].nunique() >= 3:  # a t-interval over 2 seeds is too wide to read
-                    ax.fill_between(xs, [y - c for y, c in zip(ys, ci)], [y + c for y, c in zip(ys, ci)],
-                                    color=line.get_color(), alpha=0.1, lw=0)
-            ax.set_title(f"{ds}: {group}", fontsize=9)
-            ax.grid(alpha=0.3)
-            if i == len(datasets) - 1:
-                ax.set_xlabel("noise rate $\\gamma$")
-            if j == 0:
-                ax.set_ylabel("mAP (%)")
-    axes[0][-1].legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
-    return save_figure(fig, out)
-
-
-def save_figure(fig, out: Path) -> Path:
-    """OUT (PNG) and OUT with .pdf, with no dates or version stamps inside (reproducible bytes)."""
-    import matplotlib.pyplot as plt
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # no Software / creation-date metadata: figures are tracked outputs, the same data give the same bytes
-    fig.savefig(out, dpi=120, metadata={"Software": None})
-    fig.savefig(out.with_suffix(".pdf"), metadata={"CreationDate": None, "Producer": None, "Creator": None})
-    plt.close(fig)
-    return out
+    styles = method_styles(methods)
+    seeds = sel.groupby(["dataset", "gamma", "method"])["seed"].nunique()
+    with paper_style():
+        fig, axes = plt.subplots(2 * len(datasets), 2, figsize=(COLUMN_WIDTH, 0.9 + 2.45 * len(datasets)),
+                                 squeeze=False, sharex=True, layout="constrained")
+        for i, ds in enumerate(datasets):
+            for j, group in enumerate(groups):
+                ax = axes[2 * i + j // 2][j % 2]
+                part = sel[(sel["dataset"] == ds) & (sel["group"] == group)]
+                for method in methods:
+                    rows = part[(part["method"] == method) & (part["head"] == primary_head(results, method))]
+                    means = [(g, mean_ci(100 * r["value"].to_numpy())[0]) for g, r in rows.groupby("gamma")]
+                    if means:
+                        ax.plot(*zip(*means), label=labels.get(method, method), **styles[method])
+                ax.set_title(f"{dataset_title(ds)}: {group}" if len(datasets) > 1 else group)
+                ax.set_xticks(gammas, [f"{g:g}" for g in gammas])
+                ax.grid(True)
+                if j // 2 == 1:
+                    ax.set_xlabel("noise rate $\\gamma$")
+                if j % 2 == 0:
+                    ax.set_ylabel("mAP (%)")
+        entries = {}  # every method once, also one with runs on a later dataset only
+        for ax in axes.flat:
+            entries.update(zip(*reversed(ax.get_legend_handles_labels())))
+        fig.legend(entries.values(), entries.keys(), loc="outside lower center", ncol=4, frameon=False,
+                   columnspacing=1.0, handletextpad=0.4)
+        lo, hi = int(seeds.min()), int(seeds.max())
+        title = "mAP" if len(datasets) > 1 else f"{dataset_title(datasets[0])}: mAP"
+        fig.suptitle(f"{title}, mean over {lo if lo == hi else f'{lo}-{hi}'} seed{'s' if hi > 1 else ''}")
+    return fig
 
 
 def sweep_points(results: pd.DataFrame, block: dict, xs: dict[str, float], group: str = "total") -> pd.DataFrame:
-    """One row per swept method: x, mean and 95% half-width of its primary head's mAP (%), seeds."""
+    """One row per swept method and noise rate of the ablation: x, mean and 95% half-width of its primary
+    head's mAP (%), seeds. Only the ablation's own noise rates and seeds count (as in its table): a variant
+    that is also in the main grid has runs at every rate and seed there."""
     sel = results[(results["metric"] == "mAP") & (results["group"] == group)
                   & (results["dataset"] == block["dataset"])]
+    if block.get("gammas"):
+        sel = sel[sel["gamma"].isin([float(g) for g in block["gammas"]])]
+    if block.get("seeds"):
+        sel = sel[sel["seed"].isin(block["seeds"])]
     rows = []
     for method in block["methods"]:
         if method not in xs:
@@ -91,52 +110,85 @@ def sweep_points(results: pd.DataFrame, block: dict, xs: dict[str, float], group
     return pd.DataFrame(rows).sort_values(["gamma", "x"])
 
 
-def plot_sweep(results: pd.DataFrame, block: dict, xs: dict[str, float], out: Path) -> Path:
-    """The paper's K / p figures: total mAP against the swept option, one line per noise rate."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+def sweep_figure(points: pd.DataFrame, block: dict, xs: dict[str, float]):
+    """The paper's K / p figures as a Figure: total mAP against the swept option, one line per noise rate
+    (a 95% band from three seeds on). The published points share the axes only when they are on the same
+    dataset; else they get a panel of their own, so that neither scale squeezes the other."""
     import matplotlib.pyplot as plt
 
-    points = sweep_points(results, block, xs)
-    fig, ax = plt.subplots(figsize=(3.6, 2.8))
-    for k, (gamma, part) in enumerate(points.groupby("gamma")):
-        line = ax.plot(part["x"], part["mean"], marker=MARKERS[k], lw=1.4, label=f"measured, $\\gamma$={gamma:g}")[0]
-        if part["seeds"].min() >= 3:
-            ci = part["ci95"].fillna(0.0)
-            ax.fill_between(part["x"], part["mean"] - ci, part["mean"] + ci, color=line.get_color(), alpha=0.15, lw=0)
-    published = [(xs[m], v[0]) for m, v in (block.get("paper") or {}).items() if m in xs and v[0] is not None]
-    if published:
-        px, py = zip(*sorted(published))
-        ax.plot(px, py, ls="--", marker="x", color="0.4", lw=1, label="paper (VOC-MLT-Noise)")
-    ax.set_xlabel(block["sweep"]["label"])
-    ax.set_ylabel("total mAP (%)")
-    ax.set_xticks(sorted(set(points["x"])))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title(block["label"], fontsize=8)
-    fig.tight_layout()
-    points.to_csv(out.with_suffix(".csv"), index=False, float_format="%.4f")
-    return save_figure(fig, out)
+    published = sorted((xs[m], v[0]) for m, v in (block.get("paper") or {}).items() if m in xs and v[0] is not None)
+    beside = bool(published) and block["dataset"] != PAPER_ABLATION_DATASET
+    gammas = sorted(set(points["gamma"]))
+    seeds = int(points["seeds"].max())
+    with paper_style():
+        fig, axes = plt.subplots(1, 2 if beside else 1, figsize=(COLUMN_WIDTH, 2.3), squeeze=False,
+                                 sharex=True, layout="constrained")
+        ax = axes[0][0]
+        for k, (gamma, part) in enumerate(points.groupby("gamma")):
+            color = (BLUE, VERMILLION, GREEN, ORANGE)[k % 4]
+            ax.plot(part["x"], part["mean"], marker=MARKERS[k], color=color, lw=1.2,
+                    label=f"$\\gamma$ = {gamma:g}" if beside else f"measured, $\\gamma$ = {gamma:g}")
+            if part["seeds"].min() >= 3:
+                ci = part["ci95"].fillna(0.0)
+                ax.fill_between(part["x"], part["mean"] - ci, part["mean"] + ci, color=color, alpha=0.15, lw=0)
+        at = f", $\\gamma$ = {gammas[0]:g}" if len(gammas) == 1 else ""
+        where = f"measured on {dataset_title(block['dataset'])}" if beside else dataset_title(block["dataset"])
+        ax.set_title(f"{where}\n{seeds} seed{'s' if seeds > 1 else ''}{at}")
+        paper_gammas = block.get("gammas") or []
+        paper_at = f", $\\gamma$ = {float(paper_gammas[0]):g}" if len(paper_gammas) == 1 else ""
+        if published:
+            pax = axes[0][1] if beside else ax
+            pax.plot(*zip(*published), ls="--", marker="x", color="0.35", lw=1.0,
+                     label=f"paper, {dataset_title(PAPER_ABLATION_DATASET)}")
+            if beside:
+                pax.set_title(f"paper, {dataset_title(PAPER_ABLATION_DATASET)}\n{paper_at.lstrip(', ')}")
+        if beside:  # one x title under both panels: two would not fit the column
+            fig.supxlabel(block["sweep"]["label"], fontsize=FONT_PT)
+        else:
+            ax.set_xlabel(block["sweep"]["label"])
+        for a in axes[0]:
+            a.set_ylabel("total mAP (%)")
+            a.set_xticks(sorted(set(points["x"])), [f"{x:g}" for x in sorted(set(points["x"]))])
+            a.grid(True)
+            a.margins(y=0.15)
+        if len(ax.get_lines()) > 1:  # one line per panel is named by its title
+            handles, names = ax.get_legend_handles_labels()
+            fig.legend(handles, names, loc="outside lower center", ncol=min(3, len(names)), frameon=False)
+        fig.suptitle("\n".join(textwrap.wrap(block["label"], 55, break_on_hyphens=False)))
+    return fig
 
 
 def _cmd_figure(args: argparse.Namespace) -> int:
     results = read_results(args.results)
+    out = Path(args.out)
     if args.ablation_spec:
         block = json.loads(args.ablation_spec)
         if "sweep" not in block:
             raise NoisyMLTError(f"ablation {block.get('label', '?')!r} has no `sweep` key: nothing to plot")
-        plot_sweep(results, block, json.loads(args.x or "{}"), Path(args.out))
-    else:
-        plot_map_vs_gamma(results, Path(args.out))
+        xs = json.loads(args.x or "{}")
+        points = sweep_points(results, block, xs)
+        save_figure(sweep_figure(points, block, xs), out)
+        points.to_csv(out.with_suffix(".csv"), index=False, float_format="%.4f")
+        return 0
+    labels, methods, _ = method_choice(args)
+    if not methods:
+        raise NoisyMLTError("figure: name the compared methods (--methods, or --params files with grid.methods); "
+                            "results.parquet also holds the ablation variants, which belong to their own figures")
+    save_figure(map_vs_gamma_figure(results, methods, labels), out)
     return 0
 
 
 def add_cli(sub) -> None:
-    p = sub.add_parser("figure", help="plot mAP against noise rate (mean and 95%% CI band over seeds)",
-                       description="One panel per dataset and class group (total, head, medium, tail).")
+    p = sub.add_parser("figure", help="plot mAP against noise rate (mean over seeds) of the compared methods",
+                       description="A 2 x 2 block of panels (total, head, medium, tail) per dataset, one line per "
+                                   "method, sized for one column of a two-column paper. With --ablation-spec: "
+                                   "an ablation's mAP against its swept option instead.")
     p.add_argument("--results", required=True, help="results.parquet from `noisymlt aggregate`")
     p.add_argument("--out", required=True, help="PNG to write (a PDF is written next to it)")
+    p.add_argument("--methods", nargs="*", help="the methods to draw, in legend order (default: grid.methods "
+                                               "of --params)")
+    p.add_argument("--labels", help='method display names as JSON, e.g. \'{"erm": "ERM"}\'')
+    p.add_argument("--params", nargs="*", help="params files: method labels and grid.methods")
     p.add_argument("--ablation-spec", help="an `ablations` block with a `sweep` key, as JSON: draw mAP against the "
                                            "swept option instead (the paper's K and p figures; also writes OUT .csv)")
     p.add_argument("--x", help='the swept value of each of its methods, as JSON, e.g. \'{"ours_k3": 3}\'')

@@ -1,10 +1,11 @@
 """The paper's "change of the noise level during training" figure (Figs. voc_stitchup / coco_stitchup).
 
 Reads the ``noise_level.jsonl`` logs of one method's runs (one per seed; Ours at gamma 0.5 in the
-paper) and draws three panels, the two branches pooled, the random branch, the balanced branch: the
-noise level (wrong positives / positives of the training targets, see noisymlt.noise_monitor) against
-the training iteration, one line per kind of target: the noisy labels as given, after Stitch-Up (union
-over the stitched images), after Co-Learning (pseudo labels), and both. Each line is the mean over
+paper) and draws three panels stacked in one column, the two branches pooled, the random branch, the
+balanced branch: the noise level (wrong positives / positives of the training targets, see
+noisymlt.noise_monitor) of every iteration, placed on an epoch axis, one line per kind of target: the
+noisy labels as given, after Stitch-Up (union over the stitched images), after Co-Learning (pseudo
+labels), and both. Each line is the mean over
 seeds with a band of +- one standard deviation (from two seeds on). Rates are pooled counts (sums of
 wrong positives over sums of positives), so a smoothing window or a pooled panel weighs every label
 equally. Besides the PNG and PDF, a CSV and a Markdown table give each line's start (first epoch) and
@@ -24,13 +25,20 @@ import pandas as pd
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.labels import GROUPS
+from noisymlt.report.style import BLACK, BLUE, COLUMN_WIDTH, ORANGE, paper_style, save_figure
 
 LINES = {"noisy": "noisy labels", "noisy_stitched": "Stitch-Up", "corrected": "Co-Learning",
          "corrected_stitched": "Co-Learning + Stitch-Up"}
 PANELS = {"overall": ("random", "balanced"), "random": ("random",), "balanced": ("balanced",)}
-TITLES = {"overall": "overall (R + B)", "random": "random branch (R)", "balanced": "balance branch (B)"}
-STYLES = {"noisy": ("tab:gray", "-"), "noisy_stitched": ("tab:blue", "--"), "corrected": ("tab:orange", "-"),
-          "corrected_stitched": ("tab:red", "-")}
+TITLES = {"overall": "both branches (R + B)", "random": "random branch (R)", "balanced": "balanced branch (B)"}
+# Lines that measure the same targets draw on top of each other (Co-Learning before any pseudo label fires
+# equals the noisy labels; with Stitch-Up, Stitch-Up alone). Each line is therefore narrower than the one
+# drawn before it, so that coinciding lines nest, and carries its own marker once per epoch at its own
+# offset within the epoch. Colours from Okabe & Ito's colour-blind-safe palette.
+STYLES = {"noisy": {"color": "0.6", "lw": 3.0, "marker": "o", "offset": 0.125, "mfc": "0.3"},
+          "noisy_stitched": {"color": ORANGE, "lw": 2.0, "marker": "s", "offset": 0.375},
+          "corrected": {"color": BLUE, "lw": 1.2, "marker": "^", "offset": 0.625},
+          "corrected_stitched": {"color": BLACK, "lw": 0.7, "marker": "D", "offset": 0.875}}
 
 
 def read_noise_logs(paths: list[Path]) -> pd.DataFrame:
@@ -100,48 +108,55 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
                                        *(f"end_{g}" for g in GROUPS), "missing_start", "missing_end"])
 
 
-def plot_noise_level(frame: pd.DataFrame, out: Path, title: str = "", smooth: int = 1) -> list[Path]:
-    """Draw the three panels; writes OUT (PNG) and OUT with suffix .pdf; returns both paths."""
-    import matplotlib
+def epoch_positions(frame: pd.DataFrame) -> pd.Series:
+    """Each logged step's place on an epoch axis: epoch e's iterations spread evenly over [e - 1, e)."""
+    steps = frame.groupby("epoch")["step"].agg(["min", "max"]).sort_index()
+    pos = {}
+    for k, (epoch, (lo, hi)) in enumerate(steps.iterrows()):
+        for step in range(int(lo), int(hi) + 1):
+            pos[step] = k + (step - lo) / (hi - lo + 1)
+    return pd.Series(pos)
 
-    matplotlib.use("Agg")
+
+def noise_level_figure(frame: pd.DataFrame, title: str = "", smooth: int = 1):
+    """The Figure: one panel per branch set (both, random, balanced) stacked in one column, the noise level
+    (%) of each kind of target against the epoch, mean over seeds with a +- 1 std band from two seeds on."""
     import matplotlib.pyplot as plt
 
     panels = [p for p, branches in PANELS.items() if frame["branch"].isin(branches).any()
               and (len(branches) == 1 or frame["branch"].nunique() > 1)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False, sharey=True)
-    iters = frame.groupby("epoch")["step"].min().to_numpy()
-    for ax, panel in zip(axes[0], panels):
-        for kind, label in LINES.items():
-            rates = curves(frame, PANELS[panel], kind, smooth)
-            if rates.empty:
-                continue
-            color, style = STYLES[kind]
-            mean = 100 * rates.mean(axis=1)
-            # the noisy line drawn wider: a correction that changes nothing leaves its line on top of it
-            ax.plot(rates.index, mean, ls=style, color=color, lw=2.6 if kind == "noisy" else 1.3, label=label)
-            if rates.shape[1] >= 2:
-                std = 100 * rates.std(axis=1)
-                ax.fill_between(rates.index, mean - std, mean + std, color=color, alpha=0.15, lw=0)
-        for start in iters[1:]:  # epoch boundaries
-            ax.axvline(start, color="0.85", lw=0.6, zorder=0)
-        ax.set_title(TITLES[panel], fontsize=10)
-        ax.set_xlabel("iteration")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("noise level (% wrong positives)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
-    seeds = frame["seed"].nunique()
-    fig.suptitle(f"{title} ({seeds} seed{'s' if seeds != 1 else ''}"
-                 f"{f', {smooth}-iteration window' if smooth > 1 else ''})".strip(), fontsize=10)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pdf = out.with_suffix(".pdf")
-    fig.savefig(out, dpi=130)
-    fig.savefig(pdf, metadata={"CreationDate": None})  # no timestamp: same logs, same bytes
-    plt.close(fig)
-    return [out, pdf]
+    at = epoch_positions(frame)
+    epochs = frame["epoch"].nunique()
+    with paper_style():
+        fig, axes = plt.subplots(len(panels), 1, figsize=(COLUMN_WIDTH, 1.0 + 1.3 * len(panels)), squeeze=False,
+                                 sharex=True, sharey=True, layout="constrained")
+        for ax, panel in zip(axes[:, 0], panels):
+            for kind, label in LINES.items():
+                rates = curves(frame, PANELS[panel], kind, smooth)
+                if rates.empty:
+                    continue
+                style = STYLES[kind]
+                x = at.reindex(rates.index).to_numpy()
+                mean = 100 * rates.mean(axis=1)
+                marks = [int(np.argmin(np.abs(x - (e + style["offset"])))) for e in range(epochs)]
+                ax.plot(x, mean, color=style["color"], lw=style["lw"], marker=style["marker"], markevery=marks,
+                        ms=3.5, mfc=style.get("mfc", style["color"]), mec="white", mew=0.4, label=label)
+                if rates.shape[1] >= 2:
+                    std = 100 * rates.std(axis=1)
+                    ax.fill_between(x, mean - std, mean + std, color=style["color"], alpha=0.12, lw=0)
+            ax.set_title(TITLES[panel])
+            ax.set_xticks(range(epochs + 1))
+            ax.set_xlim(0, epochs)
+            ax.grid(True)
+        axes[-1, 0].set_xlabel("epoch")
+        fig.supylabel("noise level (% wrong positives)", fontsize=plt.rcParams["axes.labelsize"])
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncol=2, frameon=False)
+        seeds = frame["seed"].nunique()
+        band = " ± 1 std" if seeds > 1 else ""
+        window = f", counts pooled over {smooth} iterations" if smooth > 1 else ""
+        fig.suptitle(f"{title}\nmean of {seeds} seed{'s' if seeds != 1 else ''}{band}{window}".strip())
+    return fig
 
 
 def write_summary(table: pd.DataFrame, csv: Path, md: Path) -> None:
@@ -161,7 +176,7 @@ def _cmd(args: argparse.Namespace) -> int:
     if args.smooth < 1:
         raise NoisyMLTError(f"--smooth: a window of at least 1 iteration, got {args.smooth}")
     out = Path(args.out)
-    plot_noise_level(frame, out, args.title, args.smooth)
+    save_figure(noise_level_figure(frame, args.title, args.smooth), out)
     write_summary(summary(frame), out.with_suffix(".csv"), out.with_suffix(".md"))
     return 0
 

@@ -12,7 +12,11 @@ Images are picked deterministically: those where co-learning adds the most missi
 really present, those where it discards the most wrong labels, then a few others drawn with a fixed
 seed. Paper convention: in the pseudo labels an underlined label is a missing label the model added,
 and in the noisy labels a bold label is a wrong label it discarded (its prediction fell below beta).
-Clean labels are green, pseudo labels red. The clean labels are read only for drawing and choosing.
+Unlike the paper's green and red, no meaning rests on colour alone: every row starts with the word for
+what it lists (noisy, clean, pseudo), and the colours (clean blue, pseudo vermillion) are Okabe & Ito's,
+safe for colour-blind readers. The caption names only the cases the figure shows. Small images are
+enlarged by whole-pixel repetition, so the thumbnails stay sharp. The clean labels are read only for
+drawing and choosing.
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from noisymlt.errors import NoisyMLTError
+from noisymlt.report.style import BLUE, COLUMN_WIDTH, FONT_PT, VERMILLION, paper_style, save_figure
 
-GREEN = (0 / 255, 176 / 255, 80 / 255)  # the paper's clean-label colour
-RED = (192 / 255, 0 / 255, 0 / 255)  # and its pseudo-label colour
 SHORT = {"random": "R", "balanced": "B"}
+THUMB_IN = 0.8  # thumbnail side (inches); text fills the rest of the column
+THUMB_PX = 256  # smaller images are enlarged to at least this by whole-pixel repetition
 
 
 def score_train_set(run: Path, train_labels: Path, split: Path, train_images: Path, device: str = "cpu") -> dict:
@@ -110,69 +115,134 @@ def pick_examples(noisy: np.ndarray, clean: np.ndarray, pseudo: dict[str, np.nda
     return chosen
 
 
+def _shown(name: str) -> str:
+    """A class name as a reader sees it: toy classes are written like ``red_disc``."""
+    return name.replace("_", " ")
+
+
 def _tex(name: str) -> str:
-    return name.replace("\\", "").replace("_", r"\_").replace(" ", r"\ ").replace("$", "")
+    return _shown(name).replace("\\", "").replace(" ", r"\ ").replace("$", "")
 
 
-def _fmt(names: list[str], bold: set[str] = frozenset(), underline: set[str] = frozenset()) -> str:
-    """Comma-separated labels; bold / underlined ones in mathtext (the paper's convention)."""
-    out = []
-    for n in names:
-        if n in underline:
-            out.append(rf"$\underline{{\mathrm{{{_tex(n)}}}}}$")
-        elif n in bold:
-            out.append(rf"$\mathbf{{{_tex(n)}}}$")
-        else:
-            out.append(n.replace("$", ""))
-    return ", ".join(out) if out else "-"
+def _label(name: str, bold: bool = False, underline: bool = False) -> str:
+    """One label; bold / underlined ones in mathtext (the paper's convention)."""
+    if underline:
+        return rf"$\underline{{\mathrm{{{_tex(name)}}}}}$"
+    if bold:
+        return rf"$\mathbf{{{_tex(name)}}}$"
+    return _shown(name).replace("$", "")
 
 
-def plot_pseudo_labels(scored: dict, clean: np.ndarray, picks: list[tuple[int, str]], image_root: Path,
-                       out: Path, top: int = 4) -> list[Path]:
-    """One row per picked image: the image, then noisy / clean / pseudo labels per branch / predictions."""
-    import matplotlib
+def thumbnail(image) -> tuple[np.ndarray, str]:
+    """(pixels, interpolation): an image smaller than THUMB_PX enlarged by an integer factor, each pixel
+    repeated (nearest neighbour), so that neither matplotlib nor a PDF viewer blurs it."""
+    pixels = np.asarray(image)
+    factor = -(-THUMB_PX // min(pixels.shape[:2]))
+    if factor <= 1:
+        return pixels, "antialiased"
+    return pixels.repeat(factor, axis=0).repeat(factor, axis=1), "nearest"
 
-    matplotlib.use("Agg")
+
+class _Writer:
+    """Wraps a row of items (comma-separated labels, or the caption's words) at the measured width of what
+    is drawn, mathtext included."""
+
+    def __init__(self, fig):
+        self.fig, self.renderer = fig, fig.canvas.get_renderer()
+
+    def measure(self, text: str) -> float:
+        probe = self.fig.text(0, 0, text, fontsize=FONT_PT)
+        width = probe.get_window_extent(self.renderer).width
+        probe.remove()
+        return width
+
+    def wrap(self, prefix: str, items: list[str], width_in: float, sep: str = ",") -> list[str]:
+        """Lines of at most ``width_in``: ``prefix`` then the items, continuation lines indented."""
+        lines, line = [], prefix
+        for k, item in enumerate(items):
+            piece = item + (sep if k < len(items) - 1 else "")
+            trial = f"{line} {piece}" if line.strip() else f"{line}{piece}"
+            if line.strip() and self.measure(trial) > width_in * self.fig.dpi:
+                lines.append(line)
+                trial = ("    " if prefix else "") + piece
+            line = trial
+        return [*lines, line]
+
+
+def pseudo_label_figure(scored: dict, clean: np.ndarray, picks: list[tuple[int, str]], image_root: Path,
+                        top: int = 4):
+    """The Figure, one column wide: per picked image a thumbnail, then its noisy, clean and pseudo labels
+    (per branch) and the model's top predictions, each row named by its first word; a caption below that
+    explains the marks that appear."""
     import matplotlib.pyplot as plt
 
     from noisymlt.dataset import load_image
 
     classes = scored["classes"]
     names = lambda row: [classes[j] for j in np.flatnonzero(row)]  # noqa: E731
-    n = len(picks)
-    fig, axes = plt.subplots(n, 2, figsize=(9.5, 1.55 * n + 0.9), squeeze=False,
-                             gridspec_kw={"width_ratios": [1, 4.6]})
-    for (row, why), (ax_img, ax_txt) in zip(picks, axes):
-        ax_img.imshow(load_image(Path(image_root) / scored["paths"][row]))
-        ax_img.set_axis_off()
-        noisy, truth = scored["noisy"][row].astype(bool), clean[row].astype(bool)
-        discarded = {classes[j] for p in scored["pseudo"].values()
-                     for j in np.flatnonzero(noisy & ~p[row].astype(bool))}
-        lines = [(f"{scored['image_ids'][row]} ({why})", "0.35"),
-                 ("noisy: " + _fmt(names(noisy), bold=discarded), "black"),
-                 ("clean: " + _fmt(names(truth)), GREEN)]
-        for branch, labels in scored["pseudo"].items():
-            added = {classes[j] for j in np.flatnonzero(labels[row].astype(bool) & ~noisy)}
-            tag = f"pseudo ({SHORT.get(branch, branch)} from {SHORT.get(scored['sources'][branch], '?')})"
-            lines.append((f"{tag}: " + _fmt(names(labels[row]), underline=added), RED))
-        best = np.argsort(-scored["scores"][row], kind="stable")[:top]
-        top_scores = ", ".join(f"{classes[j]} {scored['scores'][row][j]:.2f}" for j in best)
-        lines.append(("prediction: " + top_scores, "black"))
-        for i, (text, color) in enumerate(lines):
-            ax_txt.text(0.0, 1 - (i + 0.5) / len(lines), text, color=color, fontsize=8, va="center",
-                        transform=ax_txt.transAxes)
-        ax_txt.set_axis_off()
-    fig.text(0.01, 0.005, "Clean labels green, pseudo labels red (R: random branch, B: balanced branch). "
-             "Underlined: a missing label the model added; bold: a wrong noisy label it discarded. "
-             "Prediction: the top scores of the final model.", fontsize=7, va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.5 / (1.55 * n + 0.9), 1, 1))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pdf = out.with_suffix(".pdf")
-    fig.savefig(out, dpi=130)
-    fig.savefig(pdf, metadata={"CreationDate": None})
-    plt.close(fig)
-    return [out, pdf]
+    line_in = 1.35 * FONT_PT / 72
+    text_x = 0.04 + THUMB_IN + 0.1
+    with paper_style():
+        fig = plt.figure(figsize=(COLUMN_WIDTH, 1.0))
+        writer = _Writer(fig)
+
+        def wrap(prefix: str, items: list[str]) -> list[str]:  # a row of the text column; "-" for no label
+            return writer.wrap(prefix, items or ["-"], COLUMN_WIDTH - text_x - 0.04)
+
+        blocks, marks = [], {"added": False, "discarded": False}
+        for row, why in picks:
+            noisy, truth = scored["noisy"][row].astype(bool), clean[row].astype(bool)
+            discarded = {classes[j] for p in scored["pseudo"].values()
+                         for j in np.flatnonzero(noisy & ~p[row].astype(bool))}
+            marks["discarded"] |= bool(discarded)
+            lines = [(f"{scored['image_ids'][row]} ({why})", "0.35")]
+            lines += [(t, "black") for t in wrap("noisy:", [_label(n, bold=n in discarded) for n in names(noisy)])]
+            lines += [(t, BLUE) for t in wrap("clean:", [_label(n) for n in names(truth)])]
+            for branch, labels in scored["pseudo"].items():
+                added = {classes[j] for j in np.flatnonzero(labels[row].astype(bool) & ~noisy)}
+                marks["added"] |= bool(added)
+                tag = f"pseudo {SHORT.get(branch, branch)} (from {SHORT.get(scored['sources'][branch], '?')}):"
+                lines += [(t, VERMILLION) for t in wrap(tag, [_label(n, underline=n in added)
+                                                              for n in names(labels[row])])]
+            best = np.argsort(-scored["scores"][row], kind="stable")[:top]
+            lines += [(t, "black") for t in wrap("prediction:", [f"{_shown(classes[j])} {scored['scores'][row][j]:.2f}"
+                                                                 for j in best])]
+            blocks.append((row, lines))
+        caption = _caption(scored, marks, top)
+        caption_lines = writer.wrap("", caption.split(" "), COLUMN_WIDTH - 0.08, sep="")
+        heights = [max(THUMB_IN, len(lines) * line_in) + 0.12 for _, lines in blocks]
+        total = 0.06 + sum(heights) + len(caption_lines) * line_in + 0.08
+        fig.set_size_inches(COLUMN_WIDTH, total)
+        top_in = total - 0.06
+        for (row, lines), height in zip(blocks, heights):
+            pixels, interpolation = thumbnail(load_image(Path(image_root) / scored["paths"][row]))
+            ax = fig.add_axes((0.04 / COLUMN_WIDTH, (top_in - THUMB_IN) / total, THUMB_IN / COLUMN_WIDTH,
+                               THUMB_IN / total))
+            ax.imshow(pixels, interpolation=interpolation)
+            ax.set_axis_off()
+            for k, (text, color) in enumerate(lines):
+                fig.text(text_x / COLUMN_WIDTH, (top_in - (k + 0.5) * line_in) / total, text, color=color,
+                         va="center", fontsize=FONT_PT)
+            top_in -= height
+        for k, text in enumerate(caption_lines):
+            fig.text(0.04 / COLUMN_WIDTH, (top_in - (k + 0.5) * line_in) / total, text, va="center",
+                     fontsize=FONT_PT, color="0.2")
+    return fig
+
+
+def _caption(scored: dict, marks: dict, top: int) -> str:
+    """What the rows mean, and only the marks that appear."""
+    parts = ["noisy: the training labels; clean: the true labels (for reference; training never reads them)"]
+    if scored["pseudo"]:
+        branches = ", ".join(f"{SHORT.get(b, b)}: {b} branch" for b in scored["pseudo"])
+        parts.append(f"pseudo: the labels a branch trains on, from the named branch's predictions ({branches})")
+    parts.append(f"prediction: the final model's top {top} scores")
+    text = "; ".join(parts) + "."
+    if marks["added"]:
+        text += " Underlined: a missing label the model added."
+    if marks["discarded"]:
+        text += " Bold: a wrong noisy label the model discarded."
+    return text[0].upper() + text[1:]
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -182,7 +252,7 @@ def _cmd(args: argparse.Namespace) -> int:
                              args.device)
     clean = align_clean_labels(Path(args.clean_labels), scored["trainer"].train_table, Path(args.train_labels))
     picks = pick_examples(scored["noisy"], clean, scored["pseudo"], args.count, args.seed)
-    plot_pseudo_labels(scored, clean, picks, Path(args.train_images), Path(args.out), args.top)
+    save_figure(pseudo_label_figure(scored, clean, picks, Path(args.train_images), args.top), Path(args.out))
     return 0
 
 

@@ -23,8 +23,8 @@ import pandas as pd
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.labels import GROUPS
+from noisymlt.report.style import dataset_title
 
-DATASET_TITLES = {"voc": "VOC-MLT-Noise", "coco": "COCO-MLT-Noise", "toy": "Toy-MLT-Noise"}
 BRANCH_TITLES = {"random": "random", "balanced": "balance"}
 
 
@@ -169,11 +169,11 @@ def write_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, str], gr
     datasets = list(dict.fromkeys(c[0] for c in cols))
     per_ds = {d: [c for c in cols if c[0] == d] for d in datasets}
     header = [
-        "Dataset & " + " & ".join(f"\\multicolumn{{{len(per_ds[d])}}}{{c}}{{{DATASET_TITLES.get(d, d)}}}"
+        "Dataset & " + " & ".join(f"\\multicolumn{{{len(per_ds[d])}}}{{c}}{{{dataset_title(d)}}}"
                                    for d in datasets) + " \\\\", "\\midrule",
         "Noise rate~$\\gamma$ & " + " & ".join(f"{g:g}" for d in datasets for _, g in per_ds[d]) + " \\\\",
     ]
-    header_md = "| Method | " + " | ".join(f"{DATASET_TITLES.get(d, d)} {g:g}" for d, g in cols) + " |"
+    header_md = "| Method | " + " | ".join(f"{dataset_title(d)} {g:g}" for d, g in cols) + " |"
     spec = "l|" + "||".join("|".join("c" for _ in per_ds[d]) for d in datasets)
     return render(results, cells, methods, cols, labels, header, header_md, spec, out_tex, f"{group} mAP")
 
@@ -191,7 +191,7 @@ def write_groups_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, s
     methods = methods or list(dict.fromkeys(sel["method"]))
     gammas = sorted({k[2] for k in cells})
     cols = [(g, grp) for g in gammas for grp in GROUPS]
-    title = DATASET_TITLES.get(dataset, dataset)
+    title = dataset_title(dataset)
     header = [f"\\multicolumn{{{1 + len(cols)}}}{{c}}{{{title}}} \\\\", "\\midrule",
               "Noise rate~$\\gamma$ & " + " & ".join(f"\\multicolumn{{3}}{{c}}{{{g:g}}}" for g in gammas) + " \\\\",
               "\\midrule",
@@ -235,12 +235,13 @@ def write_ablation_table(results: pd.DataFrame, out_tex: Path, labels: dict[str,
     spec = "l|" + "||".join("cccc" for _ in gammas) + ("|c" if paper else "")
     row_labels = {**labels, **block.get("rows", {})}
     sidecar = render(results, cells, methods, cols, row_labels, header, header_md, spec, out_tex,
-                     f"{block['label']} ({DATASET_TITLES.get(dataset, dataset)})", unranked={("paper", "total")})
+                     f"{block['label']} ({dataset_title(dataset)})", unranked={("paper", "total")})
     return sidecar
 
 
-def _cmd_table(args: argparse.Namespace) -> int:
-    results = read_results(args.results)
+def method_choice(args: argparse.Namespace) -> tuple[dict[str, str], list[str] | None, dict | None]:
+    """(display names, methods to show or None for all, params or None) from a report command's --labels and
+    --methods, or from --params files (their methods' labels and grid.methods)."""
     labels = json.loads(args.labels) if args.labels else {}
     params = None
     if args.params:
@@ -248,6 +249,12 @@ def _cmd_table(args: argparse.Namespace) -> int:
 
         params = load_params(*args.params)
         labels = {name: block.get("label", name) for name, block in params["methods"].items()}
+    return labels, args.methods or (params["grid"]["methods"] if params else None), params
+
+
+def _cmd_table(args: argparse.Namespace) -> int:
+    results = read_results(args.results)
+    labels, methods, params = method_choice(args)
     if args.ablation:
         if params is None or args.ablation not in params.get("ablations", {}):
             raise NoisyMLTError(f"--ablation {args.ablation!r} needs --params files that define it")
@@ -255,10 +262,8 @@ def _cmd_table(args: argparse.Namespace) -> int:
     elif args.ablation_spec:
         write_ablation_table(results, Path(args.out), labels, json.loads(args.ablation_spec))
     elif args.groups:
-        methods = args.methods or (params["grid"]["methods"] if params else None)
         write_groups_table(results, Path(args.out), labels, args.groups, methods)
     else:
-        methods = args.methods or (params["grid"]["methods"] if params else None)
         write_table(results, Path(args.out), labels, args.group, methods)
     if args.print:
         print(Path(args.out).with_suffix(".md").read_text())
