@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.report.tables import (DATASET_TITLES, markdown_table_html, mean_ci, primary_head, read_results)
+from noisymlt.report.style import DATASET_TITLES
+from noisymlt.report.tables import markdown_table_html, mean_ci, primary_head, read_results
 
 
 def _fmt(mean: float, ci: float | None, digits: int = 2, style: str = "md") -> str:
