@@ -105,6 +105,9 @@ def paper_claims(results: pd.DataFrame, methods: list[str], labels: dict, datase
         drops = []
         for m in present:
             part = sel[(sel["method"] == m) & (sel["head"] == primary_head(results, m))].set_index(["gamma", "seed"])
+            ran = set(part.index.get_level_values("gamma"))
+            if not {gammas[0], gammas[-1]} <= ran:
+                continue
             low, high = part.loc[gammas[0], "value"], part.loc[gammas[-1], "value"]
             both = low.index.intersection(high.index)
             mean, ci = mean_ci(100 * (low[both] - high[both]).to_numpy())
