@@ -104,22 +104,35 @@ def paper():
     return load_params(Path(__file__).resolve().parents[1] / "params.yaml")
 
 
-@pytest.mark.parametrize("dataset,n,largest,classes", [("voc", 1142, 775, 20), ("coco", 1909, 1128, 80)])
-def test_paper_recipes_reach_their_lr(paper, dataset, n, largest, classes):
-    """Every method of the paper grid reaches its lr before the first step at the real epoch lengths
-    (VOC-MLT: 1,142 images, largest class 775; COCO-MLT: 1,909 and 1,128), and [DB]'s own 500-iteration
-    warm-up would not for the uniformly sampled baselines."""
-    seen = {}
-    for method in paper["grid"]["methods"]:
-        r = resolve_run(paper, dataset, method, 0.5, 0)
-        iters = paper_iterations(r, n, largest, classes)
-        check_warmup(r["train"], iters, f"{method} on {dataset}")
-        seen[method] = iters
-    assert seen["erm"] == n // 32 and seen["ours"] == n // 32
-    assert seen["db_focal"] == int(largest * classes / 4) // 32  # [DB]: one pass over the class-aware sampler
-    r = resolve_run(paper, dataset, "erm", 0.5, 0)
+# Largest class of VOC-MLT / COCO-MLT: clean, and the smallest it gets on the noisy copies (gamma 0.3-0.9,
+# seeds 0-4, the project's noise generator on the published subsets): a class-aware epoch shrinks with it.
+@pytest.mark.parametrize("dataset,n,classes,clean_largest,noisy_largest",
+                         [("voc", 1142, 20, 775, 525), ("coco", 1909, 80, 1128, 776)])
+def test_paper_recipes_reach_their_lr(paper, dataset, n, classes, clean_largest, noisy_largest):
+    """Every method of the paper grid reaches its lr before the first step at the real epoch lengths, except
+    the class-aware [DB] recipe, whose published 500-iteration warm-up runs into the first step on VOC's
+    noisy copies: declared (long_warmup) and still at >= 85% of its lr; [DB]'s warm-up on a uniform
+    epoch would not be (hence db_random)."""
+    for largest in (clean_largest, noisy_largest):
+        seen = {}
+        for method in paper["grid"]["methods"]:
+            r = resolve_run(paper, dataset, method, 0.5, 0)
+            iters = paper_iterations(r, n, largest, classes)
+            check_warmup(r["train"], iters, f"{method} on {dataset}")
+            seen[method] = iters
+            t = r["train"]
+            peak = max(lr_at(t, e, i, iters) for e in range(t["epochs"]) for i in range(iters))
+            assert peak >= (0.85 if r["schedule"] == "db" else 1.0) * t["lr"] - 1e-12, (method, largest)
+        assert seen["erm"] == n // 32 and seen["ours"] == n // 32
+        assert seen["db_focal"] == int(largest * classes / 4) // 32  # [DB]: one pass over the class-aware sampler
+    db = resolve_run(paper, dataset, "db_focal", 0.5, 0)["train"]
+    assert db["long_warmup"] is True and db["warmup_iters"] == 500
+    if dataset == "voc":  # the declaration is needed: without it the noisy copies are refused
+        with pytest.raises(NoisyMLTError, match="never reach"):
+            check_warmup({**db, "long_warmup": False}, int(noisy_largest * classes / 4) // 32, "db_focal")
+    erm = resolve_run(paper, dataset, "erm", 0.5, 0)["train"]
     with pytest.raises(NoisyMLTError, match="never reach"):
-        check_warmup({**r["train"], "warmup_iters": 500}, seen["erm"], "erm")
+        check_warmup({**erm, "warmup_iters": 500}, n // 32, "erm")
 
 
 def test_trainer_refuses_the_old_demo_erm_schedule(tiny_toy, tmp_path):
