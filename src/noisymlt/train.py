@@ -34,7 +34,7 @@ def lr_at(cfg: dict, epoch: int, it: int, iters_per_epoch: int) -> float:
 
 
 RUN_FILES = ("checkpoint.pt", "train_log.jsonl", "noise_level.jsonl", "predictions.npz", "manifest.json",
-             "run_config.json", "metrics.json", "metrics.manifest.json", "manifest.timing.json",
+             "run_config.json", "metrics.json", "map.json", "metrics.manifest.json", "manifest.timing.json",
              "metrics.manifest.timing.json")
 
 
