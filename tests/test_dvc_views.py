@@ -3,7 +3,8 @@
 
 All against real DVC in a git repository under tmp_path holding a copy of the project, on a tiny toy grid
 (one noise rate, one seed, ERM on the [DB] schedule and Ours on the [CL] one, one epoch), with its own DVC
-state, config and cache folders (test_dvc._env).
+state, config and cache folders (test_dvc._env). The grid's `dvc repro` takes about 1.5 min on 2 cores, the
+experiments test about 2 min more; the demo-dvc test runs the reduced demo with Snakemake first (about 3 min).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def repo(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_metrics_show_lists_every_runs_map_by_run_folder_head_and_group(repo):
     shown = _json(_run([DVC, "metrics", "show", "--json"], repo))
     files = next(iter(shown.values()))["data"]  # one revision: the workspace
@@ -87,6 +89,7 @@ def test_metrics_show_lists_every_runs_map_by_run_folder_head_and_group(repo):
     assert "runs/toy/g0.5/s0/ours/map.json" in table and "main.total" in table and "ap" not in table.split()
 
 
+@pytest.mark.slow
 def test_plots_show_draws_the_training_curves_and_the_map_figure(repo, tmp_path):
     shown = _json(_run([DVC, "plots", "show", "--json", "--split"], repo))
     assert "errors" not in shown, shown["errors"]
@@ -105,6 +108,19 @@ def test_plots_show_draws_the_training_curves_and_the_map_figure(repo, tmp_path)
     assert "training_loss" in page and "map_vs_gamma.png" in page and '"field": "method"' in page
 
 
+@pytest.mark.slow
+def test_dag_of_one_stage_shows_what_it_depends_on_and_md_the_whole_graph(repo):
+    """The whole text graph is too wide to read at demo scale (README); a stage's own graph is not."""
+    out = _run([DVC, "dag", "evaluate@toy-0.5-0-erm"], repo)
+    for stage in ("params", "code_digests", "raw@toy", "noise@toy-0.5-0", "train@toy-0.5-0-erm",
+                  "evaluate@toy-0.5-0-erm"):
+        assert f"| {stage} |" in out, out
+    assert "ours" not in out and "aggregate" not in out
+    md = _run([DVC, "dag", "--md"], repo)
+    assert "```mermaid" in md and "aggregate" in md and "train@toy-0.5-0-ours" in md
+
+
+@pytest.mark.slow
 def test_metrics_diff_between_commits_and_exp_run_reruns_only_what_a_param_reaches(repo):
     """-S on params.yaml: the `params` stage rewrites dvc.params.yaml, and only the runs whose resolved
     configuration changed retrain. train.lr does not reach ERM ([DB] schedule): a warning says so."""
