@@ -208,3 +208,17 @@ def test_params_rewrite_changes_the_run_ids_a_change_reaches_and_warns_about_the
     latest = ids()
     assert {k.rsplit("-", 1)[1] for k in after if after[k] != latest[k]} == {"erm"}
     assert capsys.readouterr().err == ""  # a method's own key reaches it: nothing to warn about
+
+
+def test_params_refuses_more_layers_than_the_params_stage_lists(tmp_path, monkeypatch):
+    from noisymlt.dvcparams import LAYER_SLOTS, write
+    from noisymlt.errors import NoisyMLTError
+
+    shutil.copy2(REPO / "params.yaml", tmp_path / "params.yaml")
+    monkeypatch.chdir(tmp_path)
+    extra = [f"l{i}.yaml" for i in range(LAYER_SLOTS)]
+    for name in extra:
+        Path(name).write_text("{}\n")
+    with pytest.raises(NoisyMLTError, match=f"at most {LAYER_SLOTS} layers .* got {LAYER_SLOTS + 1}: params.yaml l0"):
+        write(["params.yaml", *extra], "dvc.params.yaml")
+    assert not Path("dvc.params.yaml").exists()
