@@ -2,7 +2,8 @@
 #   make demo   create .venv and run the whole pipeline on the embedded dataset (CPU, offline)
 #   make test   create .venv and run the test suite
 # and the demo under DVC instead of Snakemake (the same steps and files; `dvc status` is clean after it):
-#   make demo-dvc   create .venv, `dvc init` if needed, merge the demo's params into dvc.params.yaml, dvc repro
+#   make demo-dvc   create .venv, `dvc init` if needed, merge the demo's params into dvc.params.yaml, dvc repro;
+#                   after a finished `make demo`, it records that demo's outputs (dvc commit) instead of rerunning it
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
@@ -24,10 +25,26 @@ demo: $(STAMP)
 	@cat reports/table_total.md
 
 # DVC runs `python` from PATH: the venv's. --no-scm only outside a git checkout (a copied tree).
+# No dvc.lock yet but a finished Snakemake demo (`make demo`; Snakemake's dry run, with the same layers, has
+# nothing to do): `dvc commit --force` records its outputs (DVC hashes them; nothing retrains), then `dvc repro`
+# finds nothing to run. Every DVC output is a Snakemake output (tests/test_dvc_demo.py).
+DVC_ENV := PATH="$(abspath $(VENV))/bin:$$PATH"
+SMK_LAYERS := $(filter-out params.yaml,$(DEMO_PARAMS))
 demo-dvc: $(STAMP)
 	test -d .dvc || $(VENV)/bin/dvc init --quiet $$(git rev-parse --git-dir >/dev/null 2>&1 || echo --no-scm)
 	$(PY) -m noisymlt params $(DEMO_PARAMS) --out dvc.params.yaml
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/dvc repro
+	@if [ ! -f dvc.lock ] && [ -f reports/results.parquet ]; then \
+	  if $(VENV)/bin/snakemake --profile workflow/profiles/demo $(if $(SMK_LAYERS),--configfile $(SMK_LAYERS)) -n 2>&1 \
+	      | grep -q "Nothing to be done"; then \
+	    echo "demo-dvc: the Snakemake demo (make demo) is complete: recording its outputs in dvc.lock" \
+	         "with 'dvc commit --force' instead of rerunning them"; \
+	    $(DVC_ENV) $(VENV)/bin/dvc commit --force --quiet && echo "demo-dvc: recorded every stage"; \
+	  else \
+	    echo "demo-dvc: outputs from an unfinished or outdated Snakemake demo: 'dvc repro' reruns every stage" \
+	         "(to keep them, finish 'make demo' first, then rerun 'make demo-dvc')"; \
+	  fi; \
+	fi
+	$(DVC_ENV) $(VENV)/bin/dvc repro
 	@cat reports/table_total.md
 
 test: $(STAMP)

@@ -57,6 +57,10 @@ def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_sourc
         if name == "code_digests":
             assert deps == ["src/noisymlt"] and "code-deps" in body["cmd"]
             continue
+        if name == "params":  # the root: writes the file code_digests reads, so it hashes the package itself
+            assert deps == [f"${{dvc.layer_files[{i}]}}" for i in range(4)] + ["src/noisymlt"]
+            assert body["cmd"] == "python -m noisymlt params ${dvc.layer_args} --out dvc.params.yaml"
+            continue
         assert not [d for d in deps if d.startswith("src/")], name
         code = sorted(d for d in deps if d.startswith("data/code/"))
         expected = {f"data/code/{c}.json" for c in _commands(body["cmd"])}
@@ -86,7 +90,7 @@ def test_code_digest_files_change_only_for_the_steps_an_edit_touches(tmp_path):
 def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp_path, monkeypatch):
     """dvc.params.yaml = what Snakemake's --configfile layering gives, plus the lists dvc.yaml expands over;
     once a layer changes, every step refuses it and names the command that rewrites it."""
-    from noisymlt.config import load_params
+    from noisymlt.config import load_params, resolve_run, run_id
     from noisymlt.dvcparams import write
     from noisymlt.errors import NoisyMLTError
 
@@ -101,7 +105,13 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
                                    for m in methods]  # the demo's main grid (its ablations are Snakemake's)
     assert block["caches"]["toy-test"] == {"dataset": "toy", "part": "test", "images": "data/raw/toy"}
     assert block["runs"]["toy-0.5-0-erm"] == {"dataset": "toy", "gamma": 0.5, "seed": 0, "method": "erm",
-                                              "images": "data/raw/toy", "weights": "data/pretrained/toy_glyphs.pt"}
+                                              "images": "data/raw/toy", "weights": "data/pretrained/toy_glyphs.pt",
+                                              "config_key": "toy-0_5-0-erm"}
+    # a train stage's one param: the run id of its resolved configuration
+    assert block["run_configs"]["toy-0_5-0-erm"] == run_id(resolve_run(load_params("dvc.params.yaml"), "toy", "erm",
+                                                                        0.5, 0))
+    assert block["layer_args"] == "params.yaml demo.yaml"
+    assert block["layer_files"] == ["params.yaml", "demo.yaml", "params.yaml", "params.yaml"]
     assert block["pretrain"] == ["toy_glyphs"] and block["fetch_images"] == []
 
     write(["params.yaml"], "paper.yaml")  # ImageNet weights come from torchvision: no weights file
@@ -164,15 +174,18 @@ def _needs_tools() -> None:
 # Written by a Snakemake job beside its declared outputs: Snakemake deletes a job's declared outputs before
 # it runs and after it fails, which would lose the epochs an interrupted training resumes from.
 UNDECLARED_BY_SNAKEMAKE = ("checkpoint.pt",)
+# Written before either tool runs, by `noisymlt params` (the README's routes and `make demo-dvc` run it).
+BEFORE_EITHER_ROUTE = ("dvc.params.yaml",)
 
 
 def unwritten_outputs(outs: set[str], smk: dict[str, str]) -> list[str]:
     """DVC outputs the Snakemake route does not write (`dvc commit` after `snakemake` would fail on them):
-    not a file a Snakemake job declares, nor a folder holding some, nor a checkpoint of a train job."""
+    not a file a Snakemake job declares, nor a folder holding some, nor a checkpoint of a train job, nor
+    the params file both routes write first."""
     run_dirs = {Path(f).parent.as_posix() for f, rule in smk.items() if rule == "train"}
 
     def written(out: str) -> bool:
-        if out in smk or any(f.startswith(out + "/") for f in smk):
+        if out in smk or any(f.startswith(out + "/") for f in smk) or out in BEFORE_EITHER_ROUTE:
             return True
         return Path(out).name in UNDECLARED_BY_SNAKEMAKE and Path(out).parent.as_posix() in run_dirs
 

@@ -30,6 +30,9 @@ EDITS = {
     "docstring of an unrelated module": ("data/glove.py", "docstring", set(), set()),
 }
 DVC_ONLY_RULES = {"code_digests"}  # DVC's own stage for it shows as changed before its digests do
+# DVC stages that hash the whole package: the digests, and the params file (merged by package code), which
+# a code edit leaves as it was
+PACKAGE_STAGES = ["params", "code_digests"]
 
 
 def _params() -> dict:
@@ -92,9 +95,9 @@ def test_an_edit_reruns_exactly_the_jobs_it_can_affect(tmp_path, capsys):
             dry = _run([SNAKEMAKE, "-n"], smk)
             planned_trains, planned_rules = _planned(dry)
             assert (planned_trains, planned_rules) == (trains, rules), name
-            # DVC: the code stage notices the edit (it hashes the package); its digest files then tell
-            assert _dvc_changed(dvc) == {"code_digests"}, name
-            _run([DVC, "repro", "--single-item", "code_digests"], dvc)
+            # DVC: the code stages notice the edit (they hash the package); the digest files then tell
+            assert _dvc_changed(dvc) == set(PACKAGE_STAGES), name
+            _run([DVC, "repro", "--single-item", *PACKAGE_STAGES], dvc)
             changed = _dvc_changed(dvc)
             # DVC compares each stage with its own deps: an edit shows at the stages whose code it is
             # (their downstream stages follow when `dvc repro` has rerun them)
@@ -106,7 +109,7 @@ def test_an_edit_reruns_exactly_the_jobs_it_can_affect(tmp_path, capsys):
         finally:
             for root, text in originals.items():
                 (root / "src" / "noisymlt" / rel).write_text(text)
-        _run([DVC, "repro", "--single-item", "code_digests"], dvc)
+        _run([DVC, "repro", "--single-item", *PACKAGE_STAGES], dvc)
         assert _dvc_changed(dvc) == set() and "Nothing to be done" in _run([SNAKEMAKE, "-n"], smk), name
     with capsys.disabled():
         print("\nplanned after each edit (before: nothing):", json.dumps(counts, indent=1))

@@ -5,6 +5,12 @@ only this file, so every reported number has a row that names its run id and inp
 Besides the test mAP / AP, every run contributes its fit diagnostics (noisymlt.fit_diagnostics, metrics
 ``fit_*``, analysis only): run-level ones with no head, per-head ones on the training images, and for the
 co-learning family the pseudo-label changes per branch (in ``head``) and ``epoch``.
+
+Optionally also the runs' per-epoch training records (each training manifest's ``history``) as the
+flat JSON lists DVC's plots read (``--curves``): one row per run and epoch with the learning rate and
+the loss, and, for the co-learning family, one row per run, epoch and branch with the pseudo-label
+counts (``--pseudo-label-curves``). DVC reads a list only when all its rows have the same keys, so the
+rows carry the keys every method logs, not a method's own (branch losses, BBN's alpha).
 """
 
 from __future__ import annotations
@@ -76,6 +82,44 @@ def fit_rows(fit: dict | None, base: dict) -> list[dict]:
     return rows
 
 
+PSEUDO_LABEL_COUNTS = {"pl_added_": "added", "pl_removed_": "removed"}  # history key prefix -> column
+
+
+def curve_rows(manifest: dict) -> tuple[list[dict], list[dict]]:
+    """One training manifest's history -> (epoch rows, pseudo-label rows), each row naming its run."""
+    run = manifest["run"]
+    who = {"run": f"{run['dataset']} g{run['gamma']} s{run['seed']} {run['method']}", "dataset": run["dataset"],
+           "method": run["method"], "gamma": run["gamma"], "seed": run["seed"]}
+    epochs, pseudo = [], []
+    for record in manifest.get("history", []):
+        epochs.append({**who, "epoch": record["epoch"], "lr": record["lr"], "loss": record.get("loss")})
+        counts = {k: v for k, v in record.items() if k.startswith(tuple(PSEUDO_LABEL_COUNTS))}
+        branches = {}
+        for key, value in counts.items():
+            prefix = next(p for p in PSEUDO_LABEL_COUNTS if key.startswith(p))
+            branches.setdefault(key[len(prefix):], {})[PSEUDO_LABEL_COUNTS[prefix]] = value
+        pseudo += [{**who, "epoch": record["epoch"], "branch": b, **c} for b, c in sorted(branches.items())]
+    return epochs, pseudo
+
+
+def write_curves(metrics_files: list[Path], curves: Path, pseudo_labels: Path | None) -> None:
+    epochs, pseudo = [], []
+    for f in metrics_files:
+        manifest_path = Path(f).parent / "manifest.json"
+        try:
+            e, p = curve_rows(json.loads(manifest_path.read_text()))
+        except (OSError, json.JSONDecodeError, KeyError) as exc:
+            raise NoisyMLTError(f"{manifest_path}: cannot read the run's history ({exc!r})") from exc
+        epochs += e
+        pseudo += p
+    for path, rows in ((curves, epochs), (pseudo_labels, pseudo)):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(rows, indent=0) + "\n")
+            tmp.replace(path)
+
+
 def aggregate(metrics_files: list[Path]) -> pd.DataFrame:
     rows = [r for f in metrics_files for r in rows_for_run(Path(f))]
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
@@ -94,6 +138,9 @@ def _cmd_aggregate(args: argparse.Namespace) -> int:
     tmp = out.with_name(out.name + ".tmp")
     frame.to_parquet(tmp, index=False)
     tmp.replace(out)
+    if args.curves or args.pseudo_label_curves:
+        write_curves(files, Path(args.curves) if args.curves else None,
+                     Path(args.pseudo_label_curves) if args.pseudo_label_curves else None)
     print(f"{out}: {frame['run_id'].nunique()} runs, {len(frame)} rows")
     return 0
 
@@ -105,4 +152,7 @@ def add_cli(sub) -> None:
     p.add_argument("metrics", nargs="*", help="metrics.json files")
     p.add_argument("--runs", help="also collect every metrics.json under this folder")
     p.add_argument("--out", required=True, help="results Parquet to write")
+    p.add_argument("--curves", help="also write every run's per-epoch learning rate and losses (JSON rows)")
+    p.add_argument("--pseudo-label-curves", help="also write the co-learning runs' pseudo-label counts per epoch "
+                                                 "and branch (JSON rows)")
     p.set_defaults(func=_cmd_aggregate)

@@ -8,11 +8,23 @@ templating loads (``vars: - dvc.params.yaml:dvc``):
 
   layers        the files it was merged from, with their sha256: load_params (config.check_layers)
                 refuses the file once one of them changed, so DVC never runs on a stale merge
+  layer_args    the same paths as one command-line string, and layer_files the same paths padded to
+                LAYER_SLOTS entries: dvc.yaml's `params` stage rewrites this file from them when one
+                changes (`dvc exp run -S params.yaml:...`), and DVC's templating can neither splice a list
+                into `deps` nor vary their number
   grid          datasets, gammas, seeds of the main grid (DVC's matrix stages expand them)
   pretrain      the pretrain blocks some run's weights_path names (data/pretrained/NAME.pt)
   fetch_images  datasets whose train images are fetched after the long-tail step (COCO)
   runs          one entry per training run of the main grid, keyed DATASET-GAMMA-SEED-METHOD: dataset,
-                gamma, seed, method, the folder its train images come from and its weights file
+                gamma, seed, method, the folder its train images come from, its weights file and config_key
+  run_configs   config_key (the run's key with `_` for `.`: DVC splits params keys on dots) -> the run id,
+                the hash of its resolved configuration: the one param a train stage tracks, so a change
+                reruns exactly the runs whose configuration it changes (a changed train.lr that the
+                [DB] schedule overrides reruns no [DB]-recipe run)
+
+When it rewrites an existing file, ``noisymlt params`` warns about a changed train setting that some
+grid methods never see, because their schedule (or their own train block) sets that key: e.g. the
+[DB]-recipe baselines take lr from ``schedules.db.train``, so a changed ``train.lr`` leaves them as they were.
 
 Those lists are computed here because DVC's templating can neither branch nor look a value up by
 another (a run's weights file depends on its resolved config). A run without a weights file (torchvision
@@ -24,9 +36,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import sys
 from pathlib import Path
 
 import yaml
+
+from noisymlt.errors import NoisyMLTError
+
+LAYER_SLOTS = 4  # dvc.yaml's `params` stage lists this many layer files (dvc.layer_files[0..3])
 
 HEADER = ("# Written by `noisymlt params {layers} --out {out}`: DVC's view of those params files,\n"
           "# merged. Do not edit; edit the layers and rerun the command (dvc.yaml reads `dvc` for its templating).\n")
@@ -38,23 +55,33 @@ def _sha256(path: Path) -> str:
 
 def dvc_block(params: dict, layers: list[str]) -> dict:
     from noisymlt import steps
-    from noisymlt.config import resolve_run
+    from noisymlt.config import resolve_run, run_id
 
     grid = params["grid"]
-    runs, pretrain = {}, []
+    runs, run_configs, pretrain = {}, {}, []
     for dataset, gamma, seed, method in steps.grid_runs(params):
-        weights = resolve_run(params, dataset, method, gamma, seed)["train"].get("weights_path")
+        resolved = resolve_run(params, dataset, method, gamma, seed)
+        weights = resolved["train"].get("weights_path")
         name = Path(weights).stem if weights else None
         if weights and weights == f"data/pretrained/{name}.pt" and name in params.get("pretrain", {}):
             pretrain.append(name)
         raw = steps.raw_dir(params, dataset)
         coco = params["datasets"][dataset]["kind"] == "coco"
-        runs[f"{dataset}-{steps.gtag(gamma)}-{seed}-{method}"] = {
+        key = f"{dataset}-{steps.gtag(gamma)}-{seed}-{method}"
+        runs[key] = {
             "dataset": dataset, "gamma": gamma, "seed": seed, "method": method,
             "images": steps.train_images_dir(dataset) if coco else raw, "weights": weights or raw,
+            "config_key": key.replace(".", "_"),
         }
+        run_configs[key.replace(".", "_")] = run_id(resolved)
+    if len(layers) > LAYER_SLOTS:
+        raise NoisyMLTError(f"noisymlt params: at most {LAYER_SLOTS} layers (dvc.yaml's `params` stage lists "
+                            f"{LAYER_SLOTS} files), got {len(layers)}: {' '.join(map(str, layers))}")
     return {
         "layers": [{"path": str(f), "sha256": _sha256(Path(f))} for f in layers],
+        "layer_args": " ".join(str(f) for f in layers),
+        # DVC accepts a path listed twice as a dependency: unused slots repeat the first layer
+        "layer_files": [str(f) for f in layers] + [str(layers[0])] * (LAYER_SLOTS - len(layers)),
         "grid": {"datasets": list(grid["datasets"]), "gammas": [float(g) for g in grid["gammas"]],
                  "seeds": [int(s) for s in grid["seeds"]]},
         "pretrain": list(dict.fromkeys(pretrain)),
@@ -65,13 +92,85 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
                                    else steps.raw_dir(params, d)}
                    for d in grid["datasets"] for part in ("train", "test")},
         "runs": runs,
+        "run_configs": run_configs,
     }
+
+
+def _leaves(tree: dict, prefix: tuple = ()) -> dict[tuple, object]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, prefix + (key,)))
+        else:
+            out[prefix + (key,)] = value
+    return out
+
+
+def _get(tree: dict, path: tuple):
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return tree
+
+
+def unreached_changes(old: dict, new: dict) -> list[str]:
+    """Changed keys of the train block (global or a dataset's) that some grid methods do not see, because
+    their schedule's or their own train block sets the same key (noisymlt.config.resolve_run's layers):
+    one line per key, naming the methods and the key that wins for them."""
+    from noisymlt.config import DEFAULT_SCHEDULE
+
+    old_leaves, new_leaves = _leaves(old), _leaves(new)
+    notes = []
+    for path in sorted(k for k in new_leaves.keys() | old_leaves.keys()
+                       if old_leaves.get(k) != new_leaves.get(k)):
+        if path[0] == "train":
+            key, datasets = path[1:], new["grid"]["datasets"]
+        elif path[0] == "datasets" and len(path) > 3 and path[2] == "train":
+            key, datasets = path[3:], [path[1]]
+        else:
+            continue
+        winners: dict[str, list[str]] = {}
+        for method in new["grid"]["methods"]:
+            mcfg = new["methods"][method]
+            schedule = mcfg.get("schedule", DEFAULT_SCHEDULE)
+            for where, block in ((f"methods.{method}.train", mcfg.get("train", {})),
+                                 (f"schedules.{schedule}.train", new["schedules"][schedule].get("train", {}))):
+                if _get(block, key) is not None:
+                    winners.setdefault(f"{where}.{'.'.join(key)}", []).append(method)
+                    break
+            else:
+                if path[0] == "train" and any(_get(new["datasets"][d].get("train", {}), key) is not None
+                                              for d in datasets):
+                    winners.setdefault(f"datasets.<name>.train.{'.'.join(key)}", []).append(method)
+        for where, methods in winners.items():
+            notes.append(f"{'.'.join(path)} changed ({old_leaves.get(path)!r} -> {new_leaves.get(path)!r}) but does "
+                         f"not reach {', '.join(methods)}: {where} overrides it for them (train < "
+                         f"datasets.<name>.train < schedules.<schedule>.train < methods.<name>.train); "
+                         f"change that key to reach them")
+    return notes
+
+
+def _previous(out: Path) -> dict | None:
+    """The params an existing file of this kind holds (stale or not), without its dvc block."""
+    try:
+        previous = yaml.safe_load(out.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(previous, dict) or "dvc" not in previous:
+        return None
+    previous.pop("dvc")
+    return previous
 
 
 def write(layers: list[str], out: str | Path) -> Path:
     from noisymlt.config import load_params
 
     params = load_params(*layers)
+    previous = _previous(Path(out))
+    if previous is not None:
+        for note in unreached_changes(previous, params):
+            print(f"warning: {note}", file=sys.stderr, flush=True)
     text = HEADER.format(layers=" ".join(layers), out=out)
     text += yaml.safe_dump({"dvc": dvc_block(params, layers), **params}, sort_keys=False, width=120)
     out = Path(out)

@@ -94,6 +94,15 @@ def evaluate_predictions(pred_path: Path, test_labels: Path, split_path: Path) -
     return result
 
 
+def map_summary(result: dict) -> dict:
+    """mAP in percent per prediction head and class group (total, head, medium, tail): the small file
+    DVC declares as the run's metrics, so `dvc metrics show/diff` and `dvc exp show` list a run's table
+    values (as percentages, like the tables) without its per-class AP lists. NaN (no class in a group) is null."""
+    return {head: {group: None if value is None or np.isnan(value) else 100 * value
+                   for group, value in rec["map"].items()}
+            for head, rec in result["heads"].items()}
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from noisymlt.codedeps import step_entries
     from noisymlt.provenance import now, write_manifest
@@ -108,9 +117,15 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     tmp.replace(out)
+    outputs = {"metrics": out}
+    if args.map_out:
+        outputs["map"] = Path(args.map_out)
+        tmp = outputs["map"].with_name(outputs["map"].name + ".tmp")
+        tmp.write_text(json.dumps(map_summary(result), indent=1) + "\n")
+        tmp.replace(outputs["map"])
     write_manifest(out.with_name(out.stem + ".manifest.json"), step="evaluate", started=started,
                    inputs={"predictions": args.predictions, "test_labels": args.test_labels, "split": args.split},
-                   outputs={"metrics": out}, code=step_entries("evaluate"))
+                   outputs=outputs, code=step_entries("evaluate"))
     for head, rec in result["heads"].items():
         m = rec["map"]
         print(f"{head:>10}: mAP {100 * m['total']:.2f} (head {100 * m['head']:.2f}, "
@@ -126,4 +141,5 @@ def add_cli(sub) -> None:
     p.add_argument("--test-labels", required=True, help="clean test label table")
     p.add_argument("--split", required=True, help="head/medium/tail class split JSON")
     p.add_argument("--out", required=True, help="metrics JSON to write")
+    p.add_argument("--map-out", help="also write mAP (%%) per head and class group here (DVC's metrics file)")
     p.set_defaults(func=_cmd_evaluate)

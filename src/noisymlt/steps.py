@@ -246,7 +246,10 @@ def _cmd_aggregate(args: argparse.Namespace) -> int:
     missing = [f for f in files if not Path(f).is_file()]
     if missing:
         raise NoisyMLTError(f"{len(missing)} of {len(files)} grid run(s) have no metrics yet, e.g. {missing[:3]}")
-    return _run(["aggregate", *files, "--out", args.out])
+    curves = ["--curves", args.curves] if args.curves else []
+    if args.pseudo_label_curves:
+        curves += ["--pseudo-label-curves", args.pseudo_label_curves]
+    return _run(["aggregate", *files, "--out", args.out, *curves])
 
 
 def add_cli(sub) -> None:
@@ -295,3 +298,5 @@ def add_cli(sub) -> None:
     q = step("aggregate", "collect the metrics of exactly the runs in the grid", _cmd_aggregate, dataset=False)
     q.add_argument("--runs", default="runs", help="runs folder (default: runs)")
     q.add_argument("--out", required=True, help="results Parquet to write")
+    q.add_argument("--curves", help="per-epoch training records of the runs (JSON rows, DVC's plots)")
+    q.add_argument("--pseudo-label-curves", help="pseudo-label counts per epoch and branch (JSON rows, DVC's plots)")

@@ -53,7 +53,7 @@ def check_warmup(cfg: dict, iters_per_epoch: int, where: str) -> None:
 
 
 RUN_FILES = ("checkpoint.pt", "train_log.jsonl", "noise_level.jsonl", "predictions.npz", "manifest.json",
-             "run_config.json", "metrics.json", "metrics.manifest.json", "manifest.timing.json",
+             "run_config.json", "metrics.json", "map.json", "metrics.manifest.json", "manifest.timing.json",
              "metrics.manifest.timing.json")
 
 

@@ -8,6 +8,7 @@ rule evaluate:
         split="data/{dataset}/class_split.json",
     output:
         metrics="runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.json",
+        map="runs/{dataset}/g{gamma}/s{seed}/{method}/map.json",  # mAP per head and group: DVC's metrics file
         manifest="runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.manifest.json",
     params:
         cli=NOISYMLT,
@@ -20,4 +21,4 @@ rule evaluate:
         "benchmarks/evaluate/{dataset}_g{gamma}_s{seed}_{method}.tsv"
     shell:
         "{params.cli} evaluate --predictions {input.predictions} --test-labels {input.test} "
-        "--split {input.split} --out {output.metrics} > {log} 2>&1"
+        "--split {input.split} --out {output.metrics} --map-out {output.map} > {log} 2>&1"

@@ -5,7 +5,10 @@ rule aggregate:
     input:
         all_runs("runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.json"),
     output:
-        "reports/results.parquet",
+        results="reports/results.parquet",
+        # the runs' per-epoch records in the layout DVC's plots read (dvc.yaml's `plots`)
+        curves="reports/training_curves.json",
+        pseudo_labels="reports/pseudo_label_curves.json",
     params:
         cli=NOISYMLT,
         code=code("aggregate"),
@@ -16,7 +19,8 @@ rule aggregate:
     benchmark:
         "benchmarks/report/aggregate.tsv"
     shell:
-        "{params.cli} aggregate {input} --out {output} > {log} 2>&1"
+        "{params.cli} aggregate {input} --out {output.results} --curves {output.curves} "
+        "--pseudo-label-curves {output.pseudo_labels} > {log} 2>&1"
 
 
 rule table_total:
