@@ -31,4 +31,5 @@ def test_each_method_is_compared_with_a_bare_backbone_at_its_own_images_per_step
         expected = (r["ms_per_step"] / r["train_images_per_step"]) / (bare["ms_per_step"] / bare["train_images_per_step"])
         assert abs(r["cost_per_image_vs_bare"] - expected) < 1e-9
         assert abs(r["train_images_per_s"] - r["train_images_per_step"] / (r["ms_per_step"] / 1000)) < 1e-6
+        assert r["peak_gpu_mem_mib"] is None and bare["peak_gpu_mem_mib"] is None  # measured on CUDA only
     assert len(rows) == 4  # one bare reference per (trainable stages, images per step)
