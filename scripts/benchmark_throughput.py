@@ -23,9 +23,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -187,8 +189,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median reported)")
     ap.add_argument("--num-images", type=int, default=1142, help="size of the synthetic train set (VOC-MLT: 1142)")
     ap.add_argument("--num-classes", type=int, default=20)
-    ap.add_argument("--start-at", type=float, help="UNIX time to start timing at, after building the nets (concurrent "
-                    "processes sharing one GPU then time the same seconds)")
+    ap.add_argument("--barrier", help="folder: once the nets are built, write PID.ready there and wait for a file "
+                    "'go' before timing (concurrent processes sharing one GPU then time the same seconds)")
     ap.add_argument("--json", "--out", dest="json", help="write the results as JSON")
     args = ap.parse_args()
 
@@ -231,8 +233,10 @@ def main() -> int:
                     lambda m=m: bare_backbone_step(configs[m], device, args.num_classes, method_steps[m][1]), device)
                 steps[bare_of[m]] = (step, images)
         steps = {**dict(sorted(steps.items())), **method_steps}
-        if args.start_at:
-            time.sleep(max(0.0, args.start_at - time.time()))
+        if args.barrier:
+            (Path(args.barrier) / f"{os.getpid()}.ready").touch()
+            while not (Path(args.barrier) / "go").exists():
+                time.sleep(0.05)
         # Interleaved rounds, median per method: drifts of clock speed or background load hit all alike.
         times: dict[str, list[float]] = {name: [] for name in steps}
         for _ in range(args.rounds):

@@ -386,26 +386,31 @@ def packing(ctx: dict, per_run_mib: float | None) -> dict:
     if per_run_mib:
         # ~1 GiB per process for the CUDA context and allocator slack, 10% of the card left free
         record["runs_fit_in_memory"] = int(0.9 * total_mib // (per_run_mib + 1024))
-    start_delay = 40  # every process imports torch and builds its nets before the common start
     single = None
     for runs in (1, 2, 4):
         if record["runs_fit_in_memory"] is not None and runs > record["runs_fit_in_memory"]:
             record["reason"] = f"{runs} runs do not fit in {total_mib / 1024:.0f} GiB"
             break
-        if not ctx["budget"].allows(start_delay + 40):
+        if not ctx["budget"].allows(60):
             record["reason"] = f"time budget: {ctx['budget'].left():.0f} s left before {runs} concurrent runs"
             break
-        start = time.time() + start_delay
+        barrier = ctx["out"] / f"packing_{runs}.barrier"
+        barrier.mkdir(exist_ok=True)
         procs, outs = [], []
         for i in range(runs):
             out = ctx["out"] / f"packing_{runs}_{i}.json"
             outs.append(out)
             cmd = [sys.executable, "scripts/benchmark_throughput.py", "--params", "params.yaml", "--dataset", "voc",
                    "--methods", "ours", "--device", "cuda", "--iters", "8", "--warmup", "2", "--rounds", "1",
-                   "--start-at", str(start), "--json", str(out)]
+                   "--barrier", str(barrier), "--json", str(out)]
             log_file = open(ctx["out"] / "logs" / f"packing_{runs}_{i}.log", "w")
             procs.append((subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=ctx["env"], cwd=REPO),
                           log_file))
+        # every process has built its nets: start their timing together
+        while len(list(barrier.glob("*.ready"))) < runs and all(p.poll() is None for p, _ in procs) \
+                and ctx["budget"].left() > 0:
+            time.sleep(0.1)
+        (barrier / "go").touch()
         for proc, log_file in procs:
             try:
                 proc.wait(timeout=max(ctx["budget"].left(), 1))
@@ -413,6 +418,7 @@ def packing(ctx: dict, per_run_mib: float | None) -> dict:
                 proc.kill()
                 proc.wait()
             log_file.close()
+        shutil.rmtree(barrier, ignore_errors=True)
         if any(p.returncode != 0 for p, _ in procs):
             record["reason"] = f"{runs} concurrent runs failed (logs/packing_{runs}_*.log)"
             break

@@ -85,3 +85,20 @@ def test_a_part_whose_library_is_missing_is_skipped_by_name(monkeypatch):
     monkeypatch.setitem(script.NEEDS, "grid", ["yaml", "no_such_library_here"])
     assert script.missing("grid") == ["no_such_library_here"]
     assert script.missing("loader") == []
+
+
+def test_wheels_of_missing_libraries_are_unpacked_and_importable(tmp_path, monkeypatch):
+    import zipfile
+
+    script = load_script()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "devcheck_fake_lib-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("devcheck_fake_lib/__init__.py", "VALUE = 42\n")
+    with zipfile.ZipFile(wheels / "numpy-9.9-py3-none-any.whl", "w") as z:  # importable already: left alone
+        z.writestr("numpy/__init__.py", "raise ImportError('the wheel, not the installed numpy')\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert script.unpack_wheels(wheels, tmp_path / "site") == ["devcheck_fake_lib"]
+    assert importlib.import_module("devcheck_fake_lib").VALUE == 42
+    assert not (tmp_path / "site" / "numpy").exists()
+    sys.modules.pop("devcheck_fake_lib", None)
