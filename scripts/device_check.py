@@ -8,25 +8,24 @@ Writes OUT/device_check.json (the same keys in every mode; GPU fields null witho
 OUT/device_check.md (a short summary) and each part's log and raw measurements under OUT
 ($OUT, default benchmarks/device/). Stops starting new work at the time budget (--budget-min, default 8).
 
-Parts, in order, and what each needs besides the source tree (PYTHONPATH=src) and torch:
+Parts, in order (what each imports besides torch and torchvision is NEEDS below; a part whose library
+is missing, or that the time budget no longer allows, is skipped with a line saying so):
   environment  GPU name and memory, torch / CUDA / cuDNN versions, bf16 and TF32 support, which
-               optional libraries are importable.                                      needs: nothing
+               optional libraries are installed.
   cuda_tests   the test suite's `gpu`-marked tests (they skip without CUDA; the `--resources gpu=2`
-               test also needs Snakemake).                                             needs: pytest
+               test also needs Snakemake, which the GPU machine lacks: it then skips and says so).
   throughput   scripts/benchmark_throughput.py: ResNet-50 @ 224, batch 32 and balanced 256, bf16, for
                ERM, DB-Focal, BBN, DivideMix and Ours (quick: the demo's shapes), with each method's cost
-               per image against a bare backbone and the GPU memory of one run.  needs: yaml, jsonschema
+               per image against a bare backbone and the GPU memory of one run.
   loader       scripts/benchmark_loader.py: the decoded cache + augmentation in img/s with this machine's
                cores, and whether that keeps up with each method's training img/s.
-                                                                          needs: PIL, pandas, pyarrow
   end_to_end   the demo profile's `ours` at gamma 0.5, seed 0 through the pipeline's own steps (`noisymlt
-               step ...`, as DVC runs them): data, pretraining, train + evaluate + trace on the CPU and
-               on CUDA; wall times and the mAP difference (quick: a smaller toy set, CPU only).
-                                                   needs: yaml, jsonschema, scipy, sklearn, pandas, pyarrow
+               step ...`, as DVC runs them, in this process): data, pretraining, then train + evaluate +
+               trace on the CPU and on CUDA; wall times and the mAP difference (quick: a smaller toy set).
   grid         the paper grid's runs and iterations (noisymlt.gridplan: every run the workflow plans,
                iterations from the trainer's own planning code); with CUDA, GPU-hours at the measured
                step costs, unpacked and packed, packing measured with 2 and 4 concurrent runs as memory
-               and time allow.                                                  needs: yaml, jsonschema
+               and time allow.
 
 Libraries missing on the GPU machine (yaml, jsonschema, tqdm) can travel as wheels: put them in
 benchmarks/wheels/ (or --wheels DIR); each is unpacked into OUT/site when its module is not importable.
@@ -37,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -49,7 +49,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
@@ -60,8 +59,11 @@ OPTIONAL_MODULES = ["yaml", "jsonschema", "tqdm", "scipy", "sklearn", "pandas", 
                     "pytest", "snakemake", "dvc"]
 # the wheel file name's distribution -> the module it provides, where they differ
 WHEEL_MODULES = {"pyyaml": "yaml", "rpds_py": "rpds", "jsonschema_specifications": "jsonschema_specifications"}
-NEEDS = {"cuda_tests": ["pytest"], "throughput": ["yaml", "jsonschema"], "loader": ["PIL", "pandas", "pyarrow"],
-         "end_to_end": ["yaml", "jsonschema", "scipy", "sklearn", "pandas", "pyarrow", "PIL"],
+# Besides torch and torchvision: what each part imports (the trainer and the method registry read params with
+# yaml and check method options with jsonschema; image caches and training report progress with tqdm).
+NEEDS = {"cuda_tests": ["pytest", "yaml", "jsonschema", "tqdm", "scipy", "pandas", "pyarrow", "PIL"],
+         "throughput": ["yaml", "jsonschema"], "loader": ["PIL", "pandas", "pyarrow", "tqdm"],
+         "end_to_end": ["yaml", "jsonschema", "tqdm", "scipy", "sklearn", "pandas", "pyarrow", "PIL"],
          "grid": ["yaml", "jsonschema", "pandas", "pyarrow"]}
 # Shrinks the demo for `--quick` (CPU CI): a smaller toy set and source task, two epochs.
 QUICK_LAYER = {
@@ -115,15 +117,15 @@ def part_record(name: str) -> dict:
 # --------------------------------------------------------------------------------------------- helpers
 
 def module_version(name: str) -> str | None:
+    """The installed version of the distribution providing module ``name`` (read from its metadata, without
+    importing it); None when the module is not importable."""
     if importlib.util.find_spec(name) is None:
         return None
+    dists = importlib.metadata.packages_distributions().get(name) or [name]
     try:
-        module = importlib.import_module(name)
-    except Exception:  # importable in name only (a broken install)
-        return None
-    with warnings.catch_warnings():  # some packages deprecate __version__
-        warnings.simplefilter("ignore")
-        return str(getattr(module, "__version__", "?"))
+        return importlib.metadata.version(dists[0])
+    except importlib.metadata.PackageNotFoundError:  # e.g. unpacked from a wheel without its metadata
+        return "?"
 
 
 def unpack_wheels(wheels: Path, site: Path) -> list[str]:
@@ -364,6 +366,10 @@ def end_to_end(ctx: dict) -> dict:
                     shutil.copy2(work / run / name, keep / device / name)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if ctx["device"] == "cuda":  # the packing measurement that follows wants the card to itself
+            import torch
+
+            torch.cuda.empty_cache()
     both = result.get("cpu") and result.get("cuda")
     result["map_difference_cuda_minus_cpu"] = (
         {h: result["cuda"]["map"][h] - result["cpu"]["map"][h] for h in result["cpu"]["map"]} if both else None)
