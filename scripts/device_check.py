@@ -477,8 +477,10 @@ def summary_markdown(result: dict) -> str:
         lines += ["", f"CUDA tests: {ct['passed']} passed, {ct['failed']} failed, {ct['skipped']} skipped."]
     tp = parts["throughput"]
     if tp.get("methods"):
+        quick = " (quick mode: one step each without warm-up, a smoke test, not a measurement)"
         lines += ["", f"Throughput on {tp['device']} ({tp['backbone']} @ {tp['image_size']} px, {tp['precision']}, "
-                  f"batch {tp['batch_size']} / balanced {tp['balanced_batch_size']}):", "",
+                  f"batch {tp['batch_size']} / balanced {tp['balanced_batch_size']})"
+                  f"{quick if result['mode']['quick'] else ''}:", "",
                   "| method | img/step | ms/step | img/s | cost/img vs bare | peak MiB |", "|---|---|---|---|---|---|"]
         for m, r in tp["methods"].items():
             peak = "" if r["peak_gpu_mem_mib"] is None else f"{r['peak_gpu_mem_mib']:.0f}"
@@ -486,8 +488,10 @@ def summary_markdown(result: dict) -> str:
                          f" | {r['cost_per_image_vs_bare']:.2f}x | {peak} |")
     ld = parts["loader"]
     if ld.get("best"):
+        slower = [m for m, ok in (ld["keeps_up"] or {}).items() if not ok]
         lines += ["", f"Loader: best {ld['best']['img_per_s']:.0f} img/s ({ld['best']['loader']}, "
-                  f"{ld['best']['workers']} workers); keeps up with: {ld['keeps_up']}."]
+                  f"{ld['best']['workers']} workers); "
+                  + (f"slower than the training of {', '.join(slower)}." if slower else "keeps up with every method.")]
     e2e = parts["end_to_end"]
     for dev in ("cpu", "cuda"):
         if e2e.get(dev):
@@ -500,7 +504,8 @@ def summary_markdown(result: dict) -> str:
     gr = parts["grid"]
     if gr.get("runs"):
         per_dataset = ", ".join(f"{d}: {v['runs']} runs, {v['iterations']} it" for d, v in gr["by_dataset"].items())
-        lines += ["", f"Paper grid: {gr['runs']} runs, {gr['iterations']} training iterations ({per_dataset})."]
+        lines += ["", f"Paper grid: {gr['runs']} runs, {gr['iterations']} training iterations ({per_dataset}); "
+                  f"noisy labels planned from: {gr['labels']}."]
         if gr["gpu_hours"]:
             h = gr["gpu_hours"]
             packed = "" if h["packed_total"] is None else f", packed {h['packed_total']:.1f}"
