@@ -527,6 +527,8 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/device", help="output folder ($OUT)")
     ap.add_argument("--budget-min", type=float, default=8.0, help="stop starting work after this many minutes")
     ap.add_argument("--wheels", default="benchmarks/wheels", help="wheels of missing libraries (optional)")
+    ap.add_argument("--parts", nargs="+", choices=list(PART_KEYS), default=list(PART_KEYS),
+                    help="run only these parts (a rerun of what failed; the grid's GPU-hours need throughput)")
     args = ap.parse_args()
     started = time.monotonic()
     out = Path(args.out).resolve()
@@ -562,6 +564,8 @@ def main() -> int:
         record = parts[name]
         t0 = time.perf_counter()
         try:
+            if name not in args.parts:
+                raise Skip("not selected (--parts)")
             lacking = missing(name)
             if lacking:
                 raise Skip(f"needs {', '.join(lacking)}, not importable here (see --wheels)")

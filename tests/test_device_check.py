@@ -74,10 +74,20 @@ def test_cpu_quick_mode_runs_every_part_and_writes_the_gpu_keys_as_null(tmp_path
 
 
 def test_a_spent_budget_skips_every_part_and_says_so(tmp_path):
+    """The budget is checked before each part: none starts once it is spent."""
     proc = run_check(tmp_path, "--device", "cpu", "--quick", "--budget-min", "0.001")
     assert proc.returncode == 0, proc.stderr[-3000:]
     parts = json.loads((tmp_path / "device_check.json").read_text())["parts"]
     assert all(p["status"] == "skipped" and p["reason"].startswith("time budget") for p in parts.values())
+
+
+def test_only_the_selected_parts_run(tmp_path):
+    proc = run_check(tmp_path, "--device", "cpu", "--quick", "--parts", "grid")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parts = json.loads((tmp_path / "device_check.json").read_text())["parts"]
+    assert parts["grid"]["status"] == "ok" and parts["grid"]["runs"] == 560
+    assert {p["reason"] for name, p in parts.items() if name != "grid"} == {"not selected (--parts)"}
+    assert parts["grid"]["gpu_hours"] is None  # nothing measured to price the runs with
 
 
 def test_a_part_whose_library_is_missing_is_skipped_by_name(monkeypatch):
