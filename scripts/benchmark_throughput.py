@@ -14,7 +14,8 @@ pretrained file, so that methods that share identical frozen stages do so here t
 
 Prints a table and writes JSON with --json: per method, ms per step, training images per step and per
 second (every anchor and Stitch-Up partner of every branch counted) and the cost per training image
-relative to the bare backbone; the device, precision and library versions.
+relative to the bare backbone, and on CUDA the memory one run of it needs (peak_gpu_mem_mib); the
+device, precision and library versions.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -138,6 +141,22 @@ def bare_backbone_step(tcfg: dict, device: torch.device, num_classes: int, batch
     return step, b
 
 
+def with_peak_memory(build, device: torch.device):
+    """``build()``'s (step, images) and, on CUDA, the memory that one run of it needs in MiB: everything
+    allocated from building its net to the end of two steps (weights, batches, gradients, optimiser
+    state, a step's activations), nets built earlier excluded; None on other devices."""
+    if device.type != "cuda":
+        return (*build(), None)
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step, images = build()
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize(device)
+    return step, images, (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
 def one_weights_file(tcfg: dict, directory: str) -> str:
     """Random backbone weights saved once, loaded by every net (as one pretrained file would be)."""
     from noisymlt.models.backbones import build_backbone
@@ -170,6 +189,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median reported)")
     ap.add_argument("--num-images", type=int, default=1142, help="size of the synthetic train set (VOC-MLT: 1142)")
     ap.add_argument("--num-classes", type=int, default=20)
+    ap.add_argument("--barrier", help="folder: once the nets are built, write PID.ready there and wait for a file "
+                    "'go' before timing (concurrent processes sharing one GPU then time the same seconds)")
     ap.add_argument("--json", "--out", dest="json", help="write the results as JSON")
     args = ap.parse_args()
 
@@ -195,15 +216,27 @@ def main() -> int:
             print(f"skipping {method}: not defined in {' + '.join(args.params)}")
         configs = {m: resolve_run(params, args.dataset, m, 0.5, 0)["train"] for m in methods}
         tcfg = configs[methods[0]]
-        method_steps = {m: method_step(params, args.dataset, m, device, args.num_images, args.num_classes)
-                        for m in methods}
+        peak_mib = {}
+        method_steps = {}
+        for m in methods:
+            step, images, peak_mib[m] = with_peak_memory(
+                lambda m=m: method_step(params, args.dataset, m, device, args.num_images, args.num_classes), device)
+            method_steps[m] = (step, images)
         # One bare reference per (trainable policy, images per step) in use: [DB]'s layer2 on or [CL]'s
         # layer4 only, at the method's own images per step, since the cost per image of a step depends on
         # its batch (on CPU a step of 576 images costs ~1.7x more per image than one of 32).
         bare_of = {m: f"bare backbone ({c['trainable']}, {method_steps[m][1]} img)" for m, c in configs.items()}
-        steps = {bare_of[m]: bare_backbone_step(configs[m], device, args.num_classes, method_steps[m][1])
-                 for m in methods}
+        steps = {}
+        for m in methods:
+            if bare_of[m] not in steps:
+                step, images, peak_mib[bare_of[m]] = with_peak_memory(
+                    lambda m=m: bare_backbone_step(configs[m], device, args.num_classes, method_steps[m][1]), device)
+                steps[bare_of[m]] = (step, images)
         steps = {**dict(sorted(steps.items())), **method_steps}
+        if args.barrier:
+            (Path(args.barrier) / f"{os.getpid()}.ready").touch()
+            while not (Path(args.barrier) / "go").exists():
+                time.sleep(0.05)
         # Interleaved rounds, median per method: drifts of clock speed or background load hit all alike.
         times: dict[str, list[float]] = {name: [] for name in steps}
         for _ in range(args.rounds):
@@ -213,7 +246,7 @@ def main() -> int:
     for name, (_, images) in steps.items():
         sec = float(np.median(times[name]))
         rows.append({"method": name, "ms_per_step": 1000 * sec, "train_images_per_step": images,
-                     "train_images_per_s": images / sec})
+                     "train_images_per_s": images / sec, "peak_gpu_mem_mib": peak_mib[name]})
     by_name = {r["method"]: r for r in rows}
     for r in rows:
         bare = by_name[bare_of.get(r["method"], r["method"])]
@@ -226,10 +259,11 @@ def main() -> int:
     precision = tcfg["precision"] if device.type == "cuda" else "fp32"
     print(f"device: {name}; backbone {tcfg['backbone']} @ {tcfg['image_size']}px, "
           f"precision {precision}, random batch {tcfg['batch_size']}, balanced batch {tcfg['balanced_batch_size']}")
-    print(f"{'method':<34}{'img/step':>10}{'ms/step':>12}{'img/s':>10}{'cost/img vs bare':>19}")
+    print(f"{'method':<34}{'img/step':>10}{'ms/step':>12}{'img/s':>10}{'cost/img vs bare':>19}{'peak MiB':>10}")
     for r in rows:
+        peak = "-" if r["peak_gpu_mem_mib"] is None else f"{r['peak_gpu_mem_mib']:.0f}"
         print(f"{r['method']:<34}{r['train_images_per_step']:>10}{r['ms_per_step']:>12.1f}"
-              f"{r['train_images_per_s']:>10.1f}{r['cost_per_image_vs_bare']:>18.2f}x")
+              f"{r['train_images_per_s']:>10.1f}{r['cost_per_image_vs_bare']:>18.2f}x{peak:>10}")
     if args.json:
         import torchvision
 

@@ -163,12 +163,14 @@ def tiny_params(method: str = "erm", **train_overrides) -> dict:
 
 
 def toy_trainer(tiny_toy: dict, resolved: dict, out_dir, **kwargs):
-    """A CPU Trainer over the ``tiny_toy`` files (kwargs: train_labels override, limit_iters, keep_stale...)."""
+    """A Trainer over the ``tiny_toy`` files, on the CPU unless ``device`` says otherwise (kwargs:
+    train_labels override, limit_iters, keep_stale...)."""
     from noisymlt.train import Trainer
 
     kwargs.setdefault("train_labels", tiny_toy["noisy"])
+    kwargs.setdefault("device", "cpu")
     if resolved["train"].get("loader") == "cache":
         kwargs.setdefault("train_cache", tiny_toy["train_cache"])
         kwargs.setdefault("test_cache", tiny_toy["test_cache"])
     return Trainer(resolved, test_labels=tiny_toy["test"], split=tiny_toy["split"], train_images=tiny_toy["root"],
-                   test_images=tiny_toy["root"], out_dir=out_dir, device="cpu", progress=False, **kwargs)
+                   test_images=tiny_toy["root"], out_dir=out_dir, progress=False, **kwargs)

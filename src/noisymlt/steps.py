@@ -170,6 +170,22 @@ def grid_runs(params: dict) -> list[tuple[str, float, int, str]]:
             for m in g["methods"]]
 
 
+def ablation_runs(params: dict, name: str) -> list[tuple[str, float, int, str]]:
+    """(dataset, gamma, seed, method) of every run of the ablation block ``name``."""
+    block = params["ablations"][name]
+    return [(block["dataset"], float(gm), int(s), m) for gm in block["gammas"] for s in block["seeds"]
+            for m in block["methods"]]
+
+
+def all_runs(params: dict) -> list[tuple[str, float, int, str]]:
+    """Every run the workflow trains: the main grid, then each ablation in grid.ablations; a run in
+    both is trained once (the Snakemake rules and the paper grid's cost plan read this list)."""
+    runs = grid_runs(params)
+    for name in params["grid"].get("ablations", []):
+        runs += ablation_runs(params, name)
+    return list(dict.fromkeys(runs))
+
+
 # ---------------------------------------------------------------------------------------- CLI
 
 def _run(argv: list[str]) -> int:

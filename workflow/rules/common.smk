@@ -121,35 +121,13 @@ def pretrain_args(w, output):
     return argv(steps.pretrain_argv(config, w.name, output.weights))
 
 
-def grid_runs(pattern):
-    return [
-        pattern.format(dataset=d, gamma=gtag(g), seed=s, method=m)
-        for d in GRID["datasets"]
-        for g in GRID["gammas"]
-        for s in GRID["seeds"]
-        for m in GRID["methods"]
-    ]
-
-
 def selected_ablations():
     return {name: config["ablations"][name] for name in GRID.get("ablations", [])}
 
 
-def ablation_runs(name, pattern):
-    block = config["ablations"][name]
-    return [
-        pattern.format(dataset=block["dataset"], gamma=gtag(g), seed=s, method=m)
-        for g in block["gammas"]
-        for s in block["seeds"]
-        for m in block["methods"]
-    ]
-
-
 def all_runs(pattern):
-    """Main grid and selected ablations; a run shared by both is trained once."""
-    runs = grid_runs(pattern)
-    for name in selected_ablations():
-        runs += ablation_runs(name, pattern)
+    """Main grid and selected ablations (noisymlt.steps.all_runs); a run shared by both is trained once."""
+    runs = (pattern.format(dataset=d, gamma=gtag(g), seed=s, method=m) for d, g, s, m in steps.all_runs(config))
     return list(dict.fromkeys(runs))
 
 

@@ -1,0 +1,114 @@
+"""scripts/device_check.sh: the CPU mode CI runs, so that the GPU check cannot rot before a GPU comes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("device_check", REPO / "scripts" / "device_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_check(out: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out)}
+    return subprocess.run(["bash", "scripts/device_check.sh", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_cpu_quick_mode_runs_every_part_and_writes_the_gpu_keys_as_null(tmp_path):
+    proc = run_check(tmp_path, "--device", "cpu", "--quick")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "device_check.json").read_text())
+    assert result["wall_s"] < 120  # the acceptance: under 2 minutes on CPU
+    assert result["mode"] == {"device": "cpu", "quick": True, "budget_s": 480.0, "wheels_unpacked": []}
+    env = result["environment"]
+    assert env["cuda_available"] is False and isinstance(env["torch"], str)
+    for key in ("gpu_name", "gpu_memory_gib", "cuda_runtime", "bf16_supported", "tf32_supported"):
+        assert key in env and env[key] is None, key
+    parts = result["parts"]
+    keys = load_script().PART_KEYS
+    assert list(parts) == ["cuda_tests", "throughput", "loader", "end_to_end", "grid"]
+    for name, record in parts.items():
+        assert set(record) == {"status", "reason", "wall_s", *keys[name]}, name  # the GPU mode's keys
+        assert record["status"] == "ok" and isinstance(record["wall_s"], float), (name, record["reason"])
+
+    tests = parts["cuda_tests"]
+    assert tests["passed"] == tests["failed"] == 0 and tests["skipped"] == len(tests["tests"]) >= 9
+    assert "tests/test_cuda.py" in tests["files"]
+    assert all(t["outcome"] == "skipped" and "CUDA" in t["reason"] for t in tests["tests"])  # each says why
+
+    tp = parts["throughput"]
+    assert set(tp["methods"]) == {"erm", "db_focal", "bbn", "dividemix", "ours"} and tp["precision"] == "fp32"
+    for row in tp["methods"].values():
+        assert row["train_images_per_s"] > 0 and row["peak_gpu_mem_mib"] is None
+    assert parts["loader"]["best"]["img_per_s"] > 0 and set(parts["loader"]["keeps_up"]) == set(tp["methods"])
+
+    e2e = parts["end_to_end"]
+    assert e2e["cuda"] is None and e2e["cuda_reason"] == "no CUDA device"
+    assert e2e["map_difference_cuda_minus_cpu"] is None
+    cpu = e2e["cpu"]
+    assert cpu["device"] == "cpu" and cpu["trace_ok"] is True and cpu["train_s"] > 0
+    assert set(cpu["map"]) == {"ensemble", "random", "balanced"} and all(0 < v <= 1 for v in cpu["map"].values())
+    assert (tmp_path / "e2e" / "cpu" / "metrics.json").exists()
+
+    grid = parts["grid"]
+    assert grid["runs"] == 560 and grid["by_dataset"]["voc"]["runs"] == 340  # main grid + ablations
+    assert grid["iterations"] == sum(j["iterations"] for j in json.loads((tmp_path / "grid_plan.json").read_text()))
+    assert grid["gpu_hours"] is None and "no CUDA" in grid["gpu_hours_reason"]
+    assert grid["packing"]["speedup"] is None and grid["packing"]["reason"] == "no CUDA device"
+    summary = (tmp_path / "device_check.md").read_text()
+    assert "| end_to_end | ok |" in summary and "GPU-hours: not estimated" in summary
+
+
+def test_a_spent_budget_skips_every_part_and_says_so(tmp_path):
+    """The budget is checked before each part: none starts once it is spent."""
+    proc = run_check(tmp_path, "--device", "cpu", "--quick", "--budget-min", "0.001")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parts = json.loads((tmp_path / "device_check.json").read_text())["parts"]
+    assert all(p["status"] == "skipped" and p["reason"].startswith("time budget") for p in parts.values())
+
+
+def test_only_the_selected_parts_run(tmp_path):
+    proc = run_check(tmp_path, "--device", "cpu", "--quick", "--parts", "grid")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parts = json.loads((tmp_path / "device_check.json").read_text())["parts"]
+    assert parts["grid"]["status"] == "ok" and parts["grid"]["runs"] == 560
+    assert {p["reason"] for name, p in parts.items() if name != "grid"} == {"not selected (--parts)"}
+    assert parts["grid"]["gpu_hours"] is None  # nothing measured to price the runs with
+
+
+def test_a_part_whose_library_is_missing_is_skipped_by_name(monkeypatch):
+    script = load_script()
+    monkeypatch.setitem(script.NEEDS, "grid", ["yaml", "no_such_library_here"])
+    assert script.missing("grid") == ["no_such_library_here"]
+    assert script.missing("loader") == []
+
+
+def test_wheels_of_missing_libraries_are_unpacked_and_importable(tmp_path, monkeypatch):
+    import zipfile
+
+    script = load_script()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "devcheck_fake_lib-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("devcheck_fake_lib/__init__.py", "VALUE = 42\n")
+    with zipfile.ZipFile(wheels / "numpy-9.9-py3-none-any.whl", "w") as z:  # importable already: left alone
+        z.writestr("numpy/__init__.py", "raise ImportError('the wheel, not the installed numpy')\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert script.unpack_wheels(wheels, tmp_path / "site") == ["devcheck_fake_lib"]
+    assert importlib.import_module("devcheck_fake_lib").VALUE == 42
+    assert not (tmp_path / "site" / "numpy").exists()
+    sys.modules.pop("devcheck_fake_lib", None)
