@@ -119,11 +119,14 @@ def test_config_change_keeps_the_previous_run_and_switching_back_reuses_it(tiny_
     run = tmp_path / "run"
     first = make_trainer(tiny_toy, run, epochs=1)
     first.run()
-    old = {name: (run / name).read_bytes() for name in ("checkpoint.pt", "predictions.npz", "manifest.json")}
+    old = {name: (run / name).read_bytes() for name in ("checkpoint.pt", "predictions.npz", "manifest.json",
+                                                         "run_config.json")}
+    for name in ("predictions.npz", "manifest.json", "run_config.json", "noise_level.jsonl"):
+        (run / name).unlink(missing_ok=True)  # Snakemake (and DVC) delete a job's outputs before rerunning it
     resolved = resolve_run(tiny_params("erm", epochs=1, weight_decay=0.00123), "toy", "erm", 0.5, 0)
     second = toy_trainer(tiny_toy, resolved, run, keep_stale=True)
     second.run()
-    # the first run's checkpoint, predictions and manifest are kept under its run id, nothing is lost
+    # the first run's checkpoint, predictions, manifest and config are kept under its run id, nothing is lost
     kept = run / "previous" / f"{first.run_id}-{first.inputs_digest[:8]}"
     assert {name: (kept / name).read_bytes() for name in old} == old
     assert torch.load(run / "checkpoint.pt", weights_only=True)["run_id"] == second.run_id

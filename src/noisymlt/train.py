@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -70,13 +71,41 @@ def content_sha256(state: dict) -> str:
     return h.hexdigest()
 
 
+# Snakemake and DVC delete a train job's declared outputs before they rerun it, so by the time the trainer
+# sets a finished run aside its predictions and manifest are gone. A second link to each, made when the run
+# finishes, keeps them for archive_run (the same bytes, no copy).
+FINISHED = ".finished"
+FINISHED_FILES = ("predictions.npz", "manifest.json", "run_config.json", "noise_level.jsonl")
+
+
+def keep_finished(out: Path) -> None:
+    """Link a finished run's outputs into OUT/.finished/, replacing the links of an earlier run."""
+    import shutil
+
+    kept = Path(out) / FINISHED
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir()
+    for name in FINISHED_FILES:
+        if (Path(out) / name).exists():
+            try:
+                os.link(Path(out) / name, kept / name)
+            except OSError:  # a file system without hard links
+                shutil.copy2(Path(out) / name, kept / name)
+
+
 def archive_run(out: Path, tag: str) -> Path:
-    """Move a run folder's files to OUT/previous/TAG/ (nothing is deleted) and return that folder."""
+    """Move a run folder's files to OUT/previous/TAG/ (nothing is deleted) and return that folder. Outputs
+    that Snakemake or DVC deleted before rerunning the job come from OUT/.finished/ (keep_finished)."""
+    import shutil
+
     aside = Path(out) / "previous" / tag
     aside.mkdir(parents=True, exist_ok=True)
     for name in RUN_FILES:
-        if (Path(out) / name).exists():
-            (Path(out) / name).replace(aside / name)
+        for source in (Path(out) / name, Path(out) / FINISHED / name):
+            if source.exists():
+                source.replace(aside / name)
+                break
+    shutil.rmtree(Path(out) / FINISHED, ignore_errors=True)
     return aside
 
 
@@ -556,6 +585,7 @@ class Trainer:
             # how it ran, not what it computed (loader workers never change results): untracked
             timing={"epoch_seconds": self._epoch_seconds(), "loader_workers": self.workers},
         )
+        keep_finished(self.out)
         return pred_path
 
     def _epoch_seconds(self) -> list:
