@@ -59,7 +59,7 @@ def test_load_params_names_the_file(tmp_path):
         load_params(broken)
 
 
-def test_a_bad_layer_is_named_with_the_key_in_one_short_line(tmp_path):
+def test_a_bad_layer_is_named_with_the_key_in_one_short_line(tmp_path, capsys):
     """The file that set the bad key, then the key: never the key glued onto the file name, never the schema."""
     demo = REPO / "workflow" / "profiles" / "demo" / "params.yaml"
     cases = {
@@ -74,6 +74,10 @@ def test_a_bad_layer_is_named_with_the_key_in_one_short_line(tmp_path):
         with pytest.raises(NoisyMLTError) as info:
             load_params(REPO / "params.yaml", demo, layer)
         assert str(info.value) == f"{layer}: {message}"
+    from noisymlt.cli import main
+
+    assert main(["params", str(REPO / "params.yaml"), str(demo), str(layer), "--out", str(tmp_path / "d.yaml")]) == 2
+    assert capsys.readouterr().err == f"noisymlt params: error: {layer}: {message}\n"  # the last case, one line
     # a key set by the base file and left alone by the layers is the base file's
     broken = tmp_path / "params.yaml"
     broken.write_text((REPO / "params.yaml").read_text().replace("  lr: 0.02", "  lr: -0.02", 1))
