@@ -13,7 +13,7 @@ from conftest import tiny_params, toy_trainer
 from noisymlt.config import resolve_run
 from noisymlt.errors import NoisyMLTError
 from noisymlt.labels import read_labels
-from noisymlt.train import Trainer, lr_at
+from noisymlt.train import Trainer, content_sha256, lr_at
 
 
 def make_trainer(tiny_toy, out, method="erm", **overrides):
@@ -294,7 +294,9 @@ def test_inference_time_table_times_the_finished_run(tiny_toy, tmp_path):
     assert "on CPU test" in md and "| Running time, batch 4 (s) | " in md and "| Paper, batch 1, RTX 2080Ti (s) | 77.06 |" in md
     # an unfinished run is refused, naming the checkpoint
     state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    del state["content_sha256"]
     state["epoch"] = 1
+    state["content_sha256"] = content_sha256(state)  # a checkpoint of epoch 1, not a damaged one
     torch.save(state, tmp_path / "run" / "checkpoint.pt")
     with pytest.raises(NoisyMLTError, match="checkpoint.pt: training stopped at epoch 1"):
         load_trained(tmp_path / "run", tiny_toy["test"], tiny_toy["root"], tiny_toy["root"], "cpu")
