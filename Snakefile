@@ -3,7 +3,7 @@
 # Usage (target first, or `--` before it: `--resources` would swallow a trailing target):
 #   snakemake reports/table_total.tex --cores 8 --resources gpu=2
 #   snakemake --profile workflow/profiles/demo
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.0")
 
@@ -14,9 +14,8 @@ configfile: "params.yaml"
 report: "workflow/report/workflow.rst"
 
 
-validate(config, "workflow/schemas/params.schema.yaml")
-
-
+# common.smk first validates config against workflow/schemas/params.schema.yaml and the cross-references a
+# schema cannot express; a bad setting stops the run with one line naming its params file and key.
 include: "workflow/rules/common.smk"
 
 
@@ -38,4 +37,5 @@ include: "workflow/rules/code.smk"
 rule all:
     input:
         report_targets(),
+        finished_work(),  # so that a rerun restores what a failed job deleted
         "data/code",  # DVC's code digests: a Snakemake run can then be recorded with `dvc commit`

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -29,10 +30,10 @@ def test_paper_and_demo_params_are_valid(paper):
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda p: p["train"].update(learning_rate=0.1), "Additional properties"),
+        (lambda p: p["train"].update(learning_rate=0.1), "params.yaml: train.learning_rate: unknown key"),
         (lambda p: p["train"].update(lr=-1), "lr"),
         (lambda p: p["grid"].update(gammas=[0.5, 1.5]), "grid.gammas.1"),
-        (lambda p: p["grid"].update(methods=["erm", "nonsense"]), "unknown method 'nonsense'"),
+        (lambda p: p["grid"].update(methods=["erm", "nonsense"]), "grid.methods: unknown method 'nonsense'"),
         (lambda p: p["methods"]["erm"].update(family="nope"), "unknown family 'nope'"),
         (lambda p: p["methods"]["erm"].update(sampler="sometimes"), "methods.erm.sampler"),
         (lambda p: p["methods"]["erm"].update(colour="red"), "methods.erm"),
@@ -40,7 +41,7 @@ def test_paper_and_demo_params_are_valid(paper):
         (lambda p: p["datasets"]["voc"]["longtail"].update(source="magic"), "datasets.voc.longtail.source"),
         (lambda p: p.update(extra_section={}), "extra_section"),
         (lambda p: p["grid"].update(gammas=[0.5, 1]), "write the noise rate 1 as 1.0"),
-        (lambda p: p["timing"].update(methods=["db", "fastest"]), "timing.methods names 'fastest'"),
+        (lambda p: p["timing"].update(methods=["db", "fastest"]), "timing.methods: unknown method 'fastest'"),
         (lambda p: p["timing"].update(trials=0), "timing.trials"),
     ],
 )
@@ -56,6 +57,45 @@ def test_load_params_names_the_file(tmp_path):
     broken.write_text("grid: [unclosed\n")
     with pytest.raises(NoisyMLTError, match="p.yaml"):
         load_params(broken)
+
+
+def test_a_bad_layer_is_named_with_the_key_in_one_short_line(tmp_path, capsys):
+    """The file that set the bad key, then the key: never the key glued onto the file name, never the schema."""
+    demo = REPO / "workflow" / "profiles" / "demo" / "params.yaml"
+    cases = {
+        "train: {lr: fast}\n": "train.lr: 'fast' is not of type 'number'",
+        "methods: {erm: {colour: red}}\n": "methods.erm.colour: unknown key",
+        "grid: {gammas: [0.5, 1.5]}\n": "grid.gammas.1: 1.5 is greater than the maximum of 1",
+        "methods: {ours: {stitchup: {k: many}}}\n": "methods.ours.stitchup.k: 'many' is not of type 'integer'",
+    }
+    for text, message in cases.items():
+        layer = tmp_path / "layer.yaml"
+        layer.write_text(text)
+        with pytest.raises(NoisyMLTError) as info:
+            load_params(REPO / "params.yaml", demo, layer)
+        assert str(info.value) == f"{layer}: {message}"
+    from noisymlt.cli import main
+
+    assert main(["params", str(REPO / "params.yaml"), str(demo), str(layer), "--out", str(tmp_path / "d.yaml")]) == 2
+    assert capsys.readouterr().err == f"noisymlt params: error: {layer}: {message}\n"  # the last case, one line
+    # a key set by the base file and left alone by the layers is the base file's
+    broken = tmp_path / "params.yaml"
+    broken.write_text((REPO / "params.yaml").read_text().replace("  momentum: 0.9", "  momentum: -0.9", 1))
+    with pytest.raises(NoisyMLTError, match=rf"^{broken}: train.momentum: -0.9 is less than the minimum of 0$"):
+        load_params(broken, demo)
+
+
+def test_snakemake_names_the_bad_params_file_and_key_in_one_line(tmp_path):
+    from test_workflow import SNAKEMAKE, copy_workflow
+
+    wf = copy_workflow(tmp_path)
+    (wf / "bad.yaml").write_text("methods: {erm: {colour: red}}\n")
+    proc = subprocess.run([SNAKEMAKE, "-n", "--configfile", "workflow/profiles/demo/params.yaml", "bad.yaml"], cwd=wf,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert lines[-1] == "noisymlt: bad.yaml: methods.erm.colour: unknown key"
+    assert len(lines) <= 2 and "schema" not in proc.stderr  # no traceback, no schema dump
 
 
 def test_resolve_run_layers_dataset_schedule_and_method_overrides(paper):

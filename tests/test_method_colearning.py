@@ -379,8 +379,9 @@ def test_separate_backbones_run_the_peer_on_the_other_stream(base_params):
 ])
 def test_options_schema_rejects(base_params, opts, where):
     params = params_with(base_params, {"m": opts})
-    # the key path in the schema's message, or the key named by a cross-field rule's clearer one
-    pattern = rf"methods\.m{re.escape('.' + where) if where else ''}: |methods\.m: colearning options: .*{where}"
+    # the key path in the schema's message (an unknown key named in it), or the key named by a cross-field
+    # rule's clearer one
+    pattern = rf"methods\.m{re.escape('.' + where) if where else ''}[.:]|methods\.m: colearning options: .*{where}"
     with pytest.raises(NoisyMLTError, match=pattern):
         validate_params(params)
 

@@ -35,7 +35,55 @@ def cli(args, env_extra=None, **kwargs):
 
 
 def served_children(proc) -> list[psutil.Process]:
-    return psutil.Process(proc.pid).children()
+    """The server's running children (one that has exited stays a zombie until the server reaps it)."""
+    children = psutil.Process(proc.pid).children()
+    return [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def reaped(proc, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while psutil.Process(proc.pid).children():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def served_client(path: str, args: list[str], **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "noisymlt", *args], env={**os.environ, preload.ENV: path},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def wait_for_child(proc, client) -> psutil.Process:
+    deadline = time.monotonic() + 60
+    while not (children := served_children(proc)):
+        assert time.monotonic() < deadline and client.poll() is None, client.communicate()
+        time.sleep(0.05)
+    return children[0]
+
+
+def code_deps_on_fifo(tmp_path) -> tuple[list[str], Path]:
+    """A served command that waits until the test writes its params (as JSON) into a fifo, then succeeds."""
+    fifo = tmp_path / "params.json"
+    os.mkfifo(fifo)
+    return ["code-deps", "--params-json", str(fifo), "--method", "erm"], fifo
+
+
+def feed(fifo: Path, timeout: float = 30.0) -> None:
+    """Write the params into the fifo; fails, rather than waits for ever, when no job is there to read them."""
+    from noisymlt.config import load_params
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:  # ENXIO: no reader
+            assert time.monotonic() < deadline, f"no job reads {fifo}"
+            time.sleep(0.05)
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "w") as stream:
+        stream.write(json.dumps(load_params(REPO / "params.yaml")))
 
 
 def test_streams_and_exit_status_are_the_commands(server, tmp_path):
@@ -50,7 +98,7 @@ def test_streams_and_exit_status_are_the_commands(server, tmp_path):
     assert bad.returncode == plain.returncode == 2
     assert bad.stderr.splitlines()[-1] == plain.stderr.splitlines()[-1]
     assert "t.parquet: label file does not exist" in bad.stderr  # read relative to the caller's folder
-    assert served_children(proc) == []  # both children reaped
+    assert reaped(proc)  # both children
 
 
 def test_a_training_run_through_the_server_equals_a_plain_run(server, tiny_toy, tmp_path):
@@ -83,15 +131,107 @@ def test_killing_the_command_kills_its_child(server, tmp_path):
                                "--test-images", "x", "--out", str(tmp_path / "o")],
                               env={**os.environ, preload.ENV: path}, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while not served_children(proc):
-        assert time.monotonic() < deadline and client.poll() is None
-        time.sleep(0.05)
-    child = served_children(proc)[0]
+    child = wait_for_child(proc, client)
     client.send_signal(signal.SIGKILL)
     client.wait()
     child.wait(timeout=15)  # raises if the child outlives its command
     assert not child.is_running()
+
+
+def test_an_edited_source_lets_running_jobs_finish_and_refuses_new_ones(tmp_path):
+    # a server whose view of the source tree the test edits: the marker file's existence is part of it
+    sock, edited, starter = tmp_path / "s", tmp_path / "edited", tmp_path / "starter.py"
+    starter.write_text(
+        "import argparse, pathlib, sys\n"
+        "from noisymlt import preload\n"
+        "real = preload.source_fingerprint\n"
+        "preload.source_fingerprint = lambda: {**real(), 'edit': [pathlib.Path(sys.argv[2]).exists(), 0]}\n"
+        "raise SystemExit(preload._cmd_preload(argparse.Namespace(socket=sys.argv[1], idle_timeout=300.0,\n"
+        "                                                         parent=None)))\n")
+    log = tmp_path / "server.log"
+    with open(log, "w") as stream:
+        proc = subprocess.Popen([sys.executable, str(starter), str(sock), str(edited)], stdout=stream, stderr=stream)
+    try:
+        deadline = time.monotonic() + 120
+        while not sock.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+            time.sleep(0.05)
+        args, fifo = code_deps_on_fifo(tmp_path)
+        running = served_client(str(sock), args)
+        child = wait_for_child(proc, running)
+        edited.touch()  # the source changes while a job runs
+        later = cli(["--version"], {preload.ENV: str(sock)})
+        assert later.returncode == 0 and later.stdout.startswith("noisymlt ")  # refused: ran in its own process
+        assert child.is_running() and proc.poll() is None  # the running job goes on
+        feed(fifo)
+        out, err = running.communicate(timeout=60)
+        assert running.returncode == 0, err
+        assert "noisymlt.train\n" in out  # the job finished with its result
+        assert proc.wait(timeout=30) == 0 and not sock.exists()  # then the stale server exits by itself
+        assert "source changed: refusing new commands, finishing 1 running" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.fixture
+def own_server():
+    """A server that a test may kill."""
+    path, proc = preload.start_server(idle_timeout=300)
+    yield path, proc
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGCONT)
+    preload.stop_server(path, proc)
+
+
+def test_the_servers_death_ends_its_children_and_their_commands_say_so(own_server, tmp_path):
+    path, proc = own_server
+    args, _ = code_deps_on_fifo(tmp_path)
+    client = served_client(path, args)
+    child = wait_for_child(proc, client)
+    proc.kill()
+    child.wait(timeout=15)  # raises if the child outlives the server (an orphan whose result nobody awaits)
+    _, err = client.communicate(timeout=30)
+    assert client.returncode == 1
+    assert "preload server" in err and "died while running the command" in err and "Traceback" not in err
+
+
+def test_a_job_that_finished_is_not_reported_failed_when_the_server_dies(own_server, tmp_path):
+    path, proc = own_server
+    args, fifo = code_deps_on_fifo(tmp_path)
+    client = served_client(path, args)
+    child = wait_for_child(proc, client)
+    os.kill(proc.pid, signal.SIGSTOP)  # the server cannot report: the job finishes while it is stopped
+    feed(fifo)
+    deadline = time.monotonic() + 60
+    while child.status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.kill()  # and the server dies before it reaped the child
+    out, err = client.communicate(timeout=30)
+    assert client.returncode == 0, err  # the child reported its own status
+    assert "noisymlt.train\n" in out
+
+
+def test_ctrl_c_gives_a_message_not_a_traceback(server, tmp_path):
+    path, proc = server
+    fifo = tmp_path / "never.json"
+    os.mkfifo(fifo)
+    args = ["code-deps", "--params-json", str(fifo), "--method", "erm"]
+    served = served_client(path, args)
+    child = wait_for_child(proc, served)
+    served.send_signal(signal.SIGINT)
+    _, err = served.communicate(timeout=30)  # until the child, which writes to the same stream, is gone too
+    child.wait(timeout=15)
+    assert served.returncode == 130
+    # the command's process and the server's child (interrupted in turn) each say so, neither with a traceback
+    assert err.count("noisymlt code-deps: interrupted") == 2 and "Traceback" not in err, err
+    plain = subprocess.Popen([sys.executable, "-m", "noisymlt", *args], stderr=subprocess.PIPE, text=True,
+                             env={k: v for k, v in os.environ.items() if k != preload.ENV})
+    time.sleep(2)  # importing or waiting on the fifo: either way a message, no traceback
+    plain.send_signal(signal.SIGINT)
+    _, err = plain.communicate(timeout=30)
+    assert plain.returncode == 130 and err.strip() == "noisymlt code-deps: interrupted", err
 
 
 def test_without_a_usable_server_the_command_runs_itself(tmp_path, monkeypatch):
@@ -110,7 +250,8 @@ def test_a_server_refuses_other_interpreters_and_edited_sources(tmp_path):
         assert "interpreter" in server._refusal({**good, "executable": "/usr/bin/python2"}, fds)
         server.fingerprint = {**server.fingerprint, "train.py": [0, 0]}
         assert "source changed" in server._refusal(good, fds)
-        assert server.idle_timeout == 0  # stale for good: it stops taking work
+        assert server.draining  # stale for good: it stops taking work
+        assert not server._should_run()  # and, with no child running, exits
         for fd in fds:
             os.close(fd)
     finally:

@@ -22,13 +22,13 @@ def test_readme_block_is_the_rendering_of_the_committed_numbers(tmp_path, capsys
     numbers = json.loads((REPO / "docs" / "demo_numbers.json").read_text())
     row = next(r for r in numbers["rows"] if r["method"] == "ours" and r["group"] == "total")
     line = next(x for x in readme[readme.index(START):readme.index(END)].splitlines() if x.startswith("| Ours |"))
-    typed = f"| Ours | {row['mean']:.1f}"
+    typed = f"| Ours | {row['mean']:.2f}"
     assert line.startswith(typed)
-    (tmp_path / "README.md").write_text(readme.replace(line, line.replace(typed, f"| Ours | {row['mean'] + 5:.1f}")))
+    (tmp_path / "README.md").write_text(readme.replace(line, line.replace(typed, f"| Ours | {row['mean'] + 5:.2f}")))
     assert main(["readme", "--check", "--numbers", str(REPO / "docs" / "demo_numbers.json"),
                  "--readme", str(tmp_path / "README.md")]) == 1
     diff = capsys.readouterr().out
-    assert f"-| Ours | {row['mean'] + 5:.1f}" in diff  # the diff shows the typed row against the generated one
+    assert f"-| Ours | {row['mean'] + 5:.2f}" in diff  # the diff shows the typed row against the generated one
 
 
 def test_demo_numbers_are_the_mean_and_t_interval_over_seeds(tmp_path):
@@ -50,7 +50,33 @@ def test_demo_numbers_are_the_mean_and_t_interval_over_seeds(tmp_path):
     assert ("ours", 0.5, "head") in rows and ("erm", 0.9, "head") not in rows  # groups at the middle rate only
     assert numbers["middle_gamma"] == 0.5
     text = render(numbers)
-    assert "| ERM | 52.0 ± 5.0 | 22.0 ± 5.0 |" in text and "| Ours | 62.0 ± 5.0 | -- |" in text
+    assert "| ERM | 52.00 ± 4.97 | 22.00 ± 4.97 |" in text and "| Ours | 62.00 ± 4.97 | -- |" in text
+
+
+def test_the_readme_shows_every_number_as_the_table_does(tmp_path):
+    """One rounding for both (the README once showed one decimal of numbers already rounded to two, which the
+    table shows with two): the same digits for every mean and CI."""
+    import re
+
+    from test_report import fake_run
+
+    from noisymlt.aggregate import aggregate
+    from noisymlt.report.tables import write_table
+
+    files = []
+    for seed, v in enumerate((0.40123, 0.45377, 0.38555)):
+        for g in (0.5, 0.9):
+            files.append(fake_run(tmp_path, "erm", g, seed, [v - g / 10]))
+            files.append(fake_run(tmp_path, "ldam", g, seed, [v * 0.8 + seed / 37]))
+    results = aggregate(files)
+    write_table(results, tmp_path / "table_total.tex", {"erm": "ERM", "ldam": "LDAM"})
+    table = (tmp_path / "table_total.md").read_text()
+    block = render(demo_numbers(results, ["erm", "ldam"], {"erm": "ERM", "ldam": "LDAM"}))
+    for label in ("ERM", "LDAM"):
+        ours = next(line for line in block.splitlines() if line.startswith(f"| {label} |"))
+        theirs = next(line for line in table.splitlines() if line.startswith(f"| {label} |"))
+        shown = re.findall(r"\d+\.\d+ ± \d+\.\d+", ours)
+        assert len(shown) == 2 and shown == re.findall(r"\d+\.\d+ ± \d+\.\d+", theirs), (ours, theirs)
 
 
 def test_readme_markers_are_required(tmp_path):

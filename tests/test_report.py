@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -112,6 +113,34 @@ def test_trace_flags_every_kind_of_mismatch(tmp_path, capsys):
     (runs[2] / "metrics.json").write_text(json.dumps(metrics))
     rc, text = trace()
     assert rc == 1 and "STALE: the table shows" in text and f"CHANGED {runs[2] / 'metrics.json'}" in text
+
+
+def test_trace_names_a_missing_run_and_notices_predictions_of_another_checkpoint(tmp_path, capsys):
+    from noisymlt.provenance import file_sha256
+
+    files = [fake_run(tmp_path, "db", 0.5, seed, [0.7 + seed / 100]) for seed in (0, 1)]
+    out = tmp_path / "table.tex"
+    write_table(aggregate(files), out, {"db": "DB"})
+    cells = str(out.with_suffix(".cells.json"))
+    runs = [f.parent for f in files]
+    # predictions and manifest rewritten from another checkpoint than the one the manifest records
+    np.savez(runs[1] / "predictions.npz", checkpoint_sha256=np.array("b" * 64))
+    manifest = json.loads((runs[1] / "manifest.json").read_text())
+    manifest["checkpoint_content_sha256"] = "a" * 64
+    manifest["outputs"]["predictions"]["sha256"] = file_sha256(runs[1] / "predictions.npz")
+    (runs[1] / "manifest.json").write_text(json.dumps(manifest))
+    evaluation = json.loads((runs[1] / "metrics.manifest.json").read_text())
+    evaluation["inputs"]["predictions"]["sha256"] = manifest["outputs"]["predictions"]["sha256"]
+    (runs[1] / "metrics.manifest.json").write_text(json.dumps(evaluation))
+    shutil.rmtree(runs[0])  # a deleted run
+    assert main(["trace", "db/main/toy/0.5", "--sidecar", cells]) == 1
+    text = capsys.readouterr().out
+    assert "None" not in text
+    assert f"run db-0.5-0  seed=0  MISSING (the table used {runs[0] / 'manifest.json'})" in text
+    assert f"MISSING run: {runs[0] / 'manifest.json'} does not exist" in text
+    assert f"CHECKPOINT: {runs[1] / 'predictions.npz'} was made from checkpoint {'b' * 16}, the manifest records " \
+           f"checkpoint {'a' * 16}" in text
+    assert text.count("PROBLEM") == 2
 
 
 METHODS = {"erm": "ERM", "rs_focal": "RS-Focal", "ours": "Ours"}  # keys as in params.yaml, labels as in the tables

@@ -13,7 +13,7 @@ from conftest import tiny_params, toy_trainer
 from noisymlt.config import resolve_run
 from noisymlt.errors import NoisyMLTError
 from noisymlt.labels import read_labels
-from noisymlt.train import Trainer, lr_at
+from noisymlt.train import Trainer, content_sha256, lr_at
 
 
 def make_trainer(tiny_toy, out, method="erm", **overrides):
@@ -119,11 +119,14 @@ def test_config_change_keeps_the_previous_run_and_switching_back_reuses_it(tiny_
     run = tmp_path / "run"
     first = make_trainer(tiny_toy, run, epochs=1)
     first.run()
-    old = {name: (run / name).read_bytes() for name in ("checkpoint.pt", "predictions.npz", "manifest.json")}
+    old = {name: (run / name).read_bytes() for name in ("checkpoint.pt", "predictions.npz", "manifest.json",
+                                                         "run_config.json")}
+    for name in ("predictions.npz", "manifest.json", "run_config.json", "noise_level.jsonl"):
+        (run / name).unlink(missing_ok=True)  # Snakemake (and DVC) delete a job's outputs before rerunning it
     resolved = resolve_run(tiny_params("erm", epochs=1, weight_decay=0.00123), "toy", "erm", 0.5, 0)
     second = toy_trainer(tiny_toy, resolved, run, keep_stale=True)
     second.run()
-    # the first run's checkpoint, predictions and manifest are kept under its run id, nothing is lost
+    # the first run's checkpoint, predictions, manifest and config are kept under its run id, nothing is lost
     kept = run / "previous" / f"{first.run_id}-{first.inputs_digest[:8]}"
     assert {name: (kept / name).read_bytes() for name in old} == old
     assert torch.load(run / "checkpoint.pt", weights_only=True)["run_id"] == second.run_id
@@ -136,6 +139,51 @@ def test_config_change_keeps_the_previous_run_and_switching_back_reuses_it(tiny_
     np.testing.assert_array_equal(np.load(run / "predictions.npz")["scores_main"],  # the first run's results
                                   np.load(io.BytesIO(old["predictions.npz"]))["scores_main"])
     assert (run / "previous" / f"{second.run_id}-{second.inputs_digest[:8]}" / "checkpoint.pt").exists()
+
+
+def flip_a_weight_byte(path) -> None:
+    """One flipped bit in the middle of the checkpoint's largest tensor (torch stores tensors uncompressed)."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        member = max(archive.infolist(), key=lambda info: info.file_size)
+    data = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", data[member.header_offset + 26:member.header_offset + 30])
+    data[member.header_offset + 30 + name_len + extra_len + member.file_size // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_checkpoint_is_refused_or_the_workflow_starts_over(tiny_toy, tmp_path, caplog):
+    run = tmp_path / "run"
+    first = make_trainer(tiny_toy, run, epochs=1)
+    first.run()
+    manifest = json.loads((run / "manifest.json").read_text())
+    recorded = manifest["checkpoint_content_sha256"]  # the trainer records its checkpoint's content hash
+    assert recorded == torch.load(run / "checkpoint.pt", weights_only=True)["content_sha256"]
+    assert str(np.load(run / "predictions.npz")["checkpoint_sha256"]) == recorded  # and the predictions too
+    flip_a_weight_byte(run / "checkpoint.pt")
+    damaged = (run / "checkpoint.pt").read_bytes()
+    with pytest.raises(NoisyMLTError, match=r"checkpoint.pt: damaged checkpoint: its content does not match the "
+                                            r"content hash it was saved with; refusing to resume"):
+        make_trainer(tiny_toy, run, epochs=1).run()
+    assert (run / "checkpoint.pt").read_bytes() == damaged  # refused, untouched
+    # the workflow's trainer (keep_stale) keeps the damaged run aside, starts over and says so
+    again = make_trainer(tiny_toy, run, epochs=1)
+    again.keep_stale = True
+    again.run()
+    (kept,) = (run / "previous").glob("damaged-*")
+    assert (kept / "checkpoint.pt").read_bytes() == damaged and (kept / "predictions.npz").exists()
+    log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+    assert log[0]["event"] == "restart" and "damaged checkpoint" in log[0]["reason"]
+    assert log[0]["previous_run"] == str(kept) and [r["epoch"] for r in log[1:]] == [1]
+    assert "training starts over" in caplog.text
+    # retrained from scratch on the CPU: the first run's result again
+    assert json.loads((run / "manifest.json").read_text())["checkpoint_content_sha256"] == recorded
+    # a truncated checkpoint is damaged too
+    (run / "checkpoint.pt").write_bytes(damaged[:1000])
+    with pytest.raises(NoisyMLTError, match="damaged checkpoint: unreadable"):
+        make_trainer(tiny_toy, run, epochs=1).fit()
 
 
 def test_a_second_trainer_on_the_same_run_folder_stops(tiny_toy, tmp_path):
@@ -246,7 +294,9 @@ def test_inference_time_table_times_the_finished_run(tiny_toy, tmp_path):
     assert "on CPU test" in md and "| Running time, batch 4 (s) | " in md and "| Paper, batch 1, RTX 2080Ti (s) | 77.06 |" in md
     # an unfinished run is refused, naming the checkpoint
     state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    del state["content_sha256"]
     state["epoch"] = 1
+    state["content_sha256"] = content_sha256(state)  # a checkpoint of epoch 1, not a damaged one
     torch.save(state, tmp_path / "run" / "checkpoint.pt")
     with pytest.raises(NoisyMLTError, match="checkpoint.pt: training stopped at epoch 1"):
         load_trained(tmp_path / "run", tiny_toy["test"], tiny_toy["root"], tiny_toy["root"], "cpu")

@@ -187,3 +187,56 @@ def test_demo_profile_runs_end_to_end(tmp_path):
     ours = np.load(wf / "runs" / "toy" / "g0.5" / "s0" / "erm" / "predictions.npz")
     theirs = np.load(wf / "step_run" / "predictions.npz")
     np.testing.assert_array_equal(ours["scores_main"], theirs["scores_main"])
+
+
+@pytest.mark.slow
+def test_a_rerun_restores_what_a_bad_input_made_snakemake_delete(tmp_path):
+    """A bad input makes a finished run's train job rerun and fail, and Snakemake deletes that job's outputs
+    (predictions, manifests). Once the input is fixed (restored as it was, or deleted as the message says),
+    a plain rerun must bring every one of them back, although the tables downstream are up to date."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    wf = copy_workflow(tmp_path)
+    layer = {**TINY_LAYER, "grid": {**TINY_LAYER["grid"], "gammas": [0.5], "methods": ["erm"], "ablations": []},
+             "timing": {**TINY_LAYER["timing"], "methods": ["erm"], "batch_sizes": [1]}}
+    (wf / "tiny.yaml").write_text(yaml.safe_dump(layer))
+    args = ("--profile", "workflow/profiles/demo", "--configfile", "workflow/profiles/demo/params.yaml", "tiny.yaml")
+    snakemake(wf, *args, timeout=900)
+    run = wf / "runs" / "toy" / "g0.5" / "s0" / "erm"
+    finished = {p.name: p.read_bytes() for p in run.iterdir() if p.name in ("predictions.npz", "metrics.json")}
+
+    def fails(expected: str) -> None:
+        proc = subprocess.run([SNAKEMAKE, *args], cwd=wf, capture_output=True, text=True, timeout=600)
+        assert proc.returncode != 0 and expected in proc.stdout + proc.stderr, proc.stderr[-3000:]
+        assert not (run / "predictions.npz").exists() and not (run / "manifest.json").exists()  # deleted
+
+    def restored() -> None:
+        snakemake(wf, *args, timeout=600)
+        for name in ("predictions.npz", "manifest.json", "run_config.json", "noise_level.jsonl", "metrics.json",
+                     "metrics.manifest.json"):
+            assert (run / name).is_file(), name
+        assert {name: (run / name).read_bytes() for name in finished} == finished  # resumed, not retrained
+        assert "Nothing to be done" in snakemake(wf, *args, "-n").stdout
+
+    # a truncated image cache, deleted as the message says
+    cache = wf / "data" / "toy" / "cache" / "train.npy"
+    with open(cache, "r+b") as f:
+        f.truncate(10_000)
+    fails("unreadable image cache")
+    log = (wf / "logs" / "train" / "toy_g0.5_s0_erm.log").read_text()
+    assert "delete it and rerun the workflow, which rebuilds it" in log
+    cache.unlink()
+    restored()
+
+    # the run's label table missing a column, then restored as it was (its old time stamp too)
+    labels = wf / "data" / "toy" / "noisy" / "g0.5_s0.parquet"
+    kept = tmp_path / "kept.parquet"
+    shutil.copy2(labels, kept)
+    table = pq.read_table(labels)
+    pq.write_table(table.drop_columns([table.column_names[-1]]), labels)
+    fails("missing; the table was written with them")
+    shutil.copy2(kept, labels)
+    assert os.stat(labels).st_mtime == os.stat(kept).st_mtime
+    restored()

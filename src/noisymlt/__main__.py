@@ -8,16 +8,20 @@ def entry() -> int:
     """A preload server (noisymlt.preload) runs the command when the environment names one; else, or when
     it cannot, this process does. (The server's children call ``cli.main`` itself, so a command never goes
     round to the server twice.)"""
-    # noisymlt.preload.ENV, spelled out: importing that module costs ~40 ms a command when there is no server
-    if os.environ.get("NOISYMLT_PRELOAD") and sys.argv[1:2] != ["preload"]:
-        from noisymlt.preload import run_via_server
+    try:
+        # noisymlt.preload.ENV, spelled out: importing that module costs ~40 ms a command when there is no server
+        if os.environ.get("NOISYMLT_PRELOAD") and sys.argv[1:2] != ["preload"]:
+            from noisymlt.preload import run_via_server
 
-        code = run_via_server(sys.argv[1:])
-        if code is not None:
-            return code
-    from noisymlt.cli import main
+            code = run_via_server(sys.argv[1:])
+            if code is not None:
+                return code
+        from noisymlt.cli import main
 
-    return main()
+        return main()
+    except KeyboardInterrupt:  # Ctrl-C while waiting for the server's child or while importing: no traceback
+        print(f"{' '.join(['noisymlt', *sys.argv[1:2]])}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"noisymlt {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")  # not "command": code-deps has --command
     for name in COMMAND_MODULES:
         module = importlib.import_module(name)
         module.add_cli(sub)
@@ -71,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(args)
     except NoisyMLTError as exc:
-        print(f"noisymlt {args.command}: error: {exc}", file=sys.stderr)
+        print(f"noisymlt {args.subcommand}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"noisymlt {args.command}: interrupted", file=sys.stderr)
+        print(f"noisymlt {args.subcommand}: interrupted", file=sys.stderr)
         return 130
     return int(result or 0)
 

@@ -15,7 +15,7 @@ import yaml
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.options import SCHEMAS, check_options
-from noisymlt.schema import check_schema
+from noisymlt.schema import ParamsError, check_schema
 
 SCHEMA_PATH = Path(__file__).with_name("schemas") / "params.schema.yaml"
 METHOD_COMMON_KEYS = ("family", "label", "description", "schedule", "train")
@@ -35,6 +35,7 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 def load_params(*files: str | Path) -> dict:
     params: dict = {}
+    layers = []
     for f in files:
         path = Path(f)
         try:
@@ -45,9 +46,38 @@ def load_params(*files: str | Path) -> dict:
             raise NoisyMLTError(f"{path}: top level must be a mapping")
         if "dvc" in layer:  # dvc.params.yaml (noisymlt.dvcparams): checked against its layers, not a setting
             check_layers(path, layer.pop("dvc"))
+        layers.append((str(path), layer))
         params = deep_merge(params, layer)
-    validate_params(params, source=" + ".join(str(f) for f in files))
+    check_layered(params, layers)
     return params
+
+
+def layer_of(layers: list[tuple[str, dict]], key: str) -> str:
+    """The params file that set ``key`` (a dotted path): the last layer holding it, else the last one
+    holding the longest part of it; all files when none does (a key that is missing everywhere)."""
+    best, depth = None, 0
+    for name, layer in layers:
+        node, found = layer, 0
+        for part in key.split(".") if key else []:
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                break
+            found += 1
+        if found and found >= depth:  # a later layer overrides an earlier one
+            best, depth = name, found
+    return best or " + ".join(name for name, _ in layers)
+
+
+def check_layered(params: dict, layers: list[tuple[str, dict]]) -> None:
+    """validate_params on params merged from ``layers`` ((file, its settings), first to last): an error
+    names the file that set the offending key, then the key."""
+    try:
+        validate_params(params)
+    except ParamsError as exc:
+        raise ParamsError(layer_of(layers, exc.key), exc.key, exc.detail) from None
 
 
 def check_layers(path: str | Path, block: dict) -> None:
@@ -80,47 +110,47 @@ def method_options(block: dict) -> dict:
     return {k: v for k, v in block.items() if k not in METHOD_COMMON_KEYS}
 
 
-def validate_params(params: dict, source: str = "params") -> None:
+def validate_params(params: dict, source: str | None = None) -> None:
     """JSON-schema validation (unknown keys, types, ranges) plus the cross-references a schema
-    cannot express: grid entries must name configured datasets and registered methods."""
-    check_schema(params, yaml.safe_load(SCHEMA_PATH.read_text()), source)
+    cannot express: grid entries must name configured datasets and registered methods. Errors are
+    ParamsError: ``source`` (the file), the dotted key, what is wrong."""
+    check_schema(params, yaml.safe_load(SCHEMA_PATH.read_text()), "", source)
 
     for name in params["grid"]["datasets"]:
         if name not in params["datasets"]:
-            raise NoisyMLTError(f"{source}: grid.datasets names {name!r}, which has no block under datasets")
+            raise ParamsError(source, "grid.datasets", f"{name!r} has no block under datasets")
     gamma_lists = {"grid.gammas": params["grid"]["gammas"],
                    **{f"ablations.{n}.gammas": a["gammas"] for n, a in params.get("ablations", {}).items()}}
     for key, gammas in gamma_lists.items():
         for g in gammas:
             if not isinstance(g, float):  # DVC writes the YAML text into paths; Snakemake writes str(float)
-                raise NoisyMLTError(f"{source}: {key}: write the noise rate {g!r} as {float(g)!r}, so that "
-                                    "Snakemake and DVC name its folders alike")
+                raise ParamsError(source, key, f"write the noise rate {g!r} as {float(g)!r}, so that "
+                                               "Snakemake and DVC name its folders alike")
     for name in params["grid"].get("ablations", []):
         if name not in params.get("ablations", {}):
-            raise NoisyMLTError(f"{source}: grid.ablations names {name!r}, which has no block under ablations")
+            raise ParamsError(source, "grid.ablations", f"{name!r} has no block under ablations")
         if params["ablations"][name]["dataset"] not in params["datasets"]:
-            raise NoisyMLTError(f"{source}: ablations.{name}.dataset: unknown dataset "
-                                f"{params['ablations'][name]['dataset']!r}")
+            raise ParamsError(source, f"ablations.{name}.dataset",
+                              f"unknown dataset {params['ablations'][name]['dataset']!r}")
     for name in (params.get("timing") or {}).get("methods", []):
         if name not in params["methods"]:
-            raise NoisyMLTError(f"{source}: timing.methods names {name!r}, which has no block under methods "
-                                f"(configured: {', '.join(sorted(params['methods']))})")
-    for name in params["grid"]["methods"] + [m for a in params.get("ablations", {}).values() for m in a["methods"]]:
-        if name not in params["methods"]:
-            known = ", ".join(sorted(params["methods"]))
-            raise NoisyMLTError(f"{source}: unknown method {name!r}; methods defined in params: {known}")
+            raise ParamsError(source, "timing.methods", f"unknown method {name!r} (no block under methods)")
+    method_lists = {"grid.methods": params["grid"]["methods"],
+                    **{f"ablations.{n}.methods": a["methods"] for n, a in params.get("ablations", {}).items()}}
+    for key, names in method_lists.items():
+        for name in names:
+            if name not in params["methods"]:
+                raise ParamsError(source, key, f"unknown method {name!r} (no block under methods)")
     for name, block in params["methods"].items():
         schedule = block.get("schedule", DEFAULT_SCHEDULE)
         if schedule not in params.get("schedules", {}):
             known = ", ".join(sorted(params.get("schedules", {}))) or "none"
-            raise NoisyMLTError(f"{source}: methods.{name}.schedule: unknown schedule {schedule!r}; "
-                                f"schedules defined in params: {known}")
+            raise ParamsError(source, f"methods.{name}.schedule",
+                              f"unknown schedule {schedule!r}; schedules defined in params: {known}")
         if block["family"] not in SCHEMAS:
-            raise NoisyMLTError(
-                f"{source}: methods.{name}.family: unknown family {block['family']!r}; "
-                f"known: {', '.join(sorted(SCHEMAS))}"
-            )
-        check_options(block["family"], method_options(block), f"{source}: methods.{name}")
+            raise ParamsError(source, f"methods.{name}.family",
+                              f"unknown family {block['family']!r}; known: {', '.join(sorted(SCHEMAS))}")
+        check_options(block["family"], method_options(block), f"methods.{name}", source)
 
 
 def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int) -> dict:

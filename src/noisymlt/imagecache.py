@@ -23,6 +23,9 @@ from noisymlt.errors import NoisyMLTError
 
 log = logging.getLogger(__name__)
 FORMAT = 1
+# What to do about a damaged cache: the workflow rebuilds a deleted one (and reruns the runs that read it,
+# which resume from their finished checkpoints), rule all asking for every cache a run reads.
+REBUILD = "delete it and rerun the workflow, which rebuilds it (or rebuild it with `noisymlt cache-images`)"
 
 
 def index_path(array_path: str | Path) -> Path:
@@ -102,7 +105,7 @@ def open_cache(array_path: str | Path, *, labels: str | Path, image_ids, paths, 
     except (OSError, ValueError) as exc:
         raise NoisyMLTError(f"{idx_path}: unreadable image-cache index ({exc})") from exc
     if index.get("format") != FORMAT:
-        raise NoisyMLTError(f"{idx_path}: image-cache format {index.get('format')!r}, expected {FORMAT}; rebuild it")
+        raise NoisyMLTError(f"{idx_path}: image-cache format {index.get('format')!r}, expected {FORMAT}; {REBUILD}")
     same_file = index.get("labels_sha256") == file_sha256(labels)
     if not same_file and index.get("rows_sha256") != rows_digest(image_ids, paths):
         raise NoisyMLTError(
@@ -115,7 +118,7 @@ def open_cache(array_path: str | Path, *, labels: str | Path, image_ids, paths, 
     try:
         arr = np.load(array_path, mmap_mode="r")
     except (OSError, ValueError) as exc:
-        raise NoisyMLTError(f"{array_path}: unreadable image cache ({exc}); rebuild it") from exc
+        raise NoisyMLTError(f"{array_path}: unreadable image cache ({exc}); {REBUILD}") from exc
     expect = (len(index["paths"]), index["size"], index["size"], 3)
     if arr.shape != expect or arr.dtype != np.uint8:
         raise NoisyMLTError(f"{array_path}: array of shape {arr.shape} {arr.dtype}, its index says {expect} uint8")

@@ -5,8 +5,15 @@ before its first step, and the demo runs about 160 of them on 2 cores. With ``wo
 the Snakefile starts one server per Snakemake run, which imports those modules once. A `noisymlt`
 command whose environment names the server (``NOISYMLT_PRELOAD``) hands it its arguments, working
 directory, environment and standard streams; the server forks a child that runs the command with
-them, as a fresh process would, and reports the child's exit status, which the command exits with.
-If the command's process is killed (a cancelled job), the child is killed too.
+them, as a fresh process would; the child reports its own exit status, which the command exits with.
+
+What ends what, so that no job is lost and none is reported wrongly:
+- the command's process is interrupted or killed (Ctrl-C, a cancelled job): the server interrupts the
+  child (SIGINT, as Ctrl-C reaches a plain process), then kills it after KILL_GRACE_S;
+- the server dies: its children die with it (the kernel's parent-death signal), and a command whose child
+  had not finished says so and fails; one whose child had finished has its status already, sent by the child;
+- the package's source changes while the server runs: it refuses new commands (which then run in their own
+  processes, with the new code), lets the running children finish, and exits.
 
 Nothing depends on the server: without one (a SLURM node, a stale socket, a source tree edited since
 the server started) the command runs in its own process as always. The server saves start-up time
@@ -16,6 +23,7 @@ and never changes a result: tests compare its runs' outputs with plain runs byte
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import selectors
@@ -34,7 +42,11 @@ ENV = "NOISYMLT_PRELOAD"
 PRELOAD_MODULES = ("numpy", "pandas", "pyarrow.parquet", "torch", "torchvision", "noisymlt.cli", "noisymlt.train",
                    "noisymlt.methods.single", "noisymlt.methods.colearning_family", "noisymlt.methods.dividemix",
                    "noisymlt.methods.bbn", "noisymlt.methods.mlgcn", "noisymlt.evaluate")
+# A caller also leaves when it has its exit status, sent by the child just before it exits: a child still
+# there after LEAVE_GRACE_S was left by an interrupted or killed caller, and is interrupted in turn.
+LEAVE_GRACE_S = 0.5
 KILL_GRACE_S = 5.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 # ---------------------------------------------------------------------------------------------- wire
@@ -118,11 +130,16 @@ def run_via_server(argv: list[str]) -> int | None:
         sock.close()
         return None
     # Started: from here on the command's fate is the child's. A signal that ends this process closes
-    # the socket, and the server then kills the child.
-    result, _ = _recv(sock)
+    # the socket, and the server then interrupts the child. The exit status comes from the child itself
+    # (or from the server when a signal ended the child), so it arrives even if the server has died since.
+    try:
+        result, _ = _recv(sock)
+    except OSError:
+        result = None
     sock.close()
     if result is None:
-        print(f"noisymlt: the preload server ({path}) went away while running the command", file=sys.stderr)
+        print(f"noisymlt {argv[0] if argv else ''}: the preload server ({path}) died while running the command, "
+              "and the command ended with it; rerun the job", file=sys.stderr)
         return 1
     return int(result["exit"])
 
@@ -145,7 +162,10 @@ class Server:
         self.fingerprint = source_fingerprint()
         self.identity = _identity()
         self.children: dict[int, _Job] = {}  # pid -> its job
-        self.killing: dict[int, float] = {}  # pid -> when SIGTERM was sent
+        self.left: dict[int, float] = {}  # pid -> when its caller left
+        self.interrupted: set[int] = set()  # children sent SIGINT because their caller left
+        self.draining = False  # the source changed: finish the running children, take no new ones, exit
+        self.stopping = False  # told to stop (SIGTERM): end now, children included
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))
         os.chmod(path, 0o600)
@@ -169,12 +189,18 @@ class Server:
             self.listener.close()
             self.path.unlink(missing_ok=True)
 
+    def stop(self) -> None:
+        self.stopping = True
+
     def _should_run(self) -> bool:
+        if self.stopping:
+            return False
         if self.parent is not None and os.getppid() != self.parent:
             return False  # the workflow that started us has ended
         if self.children:
             self.last_active = time.monotonic()
-        return time.monotonic() - self.last_active < self.idle_timeout
+            return True
+        return not self.draining and time.monotonic() - self.last_active < self.idle_timeout
 
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
@@ -192,15 +218,18 @@ class Server:
             _reply(conn, {"refused": reason})
             conn.close()
             return
+        # Told before the fork: from then on only the child writes to the client (its exit status), or the
+        # server when a signal ended the child, so two processes never write to one socket at once.
+        _reply(conn, {"started": True})
+        server_pid = os.getpid()
         pid = os.fork()
         if pid == 0:
-            self._child(request, fds)  # never returns
+            self._child(request, fds, conn, server_pid)  # never returns
         try:
             os.setpgid(pid, pid)  # as the child does: whichever runs first, the group exists before a kill
         except OSError:
             pass
         _close_all(fds)
-        _reply(conn, {"pid": pid})
         job = _Job(conn, time.monotonic(), " ".join(request["argv"][:1] + _out_arg(request["argv"])))
         self.children[pid] = job
         self.selector.register(conn, selectors.EVENT_READ, pid)
@@ -212,20 +241,27 @@ class Server:
         if {k: request.get(k) for k in self.identity} != self.identity:
             return "another interpreter or package location"
         if source_fingerprint() != self.fingerprint:
-            self.idle_timeout = 0  # stale for good: finish the running children, then exit
+            if not self.draining:
+                _log(f"the package's source changed: refusing new commands, finishing {len(self.children)} running")
+            self.draining = True  # stale for good: finish the running children, then exit
             return "the package's source changed since the server started"
         return None
 
-    def _child(self, request: dict, fds: list[int]) -> None:
+    def _child(self, request: dict, fds: list[int], conn: socket.socket, server_pid: int) -> None:
         code = 1
         try:
             self.selector.close()
             self.listener.close()
             for job in self.children.values():
                 job.conn.close()
-            os.setpgid(0, 0)  # its own group: the server kills it with everything it started
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+            os.setpgid(0, 0)  # its own group: the server interrupts or kills it with everything it started
+            # die with the server (SIGTERM when it ends), unless it already ended before this line
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+            if os.getppid() != server_pid:
+                os._exit(128 + signal.SIGTERM)
+            for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a fresh interpreter
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
                 os.close(fd)
@@ -238,11 +274,15 @@ class Server:
             code = main(request["argv"])
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        except KeyboardInterrupt:  # before the command's own handler was reached (cli.main has one)
+            print(f"noisymlt {request['argv'][0] if request['argv'] else ''}: interrupted", file=sys.stderr)
+            code = 130
         except BaseException:  # noqa: BLE001 (report anything, as the interpreter would)
             import traceback
 
             traceback.print_exc()
         finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # nothing may stop the report and the exit below
             import logging
 
             logging.shutdown()
@@ -251,14 +291,15 @@ class Server:
                     stream.flush()
                 except Exception:  # noqa: BLE001
                     pass
-            os._exit(code if isinstance(code, int) else 1)
+            code = code if isinstance(code, int) else 1
+            _reply(conn, {"exit": code})  # the child's own report: it arrives even if the server has died
+            os._exit(code)
 
     def _client_gone(self, pid: int) -> None:
         job = self.children.get(pid)
-        if job is not None and pid not in self.killing:
+        if job is not None and pid not in self.left:
             self.selector.unregister(job.conn)
-            self._kill(pid, signal.SIGTERM)
-            self.killing[pid] = time.monotonic()
+            self.left[pid] = time.monotonic()  # _reap interrupts it unless it is exiting
 
     def _kill(self, pid: int, sig: int) -> None:
         for kill in (os.killpg, os.kill):
@@ -281,15 +322,20 @@ class Server:
                 continue
             code = os.waitstatus_to_exitcode(status)  # -N for signal N
             _log(f"pid {pid}: exit status {code} after {time.monotonic() - job.started:.1f} s"
-                 + (" (its caller was killed)" if pid in self.killing else ""))
-            if pid not in self.killing:
+                 + (" (interrupted: its caller left)" if pid in self.interrupted else ""))
+            if pid not in self.left:
                 self.selector.unregister(job.conn)
-                _reply(job.conn, {"exit": code if code >= 0 else 128 - code})  # a signal as a shell reports it
-            self.killing.pop(pid, None)
+                if code < 0:  # a signal ended the child before it could report: report as a shell would
+                    _reply(job.conn, {"exit": 128 - code})
+            self.left.pop(pid, None)
+            self.interrupted.discard(pid)
             job.conn.close()
         now = time.monotonic()
-        for pid, since in list(self.killing.items()):
-            if now - since > KILL_GRACE_S:
+        for pid, since in list(self.left.items()):
+            if now - since > LEAVE_GRACE_S and pid not in self.interrupted:
+                self._kill(pid, signal.SIGINT)  # what Ctrl-C sends a plain process: it ends with a message
+                self.interrupted.add(pid)
+            elif now - since > LEAVE_GRACE_S + KILL_GRACE_S:
                 self._kill(pid, signal.SIGKILL)
 
 
@@ -344,7 +390,7 @@ def _cmd_preload(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     server = Server(path, idle_timeout=args.idle_timeout, parent=args.parent)
     _log(f"serving on {path}: {', '.join(PRELOAD_MODULES)} imported")
-    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "idle_timeout", -1.0))
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
     server.serve()
     return 0
 

@@ -141,6 +141,19 @@ def _cell_metric(key: str) -> tuple[str, str]:
     return parts[1], parts[3] if len(parts) > 3 and parts[3] in GROUPS_AND_TOTAL else "total"
 
 
+def predictions_checkpoint(path: Path) -> str | None:
+    """The content hash of the checkpoint a predictions.npz was made from (noisymlt.train); None if it
+    records none (written by an older version) or cannot be read."""
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            recorded = str(npz["checkpoint_sha256"]) if "checkpoint_sha256" in npz.files else ""
+    except Exception:  # noqa: BLE001 (the file's own sha256 check reports a damaged file)
+        return None
+    return recorded or None
+
+
 def trace(sidecar: Path, cell: str) -> list[dict]:
     """Check every run behind one table cell: the manifest named in the sidecar must be of the run the
     table used, every file it (and its evaluation's manifest) records must still hash as recorded, and
@@ -158,10 +171,12 @@ def trace(sidecar: Path, cell: str) -> list[dict]:
     report, values = [], []
     for entry in cells[cell]["runs"]:
         manifest_path = Path(entry["manifest"])
-        run = {"run_id": entry["run_id"], "manifest": str(manifest_path), "lines": [], "problems": []}
+        run = {"run_id": entry["run_id"], "seed": entry.get("seed"), "manifest": str(manifest_path), "lines": [],
+               "problems": []}
         report.append(run)
         if not manifest_path.is_file():
-            run["problems"].append(f"MISSING manifest {manifest_path}")
+            run["problems"].append(f"MISSING run: {manifest_path} does not exist (run folder {manifest_path.parent} "
+                                   "deleted or never finished; rerun the workflow to rebuild it)")
             continue
         m = json.loads(manifest_path.read_text())
         if m.get("run_id") != entry["run_id"]:
@@ -179,6 +194,11 @@ def trace(sidecar: Path, cell: str) -> list[dict]:
                     run["lines"].append((step, direction[:-4] if direction == "outputs" else "in", name, rec, status))
                     if status != "ok":
                         run["problems"].append(f"{status} {rec['path']} ({step} {direction[:-1]} {name})")
+        recorded, predictions = m.get("checkpoint_content_sha256"), m.get("outputs", {}).get("predictions")
+        made_from = predictions_checkpoint(Path(predictions["path"])) if recorded and predictions else None
+        if made_from and made_from != recorded:
+            run["problems"].append(f"CHECKPOINT: {predictions['path']} was made from checkpoint {made_from[:16]}, "
+                                   f"the manifest records checkpoint {recorded[:16]}")
         metrics = manifest_path.with_name("metrics.json")
         if metrics.is_file():
             try:
@@ -205,13 +225,17 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         raise NoisyMLTError("name a cell (METHOD/HEAD/DATASET/GAMMA, e.g. erm/main/voc/0.5) or pass --list")
     problems = 0
     for run in trace(Path(args.sidecar), args.cell):
-        m = run.get("summary", {})
-        cfg = m.get("run", {})
-        print(f"run {run['run_id']}  {cfg.get('method')}  gamma={cfg.get('gamma')} seed={cfg.get('seed')}  "
-              f"git={m.get('git', {}).get('commit')}{' (dirty)' if m.get('git', {}).get('dirty') else ''}  "
-              f"manifest {run['manifest']}")
-        if m:
-            print(f"    code {m.get('code_digest')}  ({len(m.get('code_modules', []))} package modules)")
+        m = run.get("summary")
+        if m is None:  # the run's manifest is gone: name the run from the sidecar
+            print(f"run {run['run_id']}  seed={run['seed']}  MISSING (the table used {run['manifest']})")
+        else:
+            cfg = m.get("run", {})
+            print(f"run {run['run_id']}  {cfg.get('method')}  gamma={cfg.get('gamma')} seed={cfg.get('seed')}  "
+                  f"git={m.get('git', {}).get('commit')}{' (dirty)' if m.get('git', {}).get('dirty') else ''}  "
+                  f"manifest {run['manifest']}")
+            print(f"    code {m.get('code_digest')}  ({len(m.get('code_modules', []))} package modules)"
+                  + (f"  checkpoint content {m['checkpoint_content_sha256'][:16]}"
+                     if m.get("checkpoint_content_sha256") else ""))
         for step, direction, name, rec, status in run["lines"]:
             print(f"    {status:<8} {step:<8} {direction:<3} {name:<14} {rec['sha256'][:16]}  {rec['path']}")
         for problem in run["problems"]:

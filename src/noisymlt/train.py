@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -57,13 +59,72 @@ RUN_FILES = ("checkpoint.pt", "train_log.jsonl", "noise_level.jsonl", "predictio
              "metrics.manifest.timing.json")
 
 
+def content_sha256(state: dict) -> str:
+    """sha256 of a checkpoint's content: tensors by dtype, shape and bytes, other values by repr, keys in
+    order. The same for the state saved and the state loaded back, on any device, so a damaged file (one
+    flipped byte in a weight) is told from a good one before a run resumes from it."""
+    import torch
+
+    h = hashlib.sha256()
+
+    def walk(obj) -> None:
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach().cpu().contiguous().reshape(-1)
+            h.update(f"tensor {t.dtype} {tuple(obj.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+        elif isinstance(obj, dict):
+            h.update(b"{")
+            for key in sorted(obj, key=repr):
+                h.update(repr(key).encode())
+                walk(obj[key])
+            h.update(b"}")
+        elif isinstance(obj, (list, tuple)):
+            h.update(b"[")
+            for value in obj:
+                walk(value)
+            h.update(b"]")
+        else:
+            h.update(repr(obj).encode())
+
+    walk(state)
+    return h.hexdigest()
+
+
+# Snakemake and DVC delete a train job's declared outputs before they rerun it, so by the time the trainer
+# sets a finished run aside its predictions and manifest are gone. A second link to each, made when the run
+# finishes, keeps them for archive_run (the same bytes, no copy).
+FINISHED = ".finished"
+FINISHED_FILES = ("predictions.npz", "manifest.json", "run_config.json", "noise_level.jsonl")
+
+
+def keep_finished(out: Path) -> None:
+    """Link a finished run's outputs into OUT/.finished/, replacing the links of an earlier run."""
+    import shutil
+
+    kept = Path(out) / FINISHED
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir()
+    for name in FINISHED_FILES:
+        if (Path(out) / name).exists():
+            try:
+                os.link(Path(out) / name, kept / name)
+            except OSError:  # a file system without hard links
+                shutil.copy2(Path(out) / name, kept / name)
+
+
 def archive_run(out: Path, tag: str) -> Path:
-    """Move a run folder's files to OUT/previous/TAG/ (nothing is deleted) and return that folder."""
+    """Move a run folder's files to OUT/previous/TAG/ (nothing is deleted) and return that folder. Outputs
+    that Snakemake or DVC deleted before rerunning the job come from OUT/.finished/ (keep_finished)."""
+    import shutil
+
     aside = Path(out) / "previous" / tag
     aside.mkdir(parents=True, exist_ok=True)
     for name in RUN_FILES:
-        if (Path(out) / name).exists():
-            (Path(out) / name).replace(aside / name)
+        for source in (Path(out) / name, Path(out) / FINISHED / name):
+            if source.exists():
+                source.replace(aside / name)
+                break
+    shutil.rmtree(Path(out) / FINISHED, ignore_errors=True)
     return aside
 
 
@@ -158,6 +219,7 @@ class Trainer:
                                          weight_decay=tcfg["weight_decay"])
         self.noise_monitor = None
         self.saved_noise_log: str | None = None  # the noise log as the loaded checkpoint holds it
+        self.checkpoint_sha256: str | None = None  # content hash of the checkpoint saved or resumed last
         if clean_labels is not None:
             # Analysis only: the monitor alone holds the clean labels; the method merely publishes the
             # targets it has computed (noisymlt.noise_monitor). The run id does not depend on it.
@@ -276,6 +338,7 @@ class Trainer:
         }
         if self.noise_monitor is not None:  # the log travels with the weights: a resume rewrites it from here
             state["noise_log"] = self.noise_monitor.snapshot()
+        state["content_sha256"] = self.checkpoint_sha256 = content_sha256(state)
         tmp = self.ckpt_path.with_name("checkpoint.pt.tmp")
         torch.save(state, tmp)
         tmp.replace(self.ckpt_path)
@@ -299,8 +362,14 @@ class Trainer:
             return 0, []
         try:
             state = torch.load(self.ckpt_path, map_location=self.device, weights_only=True)
-        except Exception as exc:
-            raise NoisyMLTError(f"{self.ckpt_path}: unreadable checkpoint ({exc}); move it away to restart") from exc
+        except Exception as exc:  # noqa: BLE001 (any failure to read it means it is damaged)
+            return self._damaged_checkpoint(f"unreadable ({str(exc).splitlines()[0][:200]})")
+        recorded = state.pop("content_sha256", None)
+        if recorded is None:
+            log.warning("%s has no content hash (written by an older version): it cannot be checked", self.ckpt_path)
+        elif content_sha256(state) != recorded:
+            return self._damaged_checkpoint("its content does not match the content hash it was saved with")
+        self.checkpoint_sha256 = recorded
         stale = state.get("run_id") != self.run_id or state.get("inputs") != self.inputs_digest
         if stale and self.keep_stale:
             # The workflow reran this job because its configuration or inputs changed: the previous
@@ -328,6 +397,18 @@ class Trainer:
         self.saved_noise_log = state.get("noise_log")
         log.info("resumed %s from epoch %d", self.ckpt_path, state["epoch"])
         return int(state["epoch"]), json.loads(state["history"])
+
+    def _damaged_checkpoint(self, why: str) -> tuple[int, list]:
+        """A damaged checkpoint is never resumed from. The workflow (keep_stale) keeps it in previous/ and
+        starts over, saying so in the log and in train_log.jsonl's first line; a direct call refuses."""
+        what = f"{self.ckpt_path}: damaged checkpoint: {why}"
+        if not self.keep_stale:
+            raise NoisyMLTError(f"{what}; refusing to resume from it. Move it away or pass --restart to start over.")
+        aside = archive_run(self.out, f"damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        (self.out / "train_log.jsonl").write_text(
+            json.dumps({"event": "restart", "reason": what, "previous_run": str(aside)}) + "\n")
+        log.warning("%s; training starts over (the damaged run is kept in %s)", what, aside)
+        return 0, []
 
     # ------------------------------------------------------------------ loop
     def autocast(self):
@@ -527,6 +608,7 @@ class Trainer:
         pred_path = self.out / "predictions.npz"
         tmp = self.out / "predictions.tmp.npz"
         np.savez_compressed(tmp, image_ids=np.array(self.test_table.image_ids), heads=np.array(list(scores)),
+                            checkpoint_sha256=np.array(self.checkpoint_sha256 or ""),  # the weights they came from
                             **{f"scores_{k}": v for k, v in scores.items()})
         tmp.replace(pred_path)
         (self.out / "run_config.json").write_text(json.dumps(self.cfg, indent=1, sort_keys=True) + "\n")
@@ -535,12 +617,14 @@ class Trainer:
             inputs={**self.provenance_inputs, **self.paths, **{f"{k}_cache": v for k, v in self.caches.items()}},
             outputs={"checkpoint": self.ckpt_path, "predictions": pred_path}, code=run_entries(self.cfg),
             extra={"run_id": self.run_id, "run": self.cfg, "history": history, "fit": fit,
+                   "checkpoint_content_sha256": self.checkpoint_sha256,
                    "iterations_per_epoch": self.iters, "cpu_threads": torch.get_num_threads(),
                    # the build as well as the release (the environment block has the release only)
                    "torch_build": {"version": torch.__version__, "cuda": torch.version.cuda}},
             # how it ran, not what it computed (loader workers never change results): untracked
             timing={"epoch_seconds": self._epoch_seconds(), "loader_workers": self.workers},
         )
+        keep_finished(self.out)
         return pred_path
 
     def _epoch_seconds(self) -> list:

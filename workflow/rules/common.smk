@@ -2,16 +2,34 @@
 # The file layout per dataset kind lives in noisymlt.steps, which dvc.yaml's commands use too.
 import functools
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from noisymlt import codedeps, steps
-from noisymlt.config import resolve_run, validate_params
+from noisymlt.config import check_layered, resolve_run
+from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.options import stitchup_option
 from noisymlt.report.style import dataset_title
 
-validate_params(config, source="params")
+
+def params_layers():
+    """What Snakemake merged into config, first to last: params.yaml, each --configfile, --config's pairs."""
+    from snakemake.common.configfile import load_configfile
+
+    files = [Path("params.yaml"), *workflow.config_settings.configfiles]
+    layers = [(os.path.relpath(f), load_configfile(str(f))) for f in files]
+    if workflow.config_settings.config:
+        layers.append(("--config", dict(workflow.config_settings.config)))
+    return layers
+
+
+try:
+    check_layered(config, params_layers())
+except NoisyMLTError as exc:  # one line, not Snakemake's traceback or jsonschema's dump of the schema
+    raise SystemExit(f"noisymlt: {exc}") from None
 
 
 def _cli():
@@ -203,11 +221,33 @@ def report_targets():
     ]
 
 
+# A run's files: what train and evaluate write (checkpoint.pt is kept out of Snakemake's hands, see train.smk).
+RUN_FILES = ("requested_config.json", "predictions.npz", "manifest.json", "run_config.json", "noise_level.jsonl",
+             "metrics.json", "metrics.manifest.json")
+
+
+def finished_work():
+    """Every file a run writes or reads, for rule all. Snakemake deletes the outputs of a failed job and
+    rebuilds a missing file only when a job that needs it has to run: after a bad input (a truncated image
+    cache, a label table missing a column) made finished runs' jobs rerun and fail, the tables downstream
+    were still up to date, so their predictions and manifests stayed missing once the input was fixed.
+    Asking for them here makes a plain rerun restore them (tests/test_workflow.py)."""
+    files = []
+    for run in all_runs("{dataset}|{gamma}|{seed}|{method}"):
+        dataset, gamma, seed, method = run.split("|")
+        w = SimpleNamespace(dataset=dataset, gamma=gamma, seed=seed, method=method)
+        files += [f"{run_dir(w)}/{name}" for name in RUN_FILES]
+        files += [f"data/{dataset}/noisy/g{gamma}_s{seed}.{ext}" for ext in ("parquet", "json")]
+        files += [f"data/{dataset}/{name}" for name in ("train_source_labels.parquet", "test_labels.parquet",
+                                                        "train_labels.parquet", "class_split.json")]
+        files += [f"{array[:-len('.npy')]}.{ext}" for array in run_caches(w) for ext in ("npy", "json")]
+        files += [raw_marker(dataset), train_images_ready(dataset), *backbone_weights(w)]
+    return list(dict.fromkeys(files))
+
+
 # workflow.preload (the demo): on a local run, one server process imports torch once and every noisymlt
 # job runs in a child forked from it (noisymlt.preload), which saves ~3.5 s of start-up per job.
 if config.get("workflow", {}).get("preload") and workflow.local_exec:
-    import os
-
     from noisymlt import preload as _preload
 
     _PRELOAD = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.labels import GROUPS
-from noisymlt.schema import check_schema
+from noisymlt.schema import ParamsError, check_schema
 
 # ------------------------------------------------------------------ shared fragments
 SAMPLER_NAMES = ["random", "class_aware", "reversed"]
@@ -261,15 +261,16 @@ SCHEMAS = {
 CROSS_FIELD = {"single": check_single, "colearning": check_colearning}
 
 
-def check_options(family: str, options: dict, where: str) -> None:
-    """A method block's family options (everything but family, label, description, schedule, train):
-    cross-field rules first (their messages are clearer), then the family's schema."""
+def check_options(family: str, options: dict, key: str, where: str | None = None) -> None:
+    """A method block's family options (everything but family, label, description, schedule, train), the block
+    being at dotted path ``key`` of the params file ``where``: cross-field rules first (their messages are
+    clearer), then the family's schema."""
     if family not in SCHEMAS:
-        raise NoisyMLTError(f"{where}.family: unknown family {family!r}; known: {', '.join(sorted(SCHEMAS))}")
+        raise ParamsError(where, f"{key}.family", f"unknown family {family!r}; known: {', '.join(sorted(SCHEMAS))}")
     rule = CROSS_FIELD.get(family)
     if rule is not None:
         try:
             rule(options)
         except NoisyMLTError as exc:
-            raise NoisyMLTError(f"{where}: {exc}") from exc
-    check_schema(options, SCHEMAS[family], where)
+            raise ParamsError(where, key, str(exc)) from exc
+    check_schema(options, SCHEMAS[family], key, where)

@@ -84,11 +84,18 @@ def collect_cells(results: pd.DataFrame, column_keys: list[str]) -> dict:
     return cells
 
 
+DECIMALS = 2  # mAP (%) in every table, and in the README's numbers (noisymlt.report.readme)
+
+
+def cell_text(mean: float, ci: float | None, pm: str = " ± ") -> str:
+    """'mean ± ci' at DECIMALS: the one rounding of a shown number, so the README reads as the tables do."""
+    return f"{mean:.{DECIMALS}f}" + ("" if ci is None else f"{pm}{ci:.{DECIMALS}f}")
+
+
 def fmt(cell: Cell | None, style: str, rank: int | None = None) -> str:
     if cell is None or not np.isfinite(cell.mean):
         return "--"
-    pm = " $\\pm$ " if style == "tex" else " ± "
-    text = f"{cell.mean:.2f}" + (f"{pm}{cell.ci:.2f}" if cell.ci is not None else "")
+    text = cell_text(cell.mean, cell.ci, " $\\pm$ " if style == "tex" else " ± ")
     if rank == 1:
         return f"\\textbf{{{text}}}" if style == "tex" else f"**{text}**"
     if rank == 2:
