@@ -248,7 +248,8 @@ def test_fit_table_summarises_seeds_and_pools_pseudo_label_precision(tmp_path):
     assert ours["pl_random_changed"] == 20 and ours["pl_random_precision"] == pytest.approx(14 / 20)
     write_fit_table(res, tmp_path / "fit.tex", {"ours": "Ours", "erm": "ERM"}, "toy")
     md = (tmp_path / "fit.md").read_text()
-    assert "| Ours | 0.5 |" in md and "random: 20 (70%)" in md
+    assert "| Ours | 0.5 |" in md and "random: 20.0 (70%)" in md
+    assert md.count("random:") == 1  # ERM has no pseudo labels: no such column text
     assert "70\\%" in (tmp_path / "fit.tex").read_text()
     with pytest.raises(NoisyMLTError, match="no fit diagnostics"):
         fit_summary(_results({("erm", 0.5, 0): 0.4}, fit=False), "toy")
@@ -303,5 +304,17 @@ def test_readme_claims_are_paired_differences_and_fit_of_the_results():
     assert claims["fit"]["pseudo_labels"]["random"]["precision"] == pytest.approx(0.7)
     text = "\n".join(render_claims(claims, [0.3, 0.9]))
     assert "Here: 2 of 4 above 0, 2 below, 0 undecided" in text  # Ours above ERM, below RS, at both rates
-    assert f"| RS | **{ours_rs['mean']:+.1f} ± {ours_rs['ci95']:.1f}** |" in text
+    assert f"| RS | **{ours_rs['mean']:+.2f} ± {ours_rs['ci95']:.2f}** |" in text
     assert "18 of 18 runs reached their nominal learning rate" in text
+
+
+def test_readme_claims_say_when_a_branch_got_no_pseudo_labels():
+    from noisymlt.report.readme import render_claims
+
+    claims = {"fit": {"gamma": 0.5, "bce_ratio": {"erm": 2.0}, "runs": 3, "runs_below_lr": 1,
+                      "pseudo_labels": {"random": {"changed": 0.0, "anchors": 352.0, "precision": float("nan")},
+                                        "balanced": {"changed": 61.3, "anchors": 704.0, "precision": 0.83}}}}
+    text = "\n".join(render_claims(claims, [0.5]))
+    assert "nan" not in text and "2 of 3 runs reached" in text
+    assert "changed 0.0 labels of 352 random-branch anchors in the last epoch (mean over seeds)." in text
+    assert "changed 61.3 labels of 704 balanced-branch anchors in the last epoch (mean over seeds), 83%" in text

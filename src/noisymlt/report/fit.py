@@ -95,8 +95,9 @@ def write_fit_table(results: pd.DataFrame, out: Path, labels: dict[str, str], da
               "peak lr / lr", "PL changes / epoch (precision)"]
     rows = []
     for r in summary.to_dict("records"):
-        branches = sorted({k.split("_")[1] for k in r if k.startswith("pl_") and k.endswith("_changed")})
-        pl = "; ".join(f"{b}: {r[f'pl_{b}_changed']:.0f} ({100 * r[f'pl_{b}_precision']:.0f}%)"
+        branches = sorted(k.split("_")[1] for k, v in r.items()
+                          if k.startswith("pl_") and k.endswith("_changed") and np.isfinite(v))  # this method's
+        pl = "; ".join(f"{b}: {r[f'pl_{b}_changed']:.1f} ({100 * r[f'pl_{b}_precision']:.0f}%)"
                        if np.isfinite(r[f"pl_{b}_precision"]) else f"{b}: 0" for b in branches)
         rows.append([labels.get(r["method"], r["method"]), f"{r['gamma']:g}", f"{r.get('final_loss', np.nan):.3f}",
                      f"{r.get('train_bce', np.nan):.3f}", f"{r.get('prior_bce', np.nan):.3f}",

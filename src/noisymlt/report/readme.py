@@ -140,7 +140,7 @@ def render_claims(claims: dict, gammas: list[float]) -> list[str]:
     def diff(r: dict | None) -> str:
         if r is None:
             return "--"
-        text = f"{r['mean']:+.1f}" + ("" if r["ci95"] is None else f" ± {r['ci95']:.1f}")
+        text = f"{r['mean']:+.2f}" + ("" if r["ci95"] is None else f" ± {r['ci95']:.2f}")  # as the tables
         if r["ci95"] is not None and abs(r["mean"]) > r["ci95"]:
             return f"**{text}**"
         return text
@@ -159,9 +159,10 @@ def render_claims(claims: dict, gammas: list[float]) -> list[str]:
                     f"Training-image BCE over the prior-only BCE of the same labels: {min(ratios.values()):.2f} to "
                     f"{max(ratios.values()):.2f} over the methods (ERM {ratios.get('erm', float('nan')):.2f}); "
                     f"{fit['runs'] - fit['runs_below_lr']} of {fit['runs']} runs reached their nominal learning rate."
-                + "".join(f" Ours' pseudo labels changed {v['changed']:.0f} labels of {v['anchors']:.0f} "
-                          f"{b}-branch anchors in the last epoch, {100 * v['precision']:.0f}% of them toward the "
-                          "clean label." for b, v in pl.items())]
+                + "".join(f" Ours' pseudo labels changed {v['changed']:.1f} labels of {v['anchors']:.0f} "
+                          f"{b}-branch anchors in the last epoch (mean over seeds)"
+                          + (f", {100 * v['precision']:.0f}% of them toward the clean label." if v["changed"] else ".")
+                          for b, v in pl.items())]
     rows = claims.get("ours_minus")
     if rows:
         cell = {(r["method"], r["gamma"]): r for r in rows}
