@@ -36,7 +36,9 @@ TINY_LAYER = {
     "datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 240, "n_test": 60, "size": 32},
                          "longtail": {"source": "pareto", "b": 6, "max": 60, "min": 3, "seed": 0}}},
     "train": {"epochs": 1, "batch_size": 16, "warmup_iters": 2, "lr_steps": [1], "eval_batch_size": 64},
-    "schedules": {"db": {"train": {"warmup_iters": 2}}, "db_random": {"train": {"warmup_iters": 2}}},  # a schedule's keys win over the train block
+    # a schedule's keys win over the train block: the demo's recipes set their own epochs
+    "schedules": {name: {"train": {"warmup_iters": 2, "epochs": 1, "lr_steps": [1]}}
+                  for name in ("db", "db_random")},
     "pretrain": {"toy_glyphs": {"epochs": 1,
                                 "source": {"classes": 8, "images_per_class": 16, "held_out_per_class": 4}}},
 }

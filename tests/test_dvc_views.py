@@ -126,7 +126,7 @@ def test_metrics_diff_between_commits_and_exp_run_reruns_only_what_a_param_reach
     configuration changed retrain. train.lr does not reach ERM ([DB] schedule): a warning says so."""
     out = _run([DVC, "exp", "run", "-S", "params.yaml:train.lr=0.05"], repo, timeout=600)
     assert "train@toy-0.5-0-ours" in _ran(out) and "train@toy-0.5-0-erm" not in _ran(out), out
-    assert "does not reach erm: schedules.db.train.lr overrides it" in out
+    assert "does not reach erm: schedules.db_random.train.lr overrides it" in out
 
     out = _run([DVC, "exp", "run", "-S", "exp.yaml:++methods.erm.train.lr=0.05"], repo, timeout=600)
     ran = _ran(out)

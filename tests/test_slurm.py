@@ -39,7 +39,9 @@ TINY_PARAMS = {
         }
     },
     "train": {"image_size": 32, "epochs": 1, "warmup_iters": 2, "lr_steps": [], "eval_batch_size": 100},
-    "schedules": {"db": {"train": {"warmup_iters": 2}}, "db_random": {"train": {"warmup_iters": 2}}},  # a schedule's keys win over the train block
+    # a schedule's keys win over the train block: the demo's recipes set their own epochs
+    "schedules": {name: {"train": {"warmup_iters": 2, "epochs": 1, "lr_steps": []}}
+                  for name in ("db", "db_random")},
     # the demo's pretrained backbone, made in seconds: a small source task, one epoch
     "pretrain": {"toy_glyphs": {"epochs": 1, "source": {"classes": 8, "images_per_class": 16, "held_out_per_class": 4}}},
 }

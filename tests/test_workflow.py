@@ -111,7 +111,9 @@ TINY_LAYER = {
                          "longtail": {"source": "pareto", "b": 6, "max": 150, "min": 4, "seed": 0}}},
     "train": {"epochs": 2, "batch_size": 16, "balanced_batch_size": 32, "image_size": 32, "warmup_iters": 2,
               "lr_steps": [2], "workers": 0},
-    "schedules": {"db": {"train": {"warmup_iters": 2}}, "db_random": {"train": {"warmup_iters": 2}}},  # a schedule's keys win over the train block
+    # a schedule's keys win over the train block: the demo's recipes set their own epochs
+    "schedules": {name: {"train": {"warmup_iters": 2, "epochs": 2, "lr_steps": [2]}}
+                  for name in ("db", "db_random")},
     # the demo's pretrained backbone through the real rule, in seconds: a small source task, one epoch
     "pretrain": {"toy_glyphs": {"epochs": 1, "source": {"classes": 8, "images_per_class": 16, "held_out_per_class": 4}}},
 }
