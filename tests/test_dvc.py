@@ -261,7 +261,8 @@ def _tiny_params() -> dict:
         "epochs": 1, "batch_size": 16, "image_size": 32, "workers": 0, "warmup_iters": 2, "lr_steps": [1],
         "eval_batch_size": 64, "weights_path": None})  # resnet_tiny from scratch: no pretrain job
     params.pop("pretrain", None)
-    params["schedules"]["db"]["train"]["warmup_iters"] = 2  # a schedule's keys win over the train block
+    for name in ("db", "db_random"):  # a schedule's keys win over the train block
+        params["schedules"][name]["train"].update(warmup_iters=2, epochs=1, lr_steps=[1])
     return params
 
 

@@ -21,10 +21,12 @@ METHODS = ["erm", "bbn", "db_focal", "ours"]  # BBN's family; DB-Focal and Ours 
 EDITS = {
     "figure code": ("report/figures.py", "append", set(), {"figure_map_vs_gamma", "code_digests"}),
     "BBN family": ("methods/bbn.py", "append", {"bbn"}, {"evaluate", "aggregate", "table_total", "table_groups",
-                                                       "figure_map_vs_gamma", "readme_numbers", "code_digests"}),
+                                                       "table_fit", "table_paired", "figure_map_vs_gamma",
+                                                       "readme_numbers", "code_digests"}),
     # Ours retrains: its noise-level and pseudo-label figures follow (their inputs are its run's files)
     "DB loss": ("losses/db.py", "append", {"db_focal", "ours"}, {"evaluate", "aggregate", "table_total",
-                                                                 "table_groups", "figure_map_vs_gamma",
+                                                                 "table_groups", "table_fit", "table_paired",
+                                                                 "figure_map_vs_gamma",
                                                                  "readme_numbers", "code_digests",
                                                                  "figure_noise_level", "figure_pseudo_labels"}),
     "docstring of an unrelated module": ("data/glove.py", "docstring", set(), set()),
