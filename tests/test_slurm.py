@@ -53,7 +53,8 @@ TINY_PARAMS = {
 DATA_TARGETS = ["data/toy/noisy/g0.5_s0.parquet", "data/toy/test_labels.parquet", "data/toy/class_split.json",
                 "data/pretrained/toy_glyphs.pt", "data/code"]  # data/code: DVC's digests (`rule all` asks for them)
 SLURM_GROUPS = {"run": ["evaluate", "train"], "report": ["aggregate", "figure_map_vs_gamma", "table_total"]}
-SLURM_SINGLE_RULES = {"cache_train_images", "cache_test_images", "readme_numbers", "table_groups"}  # a job each
+# one sbatch job each
+SLURM_SINGLE_RULES = {"cache_train_images", "cache_test_images", "readme_numbers", "table_groups", "table_fit"}
 
 
 def local_partition() -> str:
