@@ -23,7 +23,7 @@ import pandas as pd
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.report.style import DATASET_TITLES
-from noisymlt.report.tables import markdown_table_html, mean_ci, primary_head, read_results
+from noisymlt.report.tables import markdown_table_html, mean_ci, method_choice, primary_head, read_results
 
 
 def _fmt(mean: float, ci: float | None, digits: int = 2, style: str = "md") -> str:
@@ -175,29 +175,26 @@ def write_paired_table(results: pd.DataFrame, out: Path, labels: dict[str, str],
     return sidecar
 
 
-def _labels(args: argparse.Namespace) -> tuple[dict, dict | None]:
-    """Method display names (--labels JSON, else the params files' labels) and the params, if given."""
-    labels = json.loads(args.labels) if args.labels else {}
-    if not args.params:
-        return labels, None
-    from noisymlt.config import load_params
-
-    params = load_params(*args.params)
-    return labels or {name: block.get("label", name) for name, block in params["methods"].items()}, params
-
-
 def _cmd_fit_table(args: argparse.Namespace) -> int:
-    labels, params = _labels(args)
-    methods = args.methods or (params["grid"]["methods"] if params else None)
+    labels, methods, _ = method_choice(args)
     write_fit_table(read_results(args.results), Path(args.out), labels, args.dataset, methods)
     return 0
 
 
 def _cmd_paired_table(args: argparse.Namespace) -> int:
-    labels, params = _labels(args)
-    methods = args.methods or (params["grid"]["methods"] if params else None)
+    labels, methods, _ = method_choice(args)
     write_paired_table(read_results(args.results), Path(args.out), labels, args.reference, args.dataset, methods)
     return 0
+
+
+def _table_args(p: argparse.ArgumentParser) -> None:
+    """The options both tables take: what to read, which dataset, where to write, which rows."""
+    p.add_argument("--results", required=True, help="results.parquet from `noisymlt aggregate`")
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--out", required=True, help="LaTeX file to write")
+    p.add_argument("--methods", nargs="*", help="rows, in order (default: grid.methods of --params, else all)")
+    p.add_argument("--params", nargs="*", help="params files (method labels, grid)")
+    p.add_argument("--labels", help='method display names as JSON, e.g. \'{"erm": "ERM"}\'')
 
 
 def add_cli(sub) -> None:
@@ -206,22 +203,12 @@ def add_cli(sub) -> None:
                                    "mAP against the noisy labels next to the prior-only BCE, the test outputs' "
                                    "spread, peak over nominal learning rate and the pseudo labels' changes and "
                                    "precision. Writes OUT (.tex), .md, .html and .csv.")
-    p.add_argument("--results", required=True, help="results.parquet from `noisymlt aggregate`")
-    p.add_argument("--dataset", required=True)
-    p.add_argument("--out", required=True, help="LaTeX file to write")
-    p.add_argument("--methods", nargs="*", help="rows, in order (default: grid.methods of --params, else all)")
-    p.add_argument("--params", nargs="*", help="params files (method labels, grid)")
-    p.add_argument("--labels", help='method display names as JSON, e.g. \'{"erm": "ERM"}\'')
+    _table_args(p)
     p.set_defaults(func=_cmd_fit_table)
     p = sub.add_parser("paired-table", help="a method minus every other, paired by seed, with 95%% CIs",
                        description="Per noise rate, the mean over seeds of REFERENCE's total mAP minus each other "
                                    "method's on the same seed (same noisy labels), with its Student-t 95%% CI. "
                                    "Writes OUT (.tex), .md, .html and .cells.json (the runs of every cell).")
-    p.add_argument("--results", required=True, help="results.parquet from `noisymlt aggregate`")
-    p.add_argument("--dataset", required=True)
+    _table_args(p)
     p.add_argument("--reference", default="ours", help="the method the others are subtracted from (default: ours)")
-    p.add_argument("--out", required=True, help="LaTeX file to write")
-    p.add_argument("--methods", nargs="*", help="rows, in order (default: grid.methods of --params, else all)")
-    p.add_argument("--params", nargs="*", help="params files (method labels, grid)")
-    p.add_argument("--labels", help='method display names as JSON, e.g. \'{"erm": "ERM"}\'')
     p.set_defaults(func=_cmd_paired_table)
