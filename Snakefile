@@ -28,6 +28,7 @@ wildcard_constraints:
 
 include: "workflow/rules/data.smk"
 include: "workflow/rules/noise.smk"
+include: "workflow/rules/select.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
@@ -38,4 +39,5 @@ rule all:
     input:
         report_targets(),
         finished_work(),  # so that a rerun restores what a failed job deleted
+        selection_targets(),  # every stage's scores, beside the choices the final runs read
         "data/code",  # DVC's code digests: a Snakemake run can then be recorded with `dvc commit`

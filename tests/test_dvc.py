@@ -263,6 +263,10 @@ def _tiny_params() -> dict:
     params.pop("pretrain", None)
     for name in ("db", "db_random"):  # a schedule's keys win over the train block
         params["schedules"][name]["train"].update(warmup_iters=2, epochs=1, lr_steps=[1])
+    # model selection as the demo's (Ours: lr, then alpha x beta) on two values each; entries of absent methods go
+    selection = params["selection"]
+    selection["grids"] = {"lr": [0.02, 0.08], "alpha": [0.9, 0.7], "beta": [0.1]}
+    selection["methods"] = {k: v for k, v in selection["methods"].items() if k in params["methods"] or "*" in k}
     return params
 
 

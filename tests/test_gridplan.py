@@ -101,3 +101,16 @@ def test_gpu_hours_price_each_run_by_its_family_per_image_cost():
     assert est["packed_total"] == pytest.approx(est["total"] / 1.5)
     assert est["unpriced_methods"] == ["bbn"]
     assert gridplan.gpu_hours(jobs, measured)["packed_total"] is None
+
+
+def test_the_plan_counts_the_model_selection_candidates(paper_params):
+    """The paper's selection: ten baselines x 4 lr, Ours 4 lr + 3 alpha x 4 beta, per dataset, at one noise rate
+    and seed; a candidate trains on the fit part, so it has fewer iterations than the final run of its method."""
+    jobs = gridplan.plan_grid(small_model(paper_params), data_root="no-data-here")
+    candidates = [j for j in jobs if "candidate" in j]
+    assert len(candidates) == 2 * (10 * 4 + 4 + 12) == gridplan.summarise(jobs)["candidates"]
+    assert len(jobs) - len(candidates) == len(steps.all_runs(paper_params))
+    final = {(j["dataset"], j["method"]): j for j in jobs if "candidate" not in j and j["gamma"] == 0.5 and j["seed"] == 0}
+    for job in candidates:
+        assert job["iterations"] < final[job["dataset"], job["method"]]["iterations"], job
+    assert {j["candidate"] for j in candidates if j["method"] == "ours"} >= {"stage1/lr0.2", "stage2/alpha0.7_beta0.4"}

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import pytest
+import yaml
 
 from test_dvc import DVC, SNAKEMAKE, _needs_tools, _project_copy, _run, _tiny_params
 
@@ -45,6 +47,8 @@ def _params() -> dict:
     full = load_params(REPO / "params.yaml")
     params["methods"] = {m: full["methods"][m] for m in METHODS}
     params["grid"]["methods"] = METHODS
+    demo = load_params(REPO / "params.yaml", REPO / "workflow" / "profiles" / "demo" / "params.yaml")
+    params["selection"]["methods"] = {m: demo["selection"]["methods"][m] for m in METHODS}  # Ours selects
     params["train"]["balanced_batch_size"] = 16  # seconds, not minutes, for Ours' balanced branch
     return params
 
@@ -115,3 +119,40 @@ def test_an_edit_reruns_exactly_the_jobs_it_can_affect(tmp_path, capsys):
         assert _dvc_changed(dvc) == set() and "Nothing to be done" in _run([SNAKEMAKE, "-n"], smk), name
     with capsys.disabled():
         print("\nplanned after each edit (before: nothing):", json.dumps(counts, indent=1))
+    _selection_reruns_exactly_its_final_runs(smk, dvc)
+
+
+def _ran(text: str) -> list[tuple[str, str]]:
+    """(rule, wildcards) of the jobs a real Snakemake run executed, from its output."""
+    return re.findall(r"(?:rule|checkpoint) (\w+):\n(?:    \w+: .*\n)*?    wildcards: (.*)", text)
+
+
+def _dvc_ran(text: str) -> set[str]:
+    return set(re.findall(r"^Running stage '([^']+)'", text, re.M))
+
+
+def _selection_reruns_exactly_its_final_runs(smk, dvc) -> None:
+    """A redone selection that chooses the same values reruns nothing downstream; a changed choice retrains
+    exactly the final runs that read it (Ours here), in Snakemake and in DVC."""
+    stage2 = json.loads((smk / "runs/toy/select/ours/stage2.json").read_text())
+    assert json.loads((dvc / "runs/toy/select/ours/stage2.json").read_text())["chosen"] == stage2["chosen"]
+    ran = _ran(_run([SNAKEMAKE, "--cores", "2", "--forcerun", "select"], smk, timeout=600))
+    assert {rule for rule, _ in ran} == {"select"}, ran
+    _run([DVC, "repro", "--force", "--single-item", "select@toy-ours-1", "select@toy-ours-2"], dvc)
+    assert _dvc_changed(dvc) == set()
+    # the grid keeps only the alpha that lost: the choice changes, no candidate retrains
+    lost = next(a for a in (0.9, 0.7) if a != stage2["chosen"]["alpha"])
+    for root in (smk, dvc):
+        params = yaml.safe_load((root / "params.yaml").read_text())
+        params["selection"]["grids"]["alpha"] = [lost]
+        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    ran = _ran(_run([SNAKEMAKE, "--cores", "2"], smk, timeout=600))
+    assert {w for rule, w in ran if rule == "train"} == {"dataset=toy, gamma=0.5, seed=0, method=ours"}, ran
+    assert {rule for rule, _ in ran} & {"train_candidate", "evaluate_candidate"} == set(), ran
+    assert json.loads((smk / "runs/toy/g0.5/s0/ours/run_config.json").read_text())["selected"]["values"]["alpha"] == lost
+    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "--out", "dvc.params.yaml"], dvc)
+    stages = _dvc_ran(_run([DVC, "repro"], dvc, timeout=600))
+    assert {s for s in stages if s.startswith(("train", "evaluate"))} == {"train@toy-0.5-0-ours",
+                                                                         "evaluate@toy-0.5-0-ours"}, stages
+    assert {"select@toy-ours-2"} <= stages
+    assert json.loads((dvc / "runs/toy/g0.5/s0/ours/run_config.json").read_text())["selected"]["values"]["alpha"] == lost

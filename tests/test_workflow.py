@@ -47,9 +47,20 @@ def test_paper_dry_run_plans_the_full_grid(tmp_path):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     grid = params["grid"]
     # The README's form: target first (a trailing target would be swallowed by --resources).
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = snakemake(copy_workflow(tmp_path), "reports/table_total.tex", "all", "--cores", "8", "--resources", "gpu=2",
                      "-n", "--quiet", "rules")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime < 10  # CPU seconds of the plan
     counts = job_counts(proc.stdout + proc.stderr)
+    # model selection (params `selection`): per dataset, ten baselines x 4 lr and Ours' 4 lr + 3 alpha x 4 beta
+    # candidates, each trained and evaluated, and one choice per method and stage
+    selecting = [m for m, entry in params["selection"]["methods"].items() if isinstance(entry, list)]
+    assert len(selecting) == 11
+    assert counts["train_candidate"] == counts["evaluate_candidate"] == 2 * (10 * 4 + 4 + 12)
+    assert counts["select"] == 2 * (10 + 2) and counts["select_split"] == 2 and counts["select_parts"] == 2
     runs = {(d, g, s, m) for d in grid["datasets"] for g in grid["gammas"] for s in grid["seeds"]
             for m in grid["methods"]}
     for name in grid["ablations"]:  # results.parquet holds the ablation runs too; shared runs train once
@@ -116,6 +127,8 @@ TINY_LAYER = {
                   for name in ("db", "db_random")},
     # the demo's pretrained backbone through the real rule, in seconds: a small source task, one epoch
     "pretrain": {"toy_glyphs": {"epochs": 1, "source": {"classes": 8, "images_per_class": 16, "held_out_per_class": 4}}},
+    # the demo's model selection (Ours: lr, then alpha x beta) on two values each
+    "selection": {"grids": {"lr": [0.02, 0.08], "alpha": [0.9, 0.7], "beta": [0.1]}},
 }
 
 
@@ -164,6 +177,33 @@ def test_demo_profile_runs_end_to_end(tmp_path):
     # Everything is up to date: a second invocation plans nothing.
     again = snakemake(wf, *args, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
+    # Model selection: Ours' two stages wrote every candidate's score and the choice, its final runs trained with
+    # the choice (ERM, whose selection the demo turns off, with its fixed values), and trace shows it.
+    stage2 = json.loads((wf / "runs/toy/select/ours/stage2.json").read_text())
+    assert [c["tag"] for c in stage2["candidates"]] == ["alpha0.9_beta0.1", "alpha0.7_beta0.1"]
+    assert [c["tag"] for c in stage2["earlier_stages"][0]["candidates"]] == ["lr0.02", "lr0.08"]
+    for g in ("0.5", "0.9"):
+        cfg = json.loads((wf / f"runs/toy/g{g}/s0/ours/run_config.json").read_text())
+        assert cfg["selected"]["values"] == stage2["chosen"] and cfg["train"]["lr"] == stage2["chosen"]["lr"]
+    assert "selected" not in json.loads((wf / "runs/toy/g0.5/s0/erm/run_config.json").read_text())
+    trace = subprocess.run([sys.executable, "-m", "noisymlt", "trace", "ours/ensemble/toy/0.5"], cwd=wf,
+                           capture_output=True, text=True, timeout=120)
+    assert trace.returncode == 0 and "selected alpha=" in trace.stdout and "stage 1 (lr): lr0.02" in trace.stdout
+    # A changed choice retrains exactly the final runs that read it: the other alpha wins the validation now.
+    loser = next(c["tag"] for c in stage2["candidates"] if c["tag"] != stage2["winner"])
+    metrics = wf / "runs/toy/select/ours/stage2/g0.5/s0" / loser / "metrics.json"
+    record = json.loads(metrics.read_text())
+    record["heads"]["ensemble"]["map"]["total"] = 0.99
+    metrics.write_text(json.dumps(record))
+    rerun = snakemake(wf, *args, timeout=900)
+    ran = re.findall(r"(?:rule|checkpoint) (\w+):\n(?:    \w+: .*\n)*?    wildcards: (.*)", rerun.stdout + rerun.stderr)
+    assert {w for rule, w in ran if rule == "train"} == {f"dataset=toy, gamma={g}, seed=0, method=ours"
+                                                         for g in ("0.5", "0.9")}
+    assert {w for rule, w in ran if rule == "select"} == {"dataset=toy, method=ours, stage=2"}
+    assert "train_candidate" not in {rule for rule, _ in ran}
+    alpha = next(c["values"]["alpha"] for c in stage2["candidates"] if c["tag"] == loser)
+    assert json.loads((wf / "runs/toy/g0.5/s0/ours/run_config.json").read_text())["selected"]["values"]["alpha"] == alpha
+    assert "Nothing to be done" in snakemake(wf, *args, "-n").stdout
     # Provenance: a table cell leads to its run manifest and input hashes.
     trace = subprocess.run([sys.executable, "-m", "noisymlt", "trace", "erm/main/toy/0.5", "--sidecar",
                             "reports/table_total.cells.json"], cwd=wf, capture_output=True, text=True, timeout=120)

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "noisymlt.noise",
     "noisymlt.imagecache",
     "noisymlt.pretrain",
+    "noisymlt.selection",
     "noisymlt.train",
     "noisymlt.evaluate",
     "noisymlt.inference_time",

@@ -37,6 +37,27 @@ COLEARNING_DEFAULTS: dict[str, dict[str, dict[str, dict[str, float]]]] = {
 }
 
 
+def reference_thresholds(cfg: Mapping) -> dict:
+    """The per-branch threshold block a resolved run config stands for: its method's pseudo.thresholds, else
+    its dataset's ``colearning.thresholds``, else [CL]'s published values (the toy set uses VOC's)."""
+    from noisymlt.methods.options import THRESHOLDS_SCHEMA
+    from noisymlt.schema import check_schema
+
+    given = ((cfg.get("method_cfg") or {}).get("pseudo") or {}).get("thresholds")
+    if given is None:
+        where = f"datasets.{cfg.get('dataset', '?')}.colearning"
+        block = cfg.get("colearning") or {}
+        unknown = sorted(set(block) - {"thresholds"})
+        if unknown:
+            raise NoisyMLTError(f"{where}: unknown key(s) {unknown}; accepted: ['thresholds']")
+        given = block.get("thresholds")
+        if given is not None:
+            check_schema(given, THRESHOLDS_SCHEMA, f"{where}.thresholds")
+    if given is None:
+        given = COLEARNING_DEFAULTS["voc" if cfg["kind"] == "toy" else cfg["kind"]]
+    return given
+
+
 def _threshold(value: object, key: str, lo: float, hi: float, lo_open: bool, hi_open: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise NoisyMLTError(f"co-learning {key}: must be a number, got {value!r}")

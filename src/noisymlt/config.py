@@ -151,6 +151,9 @@ def validate_params(params: dict, source: str | None = None) -> None:
             raise ParamsError(source, f"methods.{name}.family",
                               f"unknown family {block['family']!r}; known: {', '.join(sorted(SCHEMAS))}")
         check_options(block["family"], method_options(block), f"methods.{name}", source)
+    from noisymlt import selection
+
+    selection.validate(params, source)
 
 
 def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int) -> dict:

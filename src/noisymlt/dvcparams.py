@@ -54,7 +54,7 @@ def _sha256(path: Path) -> str:
 
 
 def dvc_block(params: dict, layers: list[str]) -> dict:
-    from noisymlt import steps
+    from noisymlt import selection, steps
     from noisymlt.config import resolve_run, run_id
 
     grid = params["grid"]
@@ -74,6 +74,9 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
             "config_key": key.replace(".", "_"),
         }
         run_configs[key.replace(".", "_")] = run_id(resolved)
+    for key, run in runs.items():  # the choice file a final run reads (fixed values: the raw folder again)
+        run["choice"] = selection.final_choice_file(params, run["dataset"], run["method"]) or \
+            steps.raw_dir(params, run["dataset"])
     if len(layers) > LAYER_SLOTS:
         raise NoisyMLTError(f"noisymlt params: at most {LAYER_SLOTS} layers (dvc.yaml's `params` stage lists "
                             f"{LAYER_SLOTS} files), got {len(layers)}: {' '.join(map(str, layers))}")
@@ -93,7 +96,54 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
                    for d in grid["datasets"] for part in ("train", "test")},
         "runs": runs,
         "run_configs": run_configs,
+        **selection_block(params, runs),
     }
+
+
+def selection_block(params: dict, runs: dict) -> dict:
+    """The model-selection stages' lists (noisymlt.selection), for the main grid's methods:
+      select_datasets  datasets with a selection (one split each)
+      select_sets      DATASET-GAMMA-SEED -> a selection set (its fit and val parts)
+      select_caches    DATASET-PART -> the fit / val image caches, with the part table they are built from
+      candidates       DATASET-METHOD-STAGE-GAMMA-SEED-TAG -> one candidate run; `previous`: the choice file of the
+                       stage before (stage 1: the split file, a dependency anyway); config_key -> its run id in
+                       candidate_configs (a later stage's chosen values come in through `previous`)
+      selections       DATASET-METHOD-STAGE -> one select stage over the candidates under `dir`"""
+    from noisymlt import selection as S
+    from noisymlt import steps
+    from noisymlt.config import run_id
+
+    out = {"select_datasets": [], "select_sets": {}, "select_caches": {}, "candidates": {}, "candidate_configs": {},
+           "selections": {}}
+    for dataset in params["grid"]["datasets"]:
+        owners = S.selecting_methods(params, [r["method"] for r in runs.values() if r["dataset"] == dataset])
+        if not owners:
+            continue
+        out["select_datasets"].append(dataset)
+        sets = S.selection_sets(params)
+        for gamma, seed in sets:
+            out["select_sets"][f"{dataset}-{gamma}-{seed}"] = {"dataset": dataset, "gamma": gamma, "seed": seed}
+        for part in ("fit", "val"):
+            out["select_caches"][f"{dataset}-{part}"] = {
+                "dataset": dataset, "part": part, "labels": S.part_path(dataset, *sets[0], part),
+                "images": next(r["images"] for r in runs.values() if r["dataset"] == dataset)}
+        for method in owners:
+            for stage in range(1, len(S.stages(params, method)) + 1):
+                previous = S.choice_file(dataset, method, stage - 1) if stage > 1 else S.split_path(dataset)
+                out["selections"][f"{dataset}-{method}-{stage}"] = {
+                    "dataset": dataset, "method": method, "stage": stage, "previous": previous,
+                    "dir": S.stage_dir(dataset, method, stage)}
+                for tag, values in S.candidates(params, method, stage):
+                    for gamma, seed in sets:
+                        key = f"{dataset}-{method}-{stage}-{gamma}-{seed}-{tag}"
+                        cfg = S.candidate_config(params, dataset, method, gamma, seed, values)
+                        out["candidates"][key] = {
+                            "dataset": dataset, "method": method, "stage": stage, "gamma": gamma, "seed": seed,
+                            "tag": tag, "dir": S.candidate_dir(dataset, method, stage, gamma, seed, tag),
+                            "previous": previous, "config_key": key.replace(".", "_"),
+                            "weights": cfg["train"].get("weights_path") or steps.raw_dir(params, dataset)}
+                        out["candidate_configs"][key.replace(".", "_")] = run_id(cfg)
+    return out
 
 
 def _leaves(tree: dict, prefix: tuple = ()) -> dict[tuple, object]:
@@ -151,6 +201,35 @@ def unreached_changes(old: dict, new: dict) -> list[str]:
     return notes
 
 
+def selected_changes(old: dict, new: dict) -> list[str]:
+    """Changed lr / pseudo-label threshold keys that grid methods under model selection do not see: their
+    selected values replace them (noisymlt.selection). One line per key, naming the methods."""
+    from noisymlt import selection
+
+    old_leaves, new_leaves = _leaves(old), _leaves(new)
+    notes = []
+    for path in sorted(k for k in new_leaves.keys() | old_leaves.keys() if old_leaves.get(k) != new_leaves.get(k)):
+        if path[-1] == "lr" and "train" in path and path[0] in ("train", "datasets", "schedules", "methods"):
+            name = "lr"
+        elif path[0] in ("methods", "datasets") and "thresholds" in path:
+            name = "alpha"
+        else:
+            continue
+        hidden = []
+        for method in new["grid"]["methods"]:
+            who = selection.owner(new, method)
+            if who is None or path[0] == "methods" and path[1] != method:
+                continue
+            keys = {k for stage in selection.stages(new, who) for k in stage}
+            if name in keys or name == "alpha" and "beta" in keys:
+                hidden.append(method)
+        if hidden:
+            notes.append(f"{'.'.join(path)} changed ({old_leaves.get(path)!r} -> {new_leaves.get(path)!r}) but does not "
+                         f"reach {', '.join(hidden)}: model selection chooses it for them (selection.methods); set "
+                         f"selection.methods.NAME: null to train them with fixed values")
+    return notes
+
+
 def _previous(out: Path) -> dict | None:
     """The params an existing file of this kind holds (stale or not), without its dvc block."""
     try:
@@ -169,7 +248,7 @@ def write(layers: list[str], out: str | Path) -> Path:
     params = load_params(*layers)
     previous = _previous(Path(out))
     if previous is not None:
-        for note in unreached_changes(previous, params):
+        for note in unreached_changes(previous, params) + selected_changes(previous, params):
             print(f"warning: {note}", file=sys.stderr, flush=True)
     text = HEADER.format(layers=" ".join(layers), out=out)
     text += yaml.safe_dump({"dvc": dvc_block(params, layers), **params}, sort_keys=False, width=120)

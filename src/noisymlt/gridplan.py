@@ -95,18 +95,41 @@ def run_iterations(resolved: dict, noisy: np.ndarray, split: dict) -> dict:
 
 
 def plan_grid(params: dict, data_root: str | Path = "data") -> list[dict]:
-    """One record per run the workflow trains (main grid and selected ablations): its key, its
-    iterations and where its labels came from."""
+    """One record per run the workflow trains: the model-selection candidates of the methods that select
+    (params `selection`; ``candidate`` names them), then the main grid and the selected ablations. Each
+    has its key, its iterations and where its labels came from; a candidate's iterations are those of its
+    fit part (the training images less the held-out split)."""
+    from noisymlt import selection
     from noisymlt.config import resolve_run
     from noisymlt.steps import all_runs
 
     labels: dict[tuple, tuple] = {}
+
+    def noisy_of(dataset, gamma, seed):
+        if (dataset, gamma, seed) not in labels:
+            labels[dataset, gamma, seed] = planned_noisy_labels(params, dataset, gamma, seed, data_root)
+        return labels[dataset, gamma, seed]
+
+    runs = all_runs(params)
     jobs = []
-    for dataset, gamma, seed, method in all_runs(params):
-        key = (dataset, gamma, seed)
-        if key not in labels:
-            labels[key] = planned_noisy_labels(params, dataset, gamma, seed, data_root)
-        noisy, split, source = labels[key]
+    for dataset in dict.fromkeys(r[0] for r in runs):
+        owners = selection.selecting_methods(params, [m for d, _, _, m in runs if d == dataset])
+        if not owners:
+            continue
+        sets = selection.selection_sets(params)
+        block = params["selection"]
+        tables = [noisy_of(dataset, gamma, seed) for gamma, seed in sets]
+        val, _ = selection.stratified_split([t[0] for t in tables], float(block["held_out"]), int(block["split_seed"]))
+        for method in owners:
+            for stage in range(1, len(selection.stages(params, method)) + 1):
+                for tag, values in selection.candidates(params, method, stage):
+                    for (gamma, seed), (noisy, split, source) in zip(sets, tables):
+                        cfg = selection.candidate_config(params, dataset, method, gamma, seed, values)
+                        jobs.append({"dataset": dataset, "gamma": gamma, "seed": seed, "method": method,
+                                     "candidate": f"stage{stage}/{tag}", "labels": f"{source}, fit part",
+                                     **run_iterations(cfg, noisy[~val], split)})
+    for dataset, gamma, seed, method in runs:
+        noisy, split, source = noisy_of(dataset, gamma, seed)
         cfg = resolve_run(params, dataset, method, gamma, seed)
         jobs.append({"dataset": dataset, "gamma": gamma, "seed": seed, "method": method, "labels": source,
                      **run_iterations(cfg, noisy, split)})
@@ -136,9 +159,10 @@ def gpu_hours(jobs: list[dict], measured: dict[str, dict], packing_speedup: floa
 
 
 def summarise(jobs: list[dict]) -> dict:
-    """Counts of the plan: runs and iterations per dataset and per method."""
-    out: dict = {"runs": len(jobs), "iterations": sum(j["iterations"] for j in jobs), "by_dataset": {},
-                 "by_method": {}}
+    """Counts of the plan: runs (model-selection candidates among them) and iterations per dataset and per
+    method."""
+    out: dict = {"runs": len(jobs), "candidates": sum("candidate" in j for j in jobs),
+                 "iterations": sum(j["iterations"] for j in jobs), "by_dataset": {}, "by_method": {}}
     for job in jobs:
         for group, key in (("by_dataset", job["dataset"]), ("by_method", job["method"])):
             slot = out[group].setdefault(key, {"runs": 0, "iterations": 0})

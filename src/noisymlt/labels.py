@@ -89,8 +89,9 @@ def write_labels(table: LabelTable, path: str | Path) -> Path:
     return path
 
 
-def read_labels(path: str | Path) -> LabelTable:
-    """Read a Parquet label table or a reference-style CSV; errors name the file and the problem."""
+def read_labels(path: str | Path, noisy_only: bool = False) -> LabelTable:
+    """Read a Parquet label table or a reference-style CSV; errors name the file and the problem.
+    ``noisy_only``: a Parquet table's clean_* columns are not even read (model selection must not see them)."""
     path = Path(path)
     if not path.exists():
         raise NoisyMLTError(f"{path}: label file does not exist")
@@ -98,12 +99,19 @@ def read_labels(path: str | Path) -> LabelTable:
     try:
         if path.suffix.lower() == ".csv":
             frame = pd.read_csv(path, dtype={"image_id": str})
+            if noisy_only:
+                frame = frame[[c for c in frame.columns if not str(c).startswith(CLEAN_PREFIX)]]
         else:
             import pyarrow.parquet as pq
 
-            arrow = pq.read_table(path)
+            columns = None
+            if noisy_only:
+                columns = [c for c in pq.read_schema(path).names if not c.startswith(CLEAN_PREFIX)]
+            arrow = pq.read_table(path, columns=columns)
             raw = (arrow.schema.metadata or {}).get(b"noisymlt")
             meta = json.loads(raw) if raw else {}
+            if noisy_only and "columns" in meta:
+                meta["columns"] = [c for c in meta["columns"] if not c.startswith(CLEAN_PREFIX)]
             frame = arrow.to_pandas()
     except NoisyMLTError:
         raise

@@ -183,6 +183,8 @@ def trace(sidecar: Path, cell: str) -> list[dict]:
             run["problems"].append(f"RUN ID: the table used run {entry['run_id']}, {manifest_path} is of run "
                                    f"{m.get('run_id')} (retrained since the table was made)")
         run["summary"] = m
+        run["selection"], problems = selection_report(m.get("run", {}))
+        run["problems"] += problems
         evaluation = manifest_path.with_name("metrics.manifest.json")
         steps = [("train", m)] + ([("evaluate", json.loads(evaluation.read_text()))] if evaluation.is_file() else [])
         if len(steps) == 1:
@@ -212,6 +214,32 @@ def trace(sidecar: Path, cell: str) -> list[dict]:
     return report
 
 
+def selection_report(cfg: dict) -> tuple[list[str], list[str]]:
+    """What model selection chose for a run (its config's `selected` record) and how: each stage's candidates
+    with their validation mAP, from the stage file beside the choice file the run read. Problems: the scores
+    are gone, or the selection chose otherwise since the run trained."""
+    selected = cfg.get("selected")
+    if not selected:
+        return [], []
+    values = " ".join(f"{k}={v:g}" for k, v in selected["values"].items())
+    lines = [f"selected {values}  (choice {selected['by']})"]
+    stage_path = Path(str(selected["by"]).replace(".choice.json", ".json"))
+    try:
+        record = json.loads(stage_path.read_text())
+    except (OSError, ValueError):
+        return lines, [f"MISSING {stage_path}: the scores of the selection behind the run's values"]
+    problems = []
+    if any(record["chosen"].get(k) != v for k, v in selected["values"].items()):
+        problems.append(f"SELECTION: {stage_path} now chooses {record['chosen']}, the run trained with "
+                        f"{selected['values']} (rerun the workflow)")
+    for stage in [*record.get("earlier_stages", []), record]:
+        scores = ", ".join(f"{c['tag']} {c['mean']:.2f}{'*' if c['tag'] == stage['winner'] else ''}"
+                           for c in stage["candidates"])
+        lines.append(f"  stage {stage['stage']} ({'+'.join(stage['keys'])}): {scores}")
+    lines.append(f"  scored by {record.get('metric')}; * = chosen ({stage_path})")
+    return lines, problems
+
+
 def _cmd_trace(args: argparse.Namespace) -> int:
     from noisymlt.errors import NoisyMLTError
 
@@ -236,6 +264,8 @@ def _cmd_trace(args: argparse.Namespace) -> int:
             print(f"    code {m.get('code_digest')}  ({len(m.get('code_modules', []))} package modules)"
                   + (f"  checkpoint content {m['checkpoint_content_sha256'][:16]}"
                      if m.get("checkpoint_content_sha256") else ""))
+            for line in run.get("selection", []):
+                print(f"    {line}")
         for step, direction, name, rec, status in run["lines"]:
             print(f"    {status:<8} {step:<8} {direction:<3} {name:<14} {rec['sha256'][:16]}  {rec['path']}")
         for problem in run["problems"]:

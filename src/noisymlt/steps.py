@@ -250,7 +250,58 @@ def _cmd_train(args: argparse.Namespace) -> int:
             "--clean-labels", f"data/{args.dataset}/train_labels.parquet",  # the noise log only (analysis)
             "--provenance", f"raw_manifest={raw_marker(params, args.dataset)}",
             f"clean_subset=data/{args.dataset}/train_labels.parquet"] + cache_args(args.dataset, loader)
+    from noisymlt.selection import final_choice_file
+
+    choice = final_choice_file(params, args.dataset, args.method)
+    argv += ["--selection", choice] if choice else []
     return _run(argv + ["--device", args.device, "--no-progress", "--keep-stale"])
+
+
+def _cmd_select_split(args: argparse.Namespace) -> int:
+    from noisymlt import selection
+
+    return _run(selection.split_argv(_params(args), args.dataset, args.out))
+
+
+def _cmd_select_cache(args: argparse.Namespace) -> int:
+    from noisymlt import selection
+
+    return _run(selection.cache_argv(_params(args), args.dataset, args.part, args.out))
+
+
+def _cmd_train_candidate(args: argparse.Namespace) -> int:
+    """A model-selection candidate as Snakemake's candidate_config + train_candidate rules run it: its resolved
+    config written to OUT/requested_config.json, then `noisymlt train` on the fit part, validated on the val part."""
+    from noisymlt import selection as S
+
+    params = _params(args)
+    values = dict(S.candidates(params, args.method, args.stage))
+    if args.tag not in values:
+        raise NoisyMLTError(f"{args.tag}: no candidate of {args.method} stage {args.stage} is called so "
+                            f"(candidates: {', '.join(values)})")
+    earlier = S.read_choice(S.choice_file(args.dataset, args.method, args.stage - 1)) if args.stage > 1 else {}
+    cfg = S.candidate_config(params, args.dataset, args.method, args.gamma, args.seed, {**earlier, **values[args.tag]})
+    out = Path(S.candidate_dir(args.dataset, args.method, args.stage, args.gamma, args.seed, args.tag))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "requested_config.json").write_text(json.dumps(cfg, sort_keys=True, indent=1) + "\n")
+    caches = []
+    if cfg["train"].get("loader", "pil") == "cache":
+        caches = ["--train-cache", S.cache_path(args.dataset, "fit"), "--test-cache", S.cache_path(args.dataset, "val")]
+    images = image_root(params, args.dataset, "train")
+    return _run(["train", "--run-config", str(out / "requested_config.json"),
+                 "--train-labels", S.part_path(args.dataset, args.gamma, args.seed, "fit"),
+                 "--test-labels", S.part_path(args.dataset, args.gamma, args.seed, "val"),
+                 "--split", f"data/{args.dataset}/class_split.json", "--train-images", images, "--test-images", images,
+                 *caches, "--out", str(out), "--device", args.device, "--no-progress", "--keep-stale"])
+
+
+def _cmd_select_choose(args: argparse.Namespace) -> int:
+    from noisymlt import selection as S
+
+    params = _params(args)
+    previous = ["--previous", S.choice_file(args.dataset, args.method, args.stage - 1)] if args.stage > 1 else []
+    return _run(["select", "choose", "--selection", json.dumps(params["selection"], sort_keys=True),
+                 "--dataset", args.dataset, "--method", args.method, "--stage", str(args.stage), *previous])
 
 
 def _cmd_aggregate(args: argparse.Namespace) -> int:
@@ -311,6 +362,22 @@ def add_cli(sub) -> None:
     for opt in ("--train-labels", "--test-labels", "--split", "--out"):
         q.add_argument(opt, required=True)
     q.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
+    q = step("select-split", "hold out the model-selection split of a dataset (params `selection`)", _cmd_select_split)
+    q.add_argument("--out", required=True, help="split file to write (data/NAME/select/split.json)")
+    q = step("select-cache", "decode the fit or val images of the selection split into their cache", _cmd_select_cache)
+    q.add_argument("--part", required=True, choices=("fit", "val"))
+    q.add_argument("--out", required=True, help="cache array to write (data/NAME/cache/select_PART.npy)")
+    q = step("train-candidate", "train one model-selection candidate on the fit part, predicting the val part",
+             _cmd_train_candidate)
+    q.add_argument("--method", required=True)
+    q.add_argument("--stage", required=True, type=int)
+    q.add_argument("--tag", required=True, help="the candidate's name (lr0.08, alpha0.8_beta0.2)")
+    q.add_argument("--gamma", required=True, type=float)
+    q.add_argument("--seed", required=True, type=int)
+    q.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
+    q = step("select-choose", "rank a stage's candidates by validation mAP and write the choice", _cmd_select_choose)
+    q.add_argument("--method", required=True)
+    q.add_argument("--stage", required=True, type=int)
     q = step("aggregate", "collect the metrics of exactly the runs in the grid", _cmd_aggregate, dataset=False)
     q.add_argument("--runs", default="runs", help="runs folder (default: runs)")
     q.add_argument("--out", required=True, help="results Parquet to write")

@@ -645,7 +645,21 @@ def _resolved_from_args(args: argparse.Namespace) -> dict:
     if missing:
         raise NoisyMLTError(f"without --run-config, --params needs --{' --'.join(missing)}")
     params = load_params(*args.params)
-    return resolve_run(params, args.dataset, args.method, args.gamma, args.seed)
+    resolved = resolve_run(params, args.dataset, args.method, args.gamma, args.seed)
+    if args.selection:  # the method's model selection: its chosen values (noisymlt.selection)
+        from noisymlt.selection import final_config
+
+        resolved = final_config(params, resolved, args.selection)
+    return resolved
+
+
+def _check_selection(resolved: dict, path: str) -> None:
+    """A --run-config that names a selection must hold what that selection chose."""
+    from noisymlt.selection import read_choice
+
+    chosen, selected = read_choice(path), (resolved.get("selected") or {}).get("values", {})
+    if not selected or any(chosen.get(k) != v for k, v in selected.items()):
+        raise NoisyMLTError(f"--selection {path} chose {chosen}, the run config holds {selected or 'no selection'}")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -662,6 +676,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if not sep or not Path(path).is_file():
             raise NoisyMLTError(f"--provenance {item!r}: expected NAME=FILE with an existing file")
         extra[name] = Path(path)
+    if args.selection:
+        if args.run_config:
+            _check_selection(resolved, args.selection)
+        extra["selection"] = Path(args.selection)
     trainer = Trainer(resolved, train_labels=args.train_labels, test_labels=args.test_labels, split=args.split,
                       train_images=args.train_images, test_images=args.test_images, out_dir=out,
                       device=args.device, progress=not args.no_progress,
@@ -700,6 +718,8 @@ def add_cli(sub) -> None:
     io.add_argument("--clean-labels",
                     help="clean long-tail subset table: logs the noise of the targets each branch trains on "
                          "(OUT/noise_level.jsonl); read for that log only, never by training")
+    io.add_argument("--selection", help="the choice file of the method's model selection (noisymlt.selection): with "
+                    "--params its values are applied, with --run-config they are checked; recorded in the manifest")
     io.add_argument("--provenance", nargs="*", metavar="NAME=FILE",
                     help="further upstream files whose sha256 the manifest records (raw-data manifest, clean subset)")
     p.add_argument("--device", default="auto", help="auto (GPU if any, honouring CUDA_VISIBLE_DEVICES), cpu, cuda:N")

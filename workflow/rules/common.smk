@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from noisymlt import codedeps, steps
+from noisymlt import selection as S
 from noisymlt.config import check_layered, resolve_run
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.options import stitchup_option
@@ -106,8 +107,11 @@ def _resolved(dataset, method, gamma, seed):
     return resolve_run(config, dataset, method, gamma, seed)
 
 
-def run_config(w):
-    return json.dumps(resolved(w), sort_keys=True, indent=1)
+def final_run_config(w):
+    """A run's resolved config, with its method's selected values once the selection has chosen them."""
+    choice = final_choice(w)  # select.smk
+    cfg = S.final_config(config, resolved(w), str(choice) if choice else None)
+    return json.dumps(cfg, sort_keys=True, indent=1)
 
 
 def train_threads(w):

@@ -232,7 +232,8 @@ rule inference_time:
 
 rule readme_numbers:
     input:
-        "reports/results.parquet",
+        results="reports/results.parquet",
+        selection=lambda w: readme_selection(),  # select.smk
     output:
         "reports/readme_numbers.json",
     params:
@@ -247,8 +248,8 @@ rule readme_numbers:
     benchmark:
         "benchmarks/report/readme_numbers.tsv"
     shell:
-        "{params.cli} readme-numbers --results {input} --methods {params.methods} --labels {params.labels:q} "
-        "--out {output} > {log} 2>&1"
+        "{params.cli} readme-numbers --results {input.results} --methods {params.methods} --labels {params.labels:q} "
+        "--selection {input.selection} --out {output} > {log} 2>&1"
 
 
 # Training dynamics of Ours at gamma 0.5 (paper Figs. voc_stitchup / coco_stitchup and vis_pl): drawn when the

@@ -27,10 +27,12 @@ rule pretrain:
 
 
 rule run_config:
+    input:
+        final_choice,  # the method's selection (select.smk), if it has one
     output:
         "runs/{dataset}/g{gamma}/s{seed}/{method}/requested_config.json",
     params:
-        config=run_config,
+        config=final_run_config,
     localrule: True
     conda:
         "../envs/noisymlt.yaml"
@@ -72,6 +74,7 @@ rule train:
         test_images=lambda w: image_root(w.dataset, "test"),
         caches=cache_args,
         code=run_code,
+        selection=lambda w: f"--selection {f}" if (f := S.final_choice_file(config, w.dataset, w.method)) else "",
     threads: train_threads
     resources:
         gpu=1,
@@ -86,4 +89,4 @@ rule train:
         "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
         "--test-images {params.test_images} {params.caches} --out {params.out} --cores {threads} --no-progress "
         "--keep-stale --clean-labels {input.subset} --provenance raw_manifest={input.raw} clean_subset={input.subset} "
-        "> {log} 2>&1"
+        "{params.selection} > {log} 2>&1"

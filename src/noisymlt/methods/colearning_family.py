@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from noisymlt.colearning import COLEARNING_DEFAULTS, group_thresholds, pseudo_labels
+from noisymlt.colearning import group_thresholds, pseudo_labels, reference_thresholds
 from noisymlt.config import method_options
 from noisymlt.dataset import StreamSpec
 from noisymlt.errors import NoisyMLTError
@@ -35,13 +35,11 @@ from noisymlt.methods.options import (
     BRANCH_NAMES,
     MIXUP_DEFAULTS,
     STITCHUP_DEFAULTS,
-    THRESHOLDS_SCHEMA,
     stitched_views,
 )
 from noisymlt.methods.single import loss_for
 from noisymlt.models.twobranch import TwoBranch, build_two_branch, ensemble_logits
 from noisymlt.sampling import build_sampler
-from noisymlt.schema import check_schema
 from noisymlt.stitchup import (
     PartnerIndex,
     mixup,
@@ -88,17 +86,7 @@ class CoLearning(Method):
         """(alpha, beta) per-class vectors per source branch: the method block's thresholds, else the
         dataset's ``colearning.thresholds``, else [CL]'s published values (the toy set uses VOC's)."""
         if given is None:
-            where = f"datasets.{self.ctx.cfg.get('dataset', '?')}.colearning"
-            block = self.ctx.cfg.get("colearning") or {}
-            unknown = sorted(set(block) - {"thresholds"})
-            if unknown:
-                raise NoisyMLTError(f"{where}: unknown key(s) {unknown}; accepted: ['thresholds']")
-            given = block.get("thresholds")
-            if given is not None:
-                check_schema(given, THRESHOLDS_SCHEMA, f"{where}.thresholds")
-        if given is None:
-            kind = self.ctx.cfg["kind"]
-            given = COLEARNING_DEFAULTS["voc" if kind == "toy" else kind]
+            given = reference_thresholds(self.ctx.cfg)
         return {
             name: group_thresholds(self.ctx.split, self.ctx.num_classes, (given.get(name) or {}).get("alpha"),
                                    (given.get(name) or {}).get("beta"))

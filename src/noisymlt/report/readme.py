@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -30,7 +31,26 @@ END = "<!-- demo-numbers: end -->"
 SPOTLIGHT = ("erm", "db_focal", "ours")
 
 
-def demo_numbers(results: pd.DataFrame, methods: list[str], labels: dict[str, str], timing: dict | None = None) -> dict:
+def selection_summary(stage_files: list[str | Path], labels: dict[str, str]) -> list[dict]:
+    """What each method's model selection chose, from the last stage file of each (noisymlt.selection): per
+    stage the candidates' validation mAP and the winner."""
+    out = []
+    for path in stage_files:
+        try:
+            rec = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise NoisyMLTError(f"{path}: cannot read a model-selection stage file ({exc})") from exc
+        stages = [*rec.get("earlier_stages", []), rec]
+        out.append({"method": rec["method"], "label": labels.get(rec["method"], rec["method"]), "chosen": rec["chosen"],
+                    "sets": rec["sets"], "held_out": rec["held_out"],
+                    "stages": [{"keys": st["keys"], "winner": st["winner"],
+                                "scores": {c["tag"]: round(c["mean"], DECIMALS) for c in st["candidates"]}}
+                               for st in stages]})
+    return out
+
+
+def demo_numbers(results: pd.DataFrame, methods: list[str], labels: dict[str, str], timing: dict | None = None,
+                 selection: list[str | Path] = ()) -> dict:
     """Headline numbers of a finished grid (one dataset): what the README quotes, rounded once, to the
     tables' DECIMALS, so that the README shows each number digit for digit as the tables do."""
     from noisymlt.report.tables import mean_ci, primary_head
@@ -70,6 +90,7 @@ def demo_numbers(results: pd.DataFrame, methods: list[str], labels: dict[str, st
             sentinels[f"{m}/{middle:g}/{first}"] = round(100 * float(run["value"].iloc[0]), 4)
     return {"dataset": datasets[0], "gammas": gammas, "middle_gamma": middle, "rows": rows, "sentinel_runs": sentinels,
             "claims": paper_claims(results, methods, labels, datasets[0], middle),
+            **({"selection": selection_summary(selection, labels)} if selection else {}),
             **({"timing": timing} if timing else {})}
 
 
@@ -209,12 +230,40 @@ def render(numbers: dict) -> str:
                 "|---|---|---|---|"]
         out += [f"| {labels[m]} | " + " | ".join(fmt(cell.get((m, g, grp))) for grp in ("head", "medium", "tail"))
                 + " |" for m in spot]
+    out += render_selection(numbers.get("selection", []))
     out += render_claims(numbers.get("claims", {}), gammas)
     timing = numbers.get("timing")
     if timing:
         out += ["", f"`make demo` took {timing['wall_minutes']:.1f} minutes of wall time on {timing['cores']} cores "
                     f"({timing['runs']} training runs; measured by `scripts/benchmark_demo.py`)."]
     return "\n".join(out)
+
+
+GREEK = {"alpha": "α", "beta": "β", "lr": "lr"}
+
+
+def _tag(tag: str) -> str:
+    """A candidate's folder name as the paper writes its values: alpha0.8_beta0.2 -> α 0.8 β 0.2."""
+    return " ".join(re.sub(r"^([a-z]+)", lambda m: GREEK.get(m.group(1), m.group(1)) + " ", part)
+                    for part in tag.split("_"))
+
+
+def render_selection(rows: list[dict]) -> list[str]:
+    """One paragraph per selecting method: the chosen values and every candidate's noisy validation mAP."""
+    out = []
+    for row in rows:
+        sets = ", ".join(f"γ {s['gamma']:g} seed {s['seed']}" for s in row["sets"])
+        chosen = ", ".join(f"{GREEK.get(k, k)} {v:g}" for k, v in row["chosen"].items())
+        stages = "; ".join(
+            f"{'+'.join(GREEK.get(k, k) for k in st['keys'])}: "
+            + ", ".join(f"**{_tag(t)}: {v:.2f}**" if t == st["winner"] else f"{_tag(t)}: {v:.2f}"
+                        for t, v in st["scores"].items())
+            for st in row["stages"])
+        out += ["", f"Model selection ({row['label']}, the paper's protocol: candidates trained on "
+                    f"{100 * (1 - row['held_out']):.0f}% of the noisy training set at {sets}, ranked by mAP against the "
+                    f"held-out {100 * row['held_out']:.0f}% of its noisy labels; `runs/*/select/`): chose {chosen}. "
+                    f"Validation mAP (%) per candidate, **chosen**: {stages}."]
+    return out
 
 
 def replace_block(readme: str, block: str, where: str) -> str:
@@ -229,7 +278,7 @@ def _cmd_readme_numbers(args: argparse.Namespace) -> int:
     results = read_results(args.results)
     labels = json.loads(args.labels) if args.labels else {}
     timing = json.loads(Path(args.timing).read_text()) if args.timing else None
-    numbers = demo_numbers(results, args.methods, labels, timing)
+    numbers = demo_numbers(results, args.methods, labels, timing, args.selection or ())
     Path(args.out).write_text(json.dumps(numbers, indent=1, sort_keys=True) + "\n")
     return 0
 
@@ -264,6 +313,7 @@ def add_cli(sub) -> None:
     p.add_argument("--methods", nargs="+", required=True, help="rows, in order")
     p.add_argument("--labels", help="method display names as JSON")
     p.add_argument("--timing", help="JSON from scripts/benchmark_demo.py (wall_minutes, cores, runs), optional")
+    p.add_argument("--selection", nargs="*", help="the last stage file of each method's model selection")
     p.add_argument("--out", required=True, help="JSON to write")
     p.set_defaults(func=_cmd_readme_numbers)
     p = sub.add_parser("readme", help="check or rewrite the README's generated demo numbers",

@@ -1,0 +1,243 @@
+# Model selection (params `selection`, noisymlt.selection): a held-out share of the training images, candidate
+# runs on the rest scored against the held-out *noisy* labels, one choice per dataset, method and stage. Nothing
+# here reads the test set or a clean label: the parts hold noisy labels only and the candidates' "test" set is
+# the validation part.
+# `select` is a checkpoint: the runs that read a choice (later stages' candidates, the final runs) take it into
+# their resolved config once it exists, through their params (a changed choice is a changed config, which reruns
+# exactly them); the choice file itself is an ancient input, so a selection that is redone and chooses the same
+# values reruns nothing downstream.
+
+
+
+wildcard_constraints:
+    stage="[0-9]+",
+    tag="[a-z0-9._]+",
+
+
+rule select_split:
+    input:
+        lambda w: list(S.split_tables(config, w.dataset).values()),
+    output:
+        "data/{dataset}/select/split.json",
+    params:
+        cli=NOISYMLT,
+        args=lambda w, output: argv(S.split_argv(config, w.dataset, output[0])),
+        code=code("select"),
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/select/split_{dataset}.log",
+    shell:
+        "{params.cli} {params.args} > {log} 2>&1"
+
+
+rule select_parts:
+    input:
+        noisy="data/{dataset}/noisy/g{gamma}_s{seed}.parquet",
+        split="data/{dataset}/select/split.json",
+    output:
+        fit="data/{dataset}/select/g{gamma}_s{seed}_fit.parquet",
+        val="data/{dataset}/select/g{gamma}_s{seed}_val.parquet",
+    params:
+        cli=NOISYMLT,
+        code=code("select"),
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/select/parts_{dataset}_g{gamma}_s{seed}.log",
+    shell:
+        "{params.cli} select parts --noisy {input.noisy} --split {input.split} --fit {output.fit} "
+        "--val {output.val} > {log} 2>&1"
+
+
+rule cache_select_images:
+    input:
+        labels=lambda w: S.cache_argv(config, w.dataset, w.part, "")[2],
+        images=lambda w: train_images_ready(w.dataset),
+    output:
+        array="data/{dataset}/cache/select_{part}.npy",
+        index="data/{dataset}/cache/select_{part}.json",
+        manifest="data/{dataset}/cache/select_{part}.manifest.json",
+    wildcard_constraints:
+        part="fit|val",
+    params:
+        cli=NOISYMLT,
+        args=lambda w, output: argv(S.cache_argv(config, w.dataset, w.part, output.array)),
+        code=code("cache-images"),
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/data/cache_images_{dataset}_select_{part}.log",
+    shell:
+        "{params.cli} {params.args} > {log} 2>&1"
+
+
+def previous_choice(w):
+    """The choice of the stage before (stages after the first): an ancient input, its values in the params."""
+    if int(w.stage) == 1:
+        return []
+    return ancient(checkpoints.select.get(dataset=w.dataset, method=w.method, stage=str(int(w.stage) - 1)).output.choice)
+
+
+def candidate_values(w):
+    values = dict(S.candidates(config, w.method, int(w.stage)))
+    if w.tag not in values:
+        raise ValueError(f"{w.tag}: no candidate of {w.method} stage {w.stage} is called so "
+                         f"(candidates: {', '.join(values)})")
+    earlier = {}
+    if int(w.stage) > 1:
+        earlier = S.read_choice(previous_choice(w))
+    return {**earlier, **values[w.tag]}
+
+
+def candidate_config(w):
+    cfg = S.candidate_config(config, w.dataset, w.method, float(w.gamma), int(w.seed), candidate_values(w))
+    return json.dumps(cfg, sort_keys=True, indent=1)
+
+
+def candidate_caches(w):
+    if resolved(w)["train"].get("loader", "pil") != "cache":
+        return []
+    return [S.cache_path(w.dataset, part) for part in ("fit", "val")]
+
+
+def candidate_cache_args(w):
+    caches = candidate_caches(w)
+    return f"--train-cache {caches[0]} --test-cache {caches[1]}" if caches else ""
+
+
+CANDIDATE = "runs/{dataset}/select/{method}/stage{stage}/g{gamma}/s{seed}/{tag}"
+
+
+rule candidate_config:
+    input:
+        previous_choice,
+    output:
+        f"{CANDIDATE}/requested_config.json",
+    params:
+        config=candidate_config,
+    localrule: True
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/select/{dataset}_{method}_stage{stage}_g{gamma}_s{seed}_{tag}.config.log",
+    shell:
+        "printf '%s\\n' {params.config:q} > {output} 2> {log}"
+
+
+# A candidate is an ordinary training run: on the fit part, its "test" set the validation part (train images).
+rule train_candidate:
+    input:
+        train="data/{dataset}/select/g{gamma}_s{seed}_fit.parquet",
+        val="data/{dataset}/select/g{gamma}_s{seed}_val.parquet",
+        config=f"{CANDIDATE}/requested_config.json",
+        split="data/{dataset}/class_split.json",
+        images=lambda w: train_images_ready(w.dataset),
+        weights=backbone_weights,
+        caches=candidate_caches,
+    output:
+        predictions=f"{CANDIDATE}/predictions.npz",
+        manifest=f"{CANDIDATE}/manifest.json",
+        config=f"{CANDIDATE}/run_config.json",
+    params:
+        cli=NOISYMLT,
+        out=CANDIDATE,
+        images=lambda w: image_root(w.dataset, "train"),
+        caches=candidate_cache_args,
+        code=run_code,
+    threads: train_threads
+    resources:
+        gpu=1,
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/select/{dataset}_{method}_stage{stage}_g{gamma}_s{seed}_{tag}.log",
+    benchmark:
+        "benchmarks/select/{dataset}_{method}_stage{stage}_g{gamma}_s{seed}_{tag}.tsv"
+    shell:
+        "{params.cli} train --run-config {input.config} --train-labels {input.train} --test-labels {input.val} "
+        "--split {input.split} --train-images {params.images} --test-images {params.images} {params.caches} "
+        "--out {params.out} --cores {threads} --no-progress --keep-stale > {log} 2>&1"
+
+
+rule evaluate_candidate:
+    input:
+        predictions=f"{CANDIDATE}/predictions.npz",
+        val="data/{dataset}/select/g{gamma}_s{seed}_val.parquet",
+        split="data/{dataset}/class_split.json",
+    output:
+        metrics=f"{CANDIDATE}/metrics.json",
+        map=f"{CANDIDATE}/map.json",  # validation mAP per head and group: DVC's metrics file
+        manifest=f"{CANDIDATE}/metrics.manifest.json",
+    params:
+        cli=NOISYMLT,
+        code=code("evaluate"),
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/select/{dataset}_{method}_stage{stage}_g{gamma}_s{seed}_{tag}.evaluate.log",
+    shell:
+        "{params.cli} evaluate --predictions {input.predictions} --test-labels {input.val} "
+        "--split {input.split} --out {output.metrics} --map-out {output.map} > {log} 2>&1"
+
+
+def stage_candidates(w):
+    return [f"{S.candidate_dir(w.dataset, w.method, int(w.stage), g, s, tag)}/metrics.json"
+            for tag, _ in S.candidates(config, w.method, int(w.stage)) for g, s in S.selection_sets(config)]
+
+
+checkpoint select:
+    input:
+        candidates=stage_candidates,
+        previous=previous_choice,
+    output:
+        stage="runs/{dataset}/select/{method}/stage{stage}.json",
+        choice="runs/{dataset}/select/{method}/stage{stage}.choice.json",
+    params:
+        cli=NOISYMLT,
+        selection=lambda w: json.dumps(config["selection"], sort_keys=True),
+        previous=lambda w, input: f"--previous {input.previous}" if input.previous else "",
+        code=code("select"),
+    localrule: True
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/select/{dataset}_{method}_stage{stage}.log",
+    shell:
+        "{params.cli} select choose --selection {params.selection:q} --dataset {wildcards.dataset} "
+        "--method {wildcards.method} --stage {wildcards.stage} {params.previous} > {log} 2>&1"
+
+
+@functools.lru_cache(maxsize=None)  # asked once per run and rule; the config is fixed for the invocation
+def last_stage(method):
+    """(the method whose choice a method's final runs read, its last stage), or None for fixed values."""
+    who = S.owner(config, method)
+    return None if who is None else (who, str(len(S.stages(config, who))))
+
+
+def final_choice(w):
+    """The choice a final run reads (an ancient input), or nothing for a method with fixed values."""
+    owner_stage = last_stage(w.method)
+    if owner_stage is None:
+        return []
+    who, last = owner_stage
+    return ancient(checkpoints.select.get(dataset=w.dataset, method=who, stage=last).output.choice)
+
+
+def selection_targets():
+    """Every choice file of the runs the workflow trains (rule all asks for them: their stage files list
+    every candidate's score)."""
+    runs = (r.split("|") for r in all_runs("{dataset}|{gamma}|{seed}|{method}"))
+    pairs = dict.fromkeys((d, m) for d, g, s, m in runs)
+    files = []
+    for dataset, method in pairs:
+        who = S.owner(config, method)
+        if who is not None:
+            files += [S.stage_file(dataset, who, k) for k in range(1, len(S.stages(config, who)) + 1)]
+    return list(dict.fromkeys(files))
+
+
+def readme_selection():
+    """The last stage file of each grid method's selection (the README's demo numbers quote them)."""
+    owners = S.selecting_methods(config, GRID["methods"])
+    return [S.stage_file(d, m, len(S.stages(config, m))) for d in GRID["datasets"] for m in owners]
