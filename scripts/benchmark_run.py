@@ -50,7 +50,8 @@ def one_run(cfg: dict, params: dict, out: Path, profile: Path | None) -> dict[st
     trainer = Trainer(cfg, train_labels=data / "noisy" / f"g{cfg['gamma']:g}_s{cfg['seed']}.parquet",
                       test_labels=data / "test_labels.parquet", split=data / "class_split.json",
                       train_images=images, test_images=images, out_dir=out, device="cpu", progress=False,
-                      train_cache=data / "cache" / "train.npy", test_cache=data / "cache" / "test.npy")
+                      train_cache=data / "cache" / "train.npy", test_cache=data / "cache" / "test.npy",
+                      clean_labels=data / "train_labels.parquet")  # the noise-level log, as the workflow's job
     lap("setup")
     if profile is not None:
         import cProfile
