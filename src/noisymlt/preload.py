@@ -387,6 +387,9 @@ def _cmd_preload(args: argparse.Namespace) -> int:
         raise SystemExit(f"noisymlt preload: {path} exists (another server?); remove it or choose another path")
     for name in PRELOAD_MODULES:
         importlib.import_module(name)
+    # the import graph that every job's manifest records (valid while the source is unchanged, which is
+    # as long as this server serves)
+    importlib.import_module("noisymlt.codedeps").warm()
     sys.stdout.flush()
     sys.stderr.flush()
     server = Server(path, idle_timeout=args.idle_timeout, parent=args.parent)
