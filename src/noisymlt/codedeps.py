@@ -105,6 +105,16 @@ def files(*entries: str) -> list[Path]:
     return sorted(out)
 
 
+def warm() -> None:
+    """Read the whole import graph and every command's module now (what a step's manifest needs; ~0.5 CPU s):
+    the preload server does it once, and the jobs it forks inherit it. The file contents are still read and
+    hashed by ``digest`` in each job."""
+    command_modules()
+    for name in modules():
+        imports_of(name)
+        data_files(name)
+
+
 @lru_cache(maxsize=None)  # like the import graph above, read once per process: the code does not change under it
 def digest(*entries: str) -> str:
     """sha256 (16 hex digits) over the relative paths and contents of ``files(*entries)``."""

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.tensoraug import augment, draw_train_params, eval_resize
@@ -123,6 +123,20 @@ class CachedTrainImages(Dataset):
             return {"images": raw, "aug": params, **out}
         return {"images": augment(raw, params, self.size, self.photometric), **out}
 
+    def __getitems__(self, items: list[tuple[tuple[int, ...], int, bool]]) -> dict | list:
+        """A whole ``deferred`` batch at once, as ``batch_collate`` passes it on: what collating the slots
+        gives, with one cache read and no per-slot tensors (per-slot work was a third of an ERM step's
+        overhead). Each slot's parameters still come from its own generator, in the same order."""
+        if not self.deferred or len({len(indices) for indices, _, _ in items}) != 1:
+            return [self[item] for item in items]
+        s = self.cache.size
+        params = np.stack([np.stack([draw_train_params(rng, s, s, self.photometric) for _ in indices])
+                           for indices, rng in ((ind, np.random.default_rng(seed)) for ind, seed, _ in items)])
+        index = np.array([indices for indices, _, _ in items], dtype=np.int64)
+        raw = torch.from_numpy(self.cache.array[index]).permute(0, 1, 4, 2, 3)  # (B, K, 3, S, S)
+        return {"images": raw.contiguous(), "aug": torch.from_numpy(params), "index": torch.from_numpy(index),
+                "stitched": torch.tensor([stitched for _, _, stitched in items])}
+
 
 class CachedEvalImages(Dataset):
     """``EvalImages`` over the image cache: uint8 rows when ``deferred`` (resized there), else resized here."""
@@ -209,10 +223,16 @@ class EpochBatches(torch.utils.data.Sampler):
         return len(self.batches)
 
 
+def batch_collate(batch: list | dict):
+    """A batch that the dataset assembled itself (``CachedTrainImages.__getitems__``) as it is, else the
+    slots collated as usual."""
+    return batch if isinstance(batch, dict) else default_collate(batch)
+
+
 def stream_loader(dataset: Dataset, batches: list | None, workers: int, pin_memory: bool) -> DataLoader:
     """A loader whose ``batch_sampler.batches`` is the epoch's plan. Workers only read and augment
     slots whose parameters are fixed by the plan, so their number does not change the batches."""
-    return DataLoader(dataset, batch_sampler=EpochBatches(batches), num_workers=workers,
+    return DataLoader(dataset, batch_sampler=EpochBatches(batches), num_workers=workers, collate_fn=batch_collate,
                       pin_memory=pin_memory, persistent_workers=workers > 0)
 
 

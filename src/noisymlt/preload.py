@@ -38,10 +38,11 @@ from pathlib import Path
 
 ENV = "NOISYMLT_PRELOAD"
 # What a training or evaluation job imports; the server does it once. numpy and pyarrow start
-# threads of their own, which fork handles as it does for PyTorch's DataLoader workers.
+# threads of their own, which fork handles as it does for PyTorch's DataLoader workers. DivideMix's
+# co-divide imports sklearn.mixture when it first runs (~1 CPU second a DivideMix job).
 PRELOAD_MODULES = ("numpy", "pandas", "pyarrow.parquet", "torch", "torchvision", "noisymlt.cli", "noisymlt.train",
                    "noisymlt.methods.single", "noisymlt.methods.colearning_family", "noisymlt.methods.dividemix",
-                   "noisymlt.methods.bbn", "noisymlt.methods.mlgcn", "noisymlt.evaluate")
+                   "noisymlt.methods.bbn", "noisymlt.methods.mlgcn", "noisymlt.evaluate", "sklearn.mixture")
 # A caller also leaves when it has its exit status, sent by the child just before it exits: a child still
 # there after LEAVE_GRACE_S was left by an interrupted or killed caller, and is interrupted in turn.
 LEAVE_GRACE_S = 0.5
@@ -386,6 +387,9 @@ def _cmd_preload(args: argparse.Namespace) -> int:
         raise SystemExit(f"noisymlt preload: {path} exists (another server?); remove it or choose another path")
     for name in PRELOAD_MODULES:
         importlib.import_module(name)
+    # the import graph that every job's manifest records (valid while the source is unchanged, which is
+    # as long as this server serves)
+    importlib.import_module("noisymlt.codedeps").warm()
     sys.stdout.flush()
     sys.stderr.flush()
     server = Server(path, idle_timeout=args.idle_timeout, parent=args.parent)

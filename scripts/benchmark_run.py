@@ -1,0 +1,119 @@
+#!/usr/bin/env python
+"""CPU seconds of one demo training run, phase by phase, trained in-process as a training job runs it.
+
+Trains one (method, gamma, seed) run of the demo configuration on its image caches with
+``noisymlt.train.Trainer`` (the phases of ``Trainer.run``: set-up, training, test prediction, the fit
+record's train-set prediction, outputs) and prints the process CPU time of each phase, the median over
+``--repeat`` runs. The modules a job imports are imported first, as the demo's preloaded jobs find them
+(workflow.preload). CPU time, not wall time, so that other jobs on a shared machine do not inflate it.
+``--keep DIR`` keeps the last run folder (its predictions.npz compares runs before and after a change
+with np.array_equal); ``--profile FILE`` writes a cProfile of the training phase of the last run.
+
+Needs the demo's data (`snakemake --profile workflow/profiles/demo data/toy/noisy/g0.5_s0.parquet
+data/pretrained/toy_glyphs.pt data/toy/cache/train.npy data/toy/cache/test.npy`).
+
+    python scripts/benchmark_run.py --method erm --repeat 3
+    python scripts/benchmark_run.py --method ours --keep /tmp/ours --profile ours.prof
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PHASES = ("setup", "fit", "predict", "fit_record", "outputs")
+
+
+def one_run(cfg: dict, params: dict, out: Path, profile: Path | None) -> dict[str, float]:
+    from noisymlt.provenance import now
+    from noisymlt.steps import image_root
+    from noisymlt.train import Trainer
+
+    data = REPO / "data" / cfg["dataset"]
+    images = REPO / image_root(params, cfg["dataset"], "train")
+    seconds = {}
+    t = time.process_time()
+
+    def lap(name: str) -> None:
+        nonlocal t
+        now_t = time.process_time()
+        seconds[name] = now_t - t
+        t = now_t
+
+    started = now()
+    trainer = Trainer(cfg, train_labels=data / "noisy" / f"g{cfg['gamma']:g}_s{cfg['seed']}.parquet",
+                      test_labels=data / "test_labels.parquet", split=data / "class_split.json",
+                      train_images=images, test_images=images, out_dir=out, device="cpu", progress=False,
+                      train_cache=data / "cache" / "train.npy", test_cache=data / "cache" / "test.npy",
+                      clean_labels=data / "train_labels.parquet")  # the noise-level log, as the workflow's job
+    lap("setup")
+    if profile is not None:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        history = profiler.runcall(trainer.fit)
+        profiler.dump_stats(profile)
+    else:
+        history = trainer.fit()
+    lap("fit")
+    scores = trainer.predict()
+    lap("predict")
+    fit = trainer.fit_record(history, scores)
+    lap("fit_record")
+    trainer._write_outputs(started, history, scores, fit)
+    lap("outputs")
+    seconds["iterations"] = trainer.iters * cfg["train"]["epochs"]
+    return seconds
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--method", default="erm")
+    ap.add_argument("--gamma", type=float, default=0.5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dataset", default="toy")
+    ap.add_argument("--params", nargs="+", default=["params.yaml", "workflow/profiles/demo/params.yaml"])
+    ap.add_argument("--repeat", type=int, default=1, help="runs; the median of each phase is printed")
+    ap.add_argument("--keep", type=Path, help="keep the last run's folder here (replaced if it exists)")
+    ap.add_argument("--profile", type=Path, help="cProfile of the last run's training phase")
+    args = ap.parse_args()
+
+    sys.path.insert(0, str(REPO / "src"))
+    import importlib
+
+    from noisymlt.config import load_params, resolve_run
+    from noisymlt.preload import PRELOAD_MODULES
+
+    for name in PRELOAD_MODULES:  # imported before the clock starts, as a preloaded job finds them
+        importlib.import_module(name)
+
+    params = load_params(*[REPO / p for p in args.params])
+    runs = []
+    for r in range(args.repeat):
+        last = r == args.repeat - 1
+        cfg = resolve_run(params, args.dataset, args.method, args.gamma, args.seed)
+        with tempfile.TemporaryDirectory(prefix="noisymlt-bench-") as scratch:
+            out = Path(scratch) / "run"
+            runs.append(one_run(cfg, params, out, args.profile if last else None))
+            if last and args.keep:
+                shutil.rmtree(args.keep, ignore_errors=True)
+                shutil.copytree(out, args.keep)
+        print(f"{args.method} run {r + 1}: " + " ".join(f"{k}={runs[-1][k]:.2f}" for k in PHASES)
+              + f" total={sum(runs[-1][k] for k in PHASES):.2f}", flush=True)
+    med = {k: statistics.median(run[k] for run in runs) for k in PHASES}
+    total = statistics.median(sum(run[k] for k in PHASES) for run in runs)
+    iters = runs[-1]["iterations"]
+    print(f"{args.method} g{args.gamma:g} s{args.seed}, median of {len(runs)} (CPU seconds): "
+          + " ".join(f"{k}={med[k]:.2f}" for k in PHASES) + f" total={total:.2f}; "
+          f"{1000 * med['fit'] / iters:.1f} ms per training iteration ({iters})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
