@@ -56,6 +56,7 @@ MLGCN_SCHEMA = {
         "embeddings_dir": {"type": "string", "minLength": 1},
         "adjacency": {"enum": list(ADJACENCIES)},
         "pool": {"enum": list(POOLINGS)},
+        "gcn_lr_mult": {"type": "number", "exclusiveMinimum": 0},
     },
 }
 
