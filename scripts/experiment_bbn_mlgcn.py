@@ -282,6 +282,26 @@ VARIANTS = {
 }
 
 
+def feature_geometry(trainer) -> dict:
+    """The pretrained backbone's GAP features of the training images (test transform), before any training:
+    their norm, and the share of their second moment along the top direction (the mean, for non-negative
+    features): a linear classifier's slow directions learn at about 1 / that ratio of its fast one."""
+    torch, nn = _nn()
+    rng = torch.get_rng_state()  # the run that follows must not notice
+    feats = []
+    hook = trainer.model.backbone.register_forward_hook(lambda m, i, o: feats.append(o.float().mean(dim=(2, 3))))
+    trainer.predict(part="train")
+    hook.remove()
+    torch.set_rng_state(rng)
+    f = torch.cat(feats).double().numpy()
+    second = np.linalg.eigvalsh(f.T @ f / len(f))[::-1]
+    centred = np.linalg.eigvalsh(np.cov(f.T))[::-1]
+    return {"dim": f.shape[1], "mean_norm": round(float(np.linalg.norm(f, axis=1).mean()), 2),
+            "mean_entry": round(float(f.mean()), 3),
+            "top_share_of_second_moment": round(float(second[0] / second.sum()), 3),
+            "centred_top_over_20th_eigenvalue": round(float(centred[0] / centred[19]), 1)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", required=True, help="file to write every variant's numbers to")
@@ -306,7 +326,8 @@ def main() -> int:
     split = read_class_split(data / "class_split.json")
     cols = {g: list(split[g]) for g in ("head", "medium", "tail")}
     out_path = Path(args.json)
-    out = json.loads(out_path.read_text())["runs"] if out_path.exists() else {}
+    saved = json.loads(out_path.read_text()) if out_path.exists() else {}
+    out, geometry = saved.get("runs", {}), saved.get("features")
     chosen = [n for n in VARIANTS if args.only is None or any(n.startswith(p) for p in args.only)]
     trained: dict = {}  # (method, config edit) -> its trainer without model edits (test-alpha variants reuse it)
     with tempfile.TemporaryDirectory() as scratch:
@@ -327,6 +348,9 @@ def main() -> int:
                                       train_images=images, test_images=images, out_dir=Path(scratch) / str(k),
                                       device="cpu", progress=False, train_cache=data / "cache" / "train.npy",
                                       test_cache=data / "cache" / "test.npy")
+                    if geometry is None and name == "erm: as configured":  # before it trains
+                        geometry = feature_geometry(trainer)
+                        print(f"raw GAP features of the pretrained backbone: {geometry}", flush=True)
                     if model_edit == "prior_bias":
                         prior_bias(trainer.model, trainer.train_table.labels)
                     elif model_edit:
@@ -358,7 +382,8 @@ def main() -> int:
                   f"  test p05-p95 {row['test_score_p05']:.2f}-{row['test_score_p95']:.2f}  cpu {row['cpu_s']}s",
                   flush=True)
             out_path.parent.mkdir(parents=True, exist_ok=True)
-            out_path.write_text(json.dumps({"gamma": args.gamma, "seed": args.seed, "runs": out}, indent=1) + "\n")
+            out_path.write_text(json.dumps({"gamma": args.gamma, "seed": args.seed, "features": geometry,
+                                            "runs": out}, indent=1) + "\n")
     return 0
 
 
