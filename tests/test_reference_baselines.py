@@ -195,6 +195,19 @@ def ref_gcn_resnet_forward(features, map_side, feature, inp, A, w1, w2):
     return torch.matmul(feature, x)
 
 
+# megvii-research/ML-GCN, models.py, GCNResnet.get_config_optim; demo_voc2007_gcn.py passes it
+# --lr 0.1 --lrp 0.1 and builds torch.optim.SGD(model.get_config_optim(args.lr, args.lrp), lr=args.lr, ...)
+REF_MLGCN_LR, REF_MLGCN_LRP = 0.1, 0.1
+
+
+def ref_get_config_optim(model, lr, lrp):
+    return [
+        {"params": model.features.parameters(), "lr": lr * lrp},
+        {"params": model.gc1.parameters(), "lr": lr},
+        {"params": model.gc2.parameters(), "lr": lr},
+    ]
+
+
 # ---------------------------------------------------------------- helpers
 
 
@@ -552,3 +565,24 @@ def test_mlgcn_logits_and_gradients_match_gcn_resnet(seed):
     (expected * g).sum().backward()
     for mine, theirs in [(net.gcn.gc1.weight, w1), (net.gcn.gc2.weight, w2)]:
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-6, atol=1e-6 * theirs.grad.abs().max().item())
+
+
+def test_mlgcn_trains_its_gcn_at_the_reference_ratio_to_its_backbone(tiny_toy, tmp_path):
+    # ML-GCN's optimiser: the GCN at 1 / lrp = 10x the backbone's rate; the backbone keeps the recipe's lr.
+    # The trainer applies the factor at every step (warm-up included), so its groups are compared after a run.
+    from conftest import tiny_params, toy_trainer
+    from noisymlt.config import resolve_run
+    from noisymlt.train import lr_at
+
+    resolved = resolve_run(tiny_params("mlgcn", epochs=1, lr_steps=[1], image_size=16), "toy", "mlgcn", 0.5, 0)
+    trainer = toy_trainer(tiny_toy, resolved, tmp_path / "run", limit_iters=3)
+    trainer.fit()
+    lr = {id(p): g["lr"] for g in trainer.optimizer.param_groups for p in g["params"]}
+    ref = SimpleNamespace(features=trainer.model.backbone, gc1=trainer.model.gcn.gc1, gc2=trainer.model.gcn.gc2)
+    ref_groups = ref_get_config_optim(ref, REF_MLGCN_LR, REF_MLGCN_LRP)
+    backbone_lr = lr_at(resolved["train"], 0, trainer.iters - 1, trainer.iters)
+    for group in ref_groups:
+        params = list(group["params"])
+        assert params and all(id(p) in lr for p in params)
+        ratio = group["lr"] / ref_groups[0]["lr"]
+        assert all(lr[id(p)] == pytest.approx(backbone_lr * ratio, rel=1e-12) for p in params)

@@ -35,6 +35,17 @@ def lr_at(cfg: dict, epoch: int, it: int, iters_per_epoch: int) -> float:
     return lr
 
 
+def lr_groups(model, multipliers: dict[str, float]) -> list[tuple[float, list]]:
+    """The model's trainable parameters as (lr factor, parameters) groups: a parameter takes the factor of the
+    first name prefix in ``multipliers`` it starts with, else 1. Without factors there is one group, as before."""
+    groups: dict[float, list] = {}
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            mult = next((float(m) for prefix, m in multipliers.items() if name.startswith(prefix)), 1.0)
+            groups.setdefault(mult, []).append(param)
+    return list(groups.items())
+
+
 def check_warmup(cfg: dict, iters_per_epoch: int, where: str) -> None:
     """Refuse a schedule whose linear warm-up ends after the first lr step: its runs would never train at
     their nominal lr (``train.long_warmup: true`` allows it, to reproduce a reference that does so)."""
@@ -214,9 +225,10 @@ class Trainer:
         self.model = self.method.build_model().to(self.device)
         if tcfg["channels_last"]:
             self.model = self.model.to(memory_format=torch.channels_last)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.SGD(params, lr=tcfg["lr"], momentum=tcfg["momentum"],
-                                         weight_decay=tcfg["weight_decay"])
+        groups = lr_groups(self.model, self.method.lr_multipliers())
+        self.lr_mults = [mult for mult, _ in groups]
+        self.optimizer = torch.optim.SGD([{"params": params} for _, params in groups], lr=tcfg["lr"],
+                                         momentum=tcfg["momentum"], weight_decay=tcfg["weight_decay"])
         self.noise_monitor = None
         self.saved_noise_log: str | None = None  # the noise log as the loaded checkpoint holds it
         self.checkpoint_sha256: str | None = None  # content hash of the checkpoint saved or resumed last
@@ -499,8 +511,8 @@ class Trainer:
                        disable=not self.progress, leave=False, dynamic_ncols=True)
             for it, raw in enumerate(bar):
                 lr = lr_at(tcfg, epoch, it, self.iters)
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
+                for group, mult in zip(self.optimizer.param_groups, self.lr_mults):
+                    group["lr"] = lr * mult
                 batches = {s.name: self.to_device(b) for s, b in zip(streams, raw)}
                 with self.autocast():
                     loss, logs = self.method.training_loss(self.model, batches, epoch, it)

@@ -121,6 +121,11 @@ class Method:
     def predict(self, model: nn.Module, images: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    def lr_multipliers(self) -> dict[str, float]:
+        """Learning-rate factors by parameter-name prefix of the model (ML-GCN's code trains its GCN at 10x
+        its backbone's rate); parameters that match no prefix train at the schedule's rate."""
+        return {}
+
     def on_epoch_start(self, model: nn.Module, epoch: int) -> None:
         """Hook for per-epoch work (BBN's mixing weight, DivideMix's co-divide)."""
 

@@ -38,7 +38,8 @@ BBN_SPLITS = ("stage", "block")
 BBN_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
-    "properties": {**LOSS_OPTIONS, "split_at": {"enum": list(BBN_SPLITS)}},
+    "properties": {**LOSS_OPTIONS, "split_at": {"enum": list(BBN_SPLITS)},
+                   "classifier_lr_mult": {"type": "number", "exclusiveMinimum": 0}},
 }
 
 # ------------------------------------------------------------------ mlgcn
@@ -56,6 +57,7 @@ MLGCN_SCHEMA = {
         "embeddings_dir": {"type": "string", "minLength": 1},
         "adjacency": {"enum": list(ADJACENCIES)},
         "pool": {"enum": list(POOLINGS)},
+        "gcn_lr_mult": {"type": "number", "exclusiveMinimum": 0},
     },
 }
 
