@@ -241,6 +241,12 @@ def test_dvc_plans_the_jobs_snakemake_plans(tmp_path):
     grid = params["grid"]
     assert len(dvc_runs) == len(grid["datasets"]) * len(grid["gammas"]) * len(grid["seeds"]) * len(grid["methods"])
     assert dvc_runs == smk_runs and "runs/coco/g0.9/s4/erm" in dvc_runs
+    # model selection: the same candidates (ten baselines x 4 lr, Ours 4 lr + 12 alpha x beta, per dataset)
+    dvc_candidates = {Path(o).parent.as_posix() for s, paths in stages.items() if s.startswith("train_candidate@")
+                      for o in paths if o.endswith("predictions.npz")}
+    smk_candidates = {Path(f).parent.as_posix() for f, rule in smk.items() if rule == "train_candidate"}
+    assert dvc_candidates == smk_candidates and len(dvc_candidates) == 2 * (10 * 4 + 16)
+    assert "runs/voc/select/ours/stage2/g0.5/s0/alpha0.8_beta0.3" in dvc_candidates
     assert sum(s.startswith("raw@") for s in stages) == 2
 
 

@@ -26,7 +26,7 @@ import yaml
 pytestmark = pytest.mark.slurm
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN_TIMEOUT_S = 480
+RUN_TIMEOUT_S = 600
 
 # One run (toy, gamma 0.5, seed 0, ERM) on 32 px images, one epoch. 600 trainval images with
 # max 110 give a 200-image long-tailed subset with 1 head, 4 medium and 15 tail classes.
@@ -44,6 +44,8 @@ TINY_PARAMS = {
                   for name in ("db", "db_random")},
     # the demo's pretrained backbone, made in seconds: a small source task, one epoch
     "pretrain": {"toy_glyphs": {"epochs": 1, "source": {"classes": 8, "images_per_class": 16, "held_out_per_class": 4}}},
+    # model selection of ERM's lr over two candidates, each its own sbatch job (group `select`)
+    "selection": {"methods": {"erm": [["lr"]]}, "grids": {"lr": [0.02, 0.08]}},
 }
 
 # Each rule run through SLURM costs Snakemake start-ups (sbatch -> jobstep, then srun -> one per
@@ -51,8 +53,11 @@ TINY_PARAMS = {
 # the rest: the profile's `run` group (train, evaluate) and `report` group (aggregate, table,
 # figure), i.e. two sbatch jobs.
 DATA_TARGETS = ["data/toy/noisy/g0.5_s0.parquet", "data/toy/test_labels.parquet", "data/toy/class_split.json",
-                "data/pretrained/toy_glyphs.pt", "data/code"]  # data/code: DVC's digests (`rule all` asks for them)
-SLURM_GROUPS = {"run": ["evaluate", "train"], "report": ["aggregate", "figure_map_vs_gamma", "table_total"]}
+                "data/pretrained/toy_glyphs.pt", "data/code",  # data/code: DVC's digests (`rule all` asks for them)
+                "data/toy/select/g0.5_s0_fit.parquet", "data/toy/cache/select_fit.npy", "data/toy/cache/select_val.npy"]
+SLURM_GROUPS = {"run": ["evaluate", "train"], "report": ["aggregate", "figure_map_vs_gamma", "table_total"],
+                "select": ["evaluate_candidate", "train_candidate"]}
+GROUP_JOBS = {"run": 1, "report": 1, "select": 2}  # sbatch jobs per group: ERM's final run, the report, 2 candidates
 # one sbatch job each
 SLURM_SINGLE_RULES = {"cache_train_images", "cache_test_images", "readme_numbers", "table_groups", "table_fit"}
 
@@ -90,7 +95,7 @@ def derive_test_profile(profile: dict, partition: str, configfiles: list[Path]) 
     p["slurm-status-command"] = "squeue"
     p["slurm-init-seconds-before-status-checks"] = 2
     p["slurm-keep-successful-logs"] = True  # evidence that every job went through sbatch
-    p["set-threads"] = {**p.get("set-threads", {}), "train": 1}
+    p["set-threads"] = {**p.get("set-threads", {}), "train": 1, "train_candidate": 1}
     default = dict(p["default-resources"], slurm_partition=partition, mem_mb=1000)
     p["default-resources"] = default
     res = {rule: dict(r) for rule, r in p["set-resources"].items()}
@@ -99,9 +104,10 @@ def derive_test_profile(profile: dict, partition: str, configfiles: list[Path]) 
             r["slurm_partition"] = partition
         if "mem_mb" in r:
             r["mem_mb"] = 1000
-    for key in ("gpu_model", "gres"):
-        res["train"].pop(key, None)
-    res["train"]["gpu"] = 0               # no GPU on the test node: no --gpus on sbatch
+    for rule in ("train", "train_candidate"):
+        for key in ("gpu_model", "gres"):
+            res[rule].pop(key, None)
+        res[rule]["gpu"] = 0              # no GPU on the test node: no --gpus on sbatch
     p["set-resources"] = res
     return p
 
@@ -138,6 +144,7 @@ def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> N
     configfiles = [work / "workflow/profiles/demo/params.yaml", tiny]
     real = yaml.safe_load((work / "workflow/profiles/slurm/config.yaml").read_text())
     assert real["executor"] == "slurm" and real["set-resources"]["train"]["gpu"] == 1
+    assert real["set-resources"]["train_candidate"]["gpu"] == 1
     prof_dir = tmp_path / "profile"
     prof_dir.mkdir()
     (prof_dir / "config.yaml").write_text(yaml.safe_dump(derive_test_profile(real, partition, configfiles)))
@@ -169,7 +176,10 @@ def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> N
         [f"group_{name}_{'_'.join(rules)}" for name, rules in SLURM_GROUPS.items()]
         + [f"rule_{rule}" for rule in SLURM_SINGLE_RULES]
     )
-    assert {name: len(files) for name, files in group_logs.items()} == {"run": 1, "report": 1}
+    assert {name: len(files) for name, files in group_logs.items()} == GROUP_JOBS
+    chosen = json.loads((work / "runs/toy/select/erm/stage1.json").read_text())
+    assert [c["tag"] for c in chosen["candidates"]] == ["lr0.02", "lr0.08"]
+    assert json.loads((work / "runs/toy/g0.5/s0/erm/run_config.json").read_text())["train"]["lr"] == chosen["chosen"]["lr"]
     manifest = json.loads((work / "runs/toy/g0.5/s0/erm/manifest.json").read_text())
     timing = json.loads((work / "runs/toy/g0.5/s0/erm/manifest.timing.json").read_text())  # untracked: varies per job
     job_id = timing["slurm_job_id"]

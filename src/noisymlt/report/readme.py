@@ -239,7 +239,7 @@ def render(numbers: dict) -> str:
     return "\n".join(out)
 
 
-GREEK = {"alpha": "α", "beta": "β", "lr": "lr"}
+GREEK = {"lr": "lr", "alpha": "α", "beta": "β"}  # the order the paper names them
 
 
 def _tag(tag: str) -> str:
@@ -253,7 +253,8 @@ def render_selection(rows: list[dict]) -> list[str]:
     out = []
     for row in rows:
         sets = ", ".join(f"γ {s['gamma']:g} seed {s['seed']}" for s in row["sets"])
-        chosen = ", ".join(f"{GREEK.get(k, k)} {v:g}" for k, v in row["chosen"].items())
+        order = sorted(row["chosen"], key=lambda k: list(GREEK).index(k) if k in GREEK else len(GREEK))
+        chosen = ", ".join(f"{GREEK.get(k, k)} {row['chosen'][k]:g}" for k in order)
         stages = "; ".join(
             f"{'+'.join(GREEK.get(k, k) for k in st['keys'])}: "
             + ", ".join(f"**{_tag(t)}: {v:.2f}**" if t == st["winner"] else f"{_tag(t)}: {v:.2f}"

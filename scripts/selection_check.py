@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""Does noisy validation pick well? For each model-selection candidate of a finished workflow, its validation mAP
+(against the held-out noisy labels, what the selection ranked) beside the test mAP of the same model on the clean
+test set, and the Spearman rank correlation of the two per stage.
+
+This reads the test set, which is why it is a script for the note and never a pipeline step: selection itself
+never does (noisymlt.selection). It loads each candidate's final checkpoint and predicts the test images; nothing
+is trained or written inside the project folder.
+
+    python scripts/selection_check.py --root . --dataset toy --method ours --json docs/demo_selection_check.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    from scipy import stats
+
+    if len(a) < 3 or len(set(a)) < 2 or len(set(b)) < 2:
+        return None
+    return round(float(stats.spearmanr(a, b).statistic), 3)
+
+
+def candidate_test_map(root: Path, run: Path, dataset: str) -> float:
+    """Total mAP (%) on the test set of a candidate's trained model (its ranked head)."""
+    from noisymlt.evaluate import average_precisions
+    from noisymlt.labels import read_labels
+    from noisymlt.steps import image_root
+    from noisymlt.train import Trainer
+
+    cfg = json.loads((run / "run_config.json").read_text())
+    inputs = json.loads((run / "manifest.json").read_text())["inputs"]
+    params = {"datasets": {dataset: {"kind": cfg["kind"]}}}  # the image folders follow the dataset's kind
+    caches = {}
+    if "train_cache" in inputs:
+        caches = {"train_cache": root / inputs["train_cache"]["path"], "test_cache": root / f"data/{dataset}/cache/test.npy"}
+    test = root / f"data/{dataset}/test_labels.parquet"
+    trainer = Trainer(cfg, train_labels=root / inputs["train_labels"]["path"], test_labels=test,
+                      split=root / inputs["split"]["path"], train_images=root / image_root(params, dataset, "train"),
+                      test_images=root / image_root(params, dataset, "test"), out_dir=run, device="cpu",
+                      progress=False, **caches)
+    trainer.load_checkpoint()
+    heads = trainer.predict()
+    head = "ensemble" if "ensemble" in heads else next(iter(heads))
+    return 100 * float(np.nanmean(average_precisions(read_labels(test).labels, heads[head])))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", default=".", help="the finished workflow's project folder")
+    ap.add_argument("--dataset", default="toy")
+    ap.add_argument("--method", default="ours")
+    ap.add_argument("--json", help="file to write the table to")
+    args = ap.parse_args()
+    sys.path.insert(0, str(REPO / "src"))
+    root = Path(args.root).resolve()
+    import os
+
+    os.chdir(root)  # recorded paths are relative to the project folder
+    from noisymlt import selection as S
+
+    out = {"dataset": args.dataset, "method": args.method, "stages": []}
+    k = 1
+    while (root / S.stage_file(args.dataset, args.method, k)).is_file():
+        record = json.loads((root / S.stage_file(args.dataset, args.method, k)).read_text())
+        rows = []
+        for cand in record["candidates"]:
+            for key in cand["scores"]:
+                gamma, seed = key[1:].split("_s")
+                run = root / S.candidate_dir(args.dataset, args.method, k, float(gamma), int(seed), cand["tag"])
+                rows.append({"tag": cand["tag"], "set": key, "val_map": cand["scores"][key],
+                             "test_map": round(candidate_test_map(root, run, args.dataset), 2)})
+                print(f"stage {k} {cand['tag']:>20} {key}: validation {rows[-1]['val_map']:.2f}  "
+                      f"test {rows[-1]['test_map']:.2f}", flush=True)
+        best_test = max(rows, key=lambda r: r["test_map"])
+        out["stages"].append({"stage": k, "keys": record["keys"], "winner": record["winner"], "rows": rows,
+                              "spearman": spearman([r["val_map"] for r in rows], [r["test_map"] for r in rows]),
+                              "best_on_test": best_test["tag"],
+                              "test_map_of_winner": next(r["test_map"] for r in rows if r["tag"] == record["winner"])})
+        print(f"stage {k}: Spearman rho {out['stages'][-1]['spearman']}; chosen {record['winner']}, best on test "
+              f"{best_test['tag']}")
+        k += 1
+    every = [r for st in out["stages"] for r in st["rows"]]
+    out["spearman_all"] = spearman([r["val_map"] for r in every], [r["test_map"] for r in every])
+    print(f"all candidates: Spearman rho {out['spearman_all']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
