@@ -65,7 +65,8 @@ def test_cpu_quick_mode_runs_every_part_and_writes_the_gpu_keys_as_null(tmp_path
     assert (tmp_path / "e2e" / "cpu" / "metrics.json").exists()
 
     grid = parts["grid"]
-    assert grid["runs"] == 560 and grid["by_dataset"]["voc"]["runs"] == 340  # main grid + ablations
+    # main grid + ablations, and 112 model-selection candidates (56 per dataset)
+    assert grid["runs"] == 560 + 112 and grid["candidates"] == 112 and grid["by_dataset"]["voc"]["runs"] == 340 + 56
     assert grid["iterations"] == sum(j["iterations"] for j in json.loads((tmp_path / "grid_plan.json").read_text()))
     assert grid["gpu_hours"] is None and "no CUDA" in grid["gpu_hours_reason"]
     assert grid["packing"]["speedup"] is None and grid["packing"]["reason"] == "no CUDA device"
@@ -85,7 +86,7 @@ def test_only_the_selected_parts_run(tmp_path):
     proc = run_check(tmp_path, "--device", "cpu", "--quick", "--parts", "grid")
     assert proc.returncode == 0, proc.stderr[-3000:]
     parts = json.loads((tmp_path / "device_check.json").read_text())["parts"]
-    assert parts["grid"]["status"] == "ok" and parts["grid"]["runs"] == 560
+    assert parts["grid"]["status"] == "ok" and parts["grid"]["runs"] == 560 + 112
     assert {p["reason"] for name, p in parts.items() if name != "grid"} == {"not selected (--parts)"}
     assert parts["grid"]["gpu_hours"] is None  # nothing measured to price the runs with
 

@@ -31,7 +31,8 @@ def _stage_body(stage: dict) -> dict:
     return stage.get("do", stage)
 
 
-STEP_COMMANDS = {"raw": "make-toy", "train-images": "fetch-coco-images"}  # `noisymlt step X` runs these
+STEP_COMMANDS = {"raw": "make-toy", "train-images": "fetch-coco-images",  # `noisymlt step X` runs these
+                 "select-split": "select", "select-choose": "select", "select-cache": "cache-images"}
 
 
 def _commands(cmd: str) -> list[str]:
@@ -64,7 +65,7 @@ def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_sourc
         assert not [d for d in deps if d.startswith("src/")], name
         code = sorted(d for d in deps if d.startswith("data/code/"))
         expected = {f"data/code/{c}.json" for c in _commands(body["cmd"])}
-        if name == "train":
+        if name in ("train", "train_candidate"):
             expected = {"data/code/step.json", "data/code/train/${item.method}.json"}
         if name == "raw":  # toy data are generated, voc/coco downloaded: one stage runs either
             expected |= {"data/code/download.json"}
@@ -106,7 +107,11 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     assert block["caches"]["toy-test"] == {"dataset": "toy", "part": "test", "images": "data/raw/toy"}
     assert block["runs"]["toy-0.5-0-erm"] == {"dataset": "toy", "gamma": 0.5, "seed": 0, "method": "erm",
                                               "images": "data/raw/toy", "weights": "data/pretrained/toy_glyphs.pt",
-                                              "config_key": "toy-0_5-0-erm"}
+                                              "config_key": "toy-0_5-0-erm", "choice": "data/raw/toy"}
+    # the demo's model selection: Ours' 4 + 12 candidates; its final runs depend on the last stage's choice
+    assert block["runs"]["toy-0.5-0-ours"]["choice"] == "runs/toy/select/ours/stage2.choice.json"
+    assert len(block["candidates"]) == 16 and list(block["selections"]) == ["toy-ours-1", "toy-ours-2"]
+    assert block["selections"]["toy-ours-2"]["previous"] == "runs/toy/select/ours/stage1.choice.json"
     # a train stage's one param: the run id of its resolved configuration
     assert block["run_configs"]["toy-0_5-0-erm"] == run_id(resolve_run(load_params("dvc.params.yaml"), "toy", "erm",
                                                                         0.5, 0))
@@ -182,7 +187,7 @@ def unwritten_outputs(outs: set[str], smk: dict[str, str]) -> list[str]:
     """DVC outputs the Snakemake route does not write (`dvc commit` after `snakemake` would fail on them):
     not a file a Snakemake job declares, nor a folder holding some, nor a checkpoint of a train job, nor
     the params file both routes write first."""
-    run_dirs = {Path(f).parent.as_posix() for f, rule in smk.items() if rule == "train"}
+    run_dirs = {Path(f).parent.as_posix() for f, rule in smk.items() if rule in ("train", "train_candidate")}
 
     def written(out: str) -> bool:
         if out in smk or any(f.startswith(out + "/") for f in smk) or out in BEFORE_EITHER_ROUTE:

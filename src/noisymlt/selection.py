@@ -21,7 +21,6 @@ Nothing here opens the test set or a clean label (tests/test_selection.py holds 
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import itertools
 import json
 import logging
@@ -30,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.schema import ParamsError
+from noisymlt.config import PSEUDO_KEYS, method_entry, uses_pseudo_labels
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,6 @@ HYPERPARAMETERS = {
     "alpha": "pseudo-label threshold that sets a label (Eq. 3), on the selection.thresholds.alpha groups",
     "beta": "pseudo-label threshold that clears a label (Eq. 3), on the selection.thresholds.beta groups",
 }
-PSEUDO_KEYS = ("alpha", "beta")
 BRANCHES = ("random", "balanced")
 TIE_RULE = ("scores are compared at 0.01 mAP points (the tables' precision); of tied candidates the first in the "
             "stage's grid order wins (each grid lists its values from the most conservative: the smallest lr, "
@@ -93,17 +91,6 @@ def enabled(params: dict) -> bool:
     return bool(block.get("enabled", False))
 
 
-def method_entry(params: dict, method: str):
-    """A method's entry under selection.methods: exact name first, then the first glob pattern matching it."""
-    methods = (params.get("selection") or {}).get("methods") or {}
-    if method in methods:
-        return methods[method]
-    for pattern, entry in methods.items():
-        if any(ch in pattern for ch in "*?[") and fnmatch.fnmatchcase(method, pattern):
-            return entry
-    return None
-
-
 def owner(params: dict, method: str) -> str | None:
     """The method whose selection a method's final runs read: itself, its `same_as`, or None (fixed values)."""
     if not enabled(params):
@@ -124,11 +111,6 @@ def stages(params: dict, method: str) -> list[list[str]]:
     return [list(stage) for stage in entry] if isinstance(entry, list) else []
 
 
-def uses_pseudo_labels(params: dict, method: str) -> bool:
-    block = params["methods"][method]
-    return block["family"] == "colearning" and (block.get("pseudo") or {}).get("source", "cross") != "none"
-
-
 def applicable(params: dict, method: str, values: dict) -> dict:
     """The chosen values that mean something to a method: alpha/beta only where pseudo labels are on."""
     return {k: v for k, v in values.items() if k not in PSEUDO_KEYS or uses_pseudo_labels(params, method)}
@@ -143,40 +125,6 @@ def selecting_methods(params: dict, methods: list[str]) -> list[str]:
     """The methods that run candidates for final runs of ``methods`` (their owners), in first-seen order."""
     owners = (owner(params, m) for m in methods)
     return list(dict.fromkeys(o for o in owners if o is not None))
-
-
-def validate(params: dict, source: str | None = None) -> None:
-    """Cross-references the schema cannot express; errors name the key."""
-    block = params.get("selection")
-    if not block:
-        return
-    methods = params["methods"]
-    for key, entry in (block.get("methods") or {}).items():
-        where = f"selection.methods.{key}"
-        names = [m for m in methods if fnmatch.fnmatchcase(m, key)]
-        if not names and not any(ch in key for ch in "*?["):  # a pattern may match none (a layer's subset)
-            raise ParamsError(source, where, f"no method is called {key!r} (no block under methods)")
-        if entry is None:
-            continue
-        if isinstance(entry, dict):
-            target = entry["same_as"]
-            if target not in methods:
-                raise ParamsError(source, f"{where}.same_as", f"unknown method {target!r}")
-            if isinstance(method_entry(params, target), dict):
-                raise ParamsError(source, f"{where}.same_as", f"{target!r} takes another method's values itself; "
-                                                              "name that method")
-            continue
-        seen: set[str] = set()
-        for i, stage in enumerate(entry):
-            for name in stage:
-                if name in seen:
-                    raise ParamsError(source, f"{where}.{i}", f"{name!r} is selected in two stages")
-                seen.add(name)
-                if name not in block["grids"]:
-                    raise ParamsError(source, f"{where}.{i}", f"no grid for {name!r} under selection.grids")
-                for m in names:
-                    if name in PSEUDO_KEYS and not uses_pseudo_labels(params, m):
-                        raise ParamsError(source, f"{where}.{i}", f"{m!r} has no pseudo labels to select {name} for")
 
 
 # ------------------------------------------------------------------------------------------ candidates
@@ -403,24 +351,6 @@ def _write_json(path: Path, obj: dict) -> None:
 def split_tables(params: dict, dataset: str) -> dict[str, str]:
     """The noisy tables the split is stratified on, one per selection set, by name (g0.5_s0)."""
     return {f"g{gtag(g)}_s{s}": f"data/{dataset}/noisy/g{gtag(g)}_s{s}.parquet" for g, s in selection_sets(params)}
-
-
-def split_argv(params: dict, dataset: str, out: str) -> list[str]:
-    block = params["selection"]
-    tables = [f"{name}={path}" for name, path in split_tables(params, dataset).items()]
-    return ["select", "split", "--noisy", *tables, "--held-out", str(block["held_out"]),
-            "--seed", str(block["split_seed"]), "--out", out]
-
-
-def cache_argv(params: dict, dataset: str, part: str, out: str) -> list[str]:
-    """`noisymlt cache-images` of the fit or val images, from the first selection set's table of that part (the
-    other sets' tables hold the same rows, which is all a cache checks)."""
-    from noisymlt import steps
-
-    gamma, seed = selection_sets(params)[0]
-    return ["cache-images", "--labels", part_path(dataset, gamma, seed, part),
-            "--images", steps.image_root(params, dataset, "train"), "--size", str(steps.cache_size(params, dataset)),
-            "--out", out, "--no-progress"]
 
 
 def _cmd_split(args: argparse.Namespace) -> int:

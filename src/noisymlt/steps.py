@@ -159,6 +159,26 @@ def cache_args(name: str, loader: str) -> list[str]:
     return ["--train-cache", cache_path(name, "train"), "--test-cache", cache_path(name, "test")]
 
 
+def select_split_argv(params: dict, dataset: str, out: str) -> list[str]:
+    from noisymlt.selection import split_tables
+
+    block = params["selection"]
+    tables = [f"{name}={path}" for name, path in split_tables(params, dataset).items()]
+    return ["select", "split", "--noisy", *tables, "--held-out", str(block["held_out"]),
+            "--seed", str(block["split_seed"]), "--out", out]
+
+
+def select_cache_argv(params: dict, dataset: str, part: str, out: str) -> list[str]:
+    """`noisymlt cache-images` of the fit or val images, from the first selection set's table of that part (the
+    other sets' tables hold the same rows, which is all a cache checks)."""
+    from noisymlt.selection import part_path, selection_sets
+
+    gamma, seed = selection_sets(params)[0]
+    return ["cache-images", "--labels", part_path(dataset, gamma, seed, part),
+            "--images", image_root(params, dataset, "train"), "--size", str(cache_size(params, dataset)),
+            "--out", out, "--no-progress"]
+
+
 def run_dir(dataset: str, gamma: float, seed: int, method: str, root: str = "runs") -> str:
     return f"{root}/{dataset}/g{gtag(gamma)}/s{int(seed)}/{method}"
 
@@ -258,15 +278,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_select_split(args: argparse.Namespace) -> int:
-    from noisymlt import selection
-
-    return _run(selection.split_argv(_params(args), args.dataset, args.out))
+    return _run(select_split_argv(_params(args), args.dataset, args.out))
 
 
 def _cmd_select_cache(args: argparse.Namespace) -> int:
-    from noisymlt import selection
-
-    return _run(selection.cache_argv(_params(args), args.dataset, args.part, args.out))
+    return _run(select_cache_argv(_params(args), args.dataset, args.part, args.out))
 
 
 def _cmd_train_candidate(args: argparse.Namespace) -> int:

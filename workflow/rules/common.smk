@@ -249,6 +249,83 @@ def finished_work():
     return list(dict.fromkeys(files))
 
 
+# Model selection (workflow/rules/select.smk, noisymlt.selection): what its rules and the final runs read.
+
+
+def previous_choice(w):
+    """The choice of the stage before (stages after the first): an ancient input, its values in the params."""
+    if int(w.stage) == 1:
+        return []
+    return ancient(checkpoints.select.get(dataset=w.dataset, method=w.method, stage=str(int(w.stage) - 1)).output.choice)
+
+
+def candidate_values(w):
+    values = dict(S.candidates(config, w.method, int(w.stage)))
+    if w.tag not in values:
+        raise ValueError(f"{w.tag}: no candidate of {w.method} stage {w.stage} is called so "
+                         f"(candidates: {', '.join(values)})")
+    earlier = {}
+    if int(w.stage) > 1:
+        earlier = S.read_choice(previous_choice(w))
+    return {**earlier, **values[w.tag]}
+
+
+def candidate_config(w):
+    cfg = S.candidate_config(config, w.dataset, w.method, float(w.gamma), int(w.seed), candidate_values(w))
+    return json.dumps(cfg, sort_keys=True, indent=1)
+
+
+def candidate_caches(w):
+    if resolved(w)["train"].get("loader", "pil") != "cache":
+        return []
+    return [S.cache_path(w.dataset, part) for part in ("fit", "val")]
+
+
+def candidate_cache_args(w):
+    caches = candidate_caches(w)
+    return f"--train-cache {caches[0]} --test-cache {caches[1]}" if caches else ""
+
+
+def stage_candidates(w):
+    return [f"{S.candidate_dir(w.dataset, w.method, int(w.stage), g, s, tag)}/metrics.json"
+            for tag, _ in S.candidates(config, w.method, int(w.stage)) for g, s in S.selection_sets(config)]
+
+
+@functools.lru_cache(maxsize=None)  # asked once per run and rule; the config is fixed for the invocation
+def last_stage(method):
+    """(the method whose choice a method's final runs read, its last stage), or None for fixed values."""
+    who = S.owner(config, method)
+    return None if who is None else (who, str(len(S.stages(config, who))))
+
+
+def final_choice(w):
+    """The choice a final run reads (an ancient input), or nothing for a method with fixed values."""
+    owner_stage = last_stage(w.method)
+    if owner_stage is None:
+        return []
+    who, last = owner_stage
+    return ancient(checkpoints.select.get(dataset=w.dataset, method=who, stage=last).output.choice)
+
+
+def selection_targets():
+    """Every stage file (every candidate's score and the choice) behind the runs the workflow trains; `all` asks
+    for them."""
+    runs = (r.split("|") for r in all_runs("{dataset}|{gamma}|{seed}|{method}"))
+    pairs = dict.fromkeys((d, m) for d, g, s, m in runs)
+    files = []
+    for dataset, method in pairs:
+        who = S.owner(config, method)
+        if who is not None:
+            files += [S.stage_file(dataset, who, k) for k in range(1, len(S.stages(config, who)) + 1)]
+    return list(dict.fromkeys(files))
+
+
+def readme_selection():
+    """The last stage file of each grid method's selection (the README's demo numbers quote them)."""
+    owners = S.selecting_methods(config, GRID["methods"])
+    return [S.stage_file(d, m, len(S.stages(config, m))) for d in GRID["datasets"] for m in owners]
+
+
 # workflow.preload (the demo): on a local run, one server process imports torch once and every noisymlt
 # job runs in a child forked from it (noisymlt.preload), which saves ~3.5 s of start-up per job.
 if config.get("workflow", {}).get("preload") and workflow.local_exec:

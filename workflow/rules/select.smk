@@ -8,7 +8,6 @@
 # values reruns nothing downstream.
 
 
-
 wildcard_constraints:
     stage="[0-9]+",
     tag="[a-z0-9._]+",
@@ -21,7 +20,7 @@ rule select_split:
         "data/{dataset}/select/split.json",
     params:
         cli=NOISYMLT,
-        args=lambda w, output: argv(S.split_argv(config, w.dataset, output[0])),
+        args=lambda w, output: argv(steps.select_split_argv(config, w.dataset, output[0])),
         code=code("select"),
     conda:
         "../envs/noisymlt.yaml"
@@ -52,7 +51,7 @@ rule select_parts:
 
 rule cache_select_images:
     input:
-        labels=lambda w: S.cache_argv(config, w.dataset, w.part, "")[2],
+        labels=lambda w: steps.select_cache_argv(config, w.dataset, w.part, "")[2],
         images=lambda w: train_images_ready(w.dataset),
     output:
         array="data/{dataset}/cache/select_{part}.npy",
@@ -62,7 +61,7 @@ rule cache_select_images:
         part="fit|val",
     params:
         cli=NOISYMLT,
-        args=lambda w, output: argv(S.cache_argv(config, w.dataset, w.part, output.array)),
+        args=lambda w, output: argv(steps.select_cache_argv(config, w.dataset, w.part, output.array)),
         code=code("cache-images"),
     conda:
         "../envs/noisymlt.yaml"
@@ -70,40 +69,6 @@ rule cache_select_images:
         "logs/data/cache_images_{dataset}_select_{part}.log",
     shell:
         "{params.cli} {params.args} > {log} 2>&1"
-
-
-def previous_choice(w):
-    """The choice of the stage before (stages after the first): an ancient input, its values in the params."""
-    if int(w.stage) == 1:
-        return []
-    return ancient(checkpoints.select.get(dataset=w.dataset, method=w.method, stage=str(int(w.stage) - 1)).output.choice)
-
-
-def candidate_values(w):
-    values = dict(S.candidates(config, w.method, int(w.stage)))
-    if w.tag not in values:
-        raise ValueError(f"{w.tag}: no candidate of {w.method} stage {w.stage} is called so "
-                         f"(candidates: {', '.join(values)})")
-    earlier = {}
-    if int(w.stage) > 1:
-        earlier = S.read_choice(previous_choice(w))
-    return {**earlier, **values[w.tag]}
-
-
-def candidate_config(w):
-    cfg = S.candidate_config(config, w.dataset, w.method, float(w.gamma), int(w.seed), candidate_values(w))
-    return json.dumps(cfg, sort_keys=True, indent=1)
-
-
-def candidate_caches(w):
-    if resolved(w)["train"].get("loader", "pil") != "cache":
-        return []
-    return [S.cache_path(w.dataset, part) for part in ("fit", "val")]
-
-
-def candidate_cache_args(w):
-    caches = candidate_caches(w)
-    return f"--train-cache {caches[0]} --test-cache {caches[1]}" if caches else ""
 
 
 CANDIDATE = "runs/{dataset}/select/{method}/stage{stage}/g{gamma}/s{seed}/{tag}"
@@ -141,7 +106,7 @@ rule train_candidate:
         config=f"{CANDIDATE}/run_config.json",
     params:
         cli=NOISYMLT,
-        out=CANDIDATE,
+        out=lambda w: S.candidate_dir(w.dataset, w.method, int(w.stage), float(w.gamma), int(w.seed), w.tag),
         images=lambda w: image_root(w.dataset, "train"),
         caches=candidate_cache_args,
         code=run_code,
@@ -181,11 +146,6 @@ rule evaluate_candidate:
         "--split {input.split} --out {output.metrics} --map-out {output.map} > {log} 2>&1"
 
 
-def stage_candidates(w):
-    return [f"{S.candidate_dir(w.dataset, w.method, int(w.stage), g, s, tag)}/metrics.json"
-            for tag, _ in S.candidates(config, w.method, int(w.stage)) for g, s in S.selection_sets(config)]
-
-
 checkpoint select:
     input:
         candidates=stage_candidates,
@@ -207,37 +167,3 @@ checkpoint select:
         "{params.cli} select choose --selection {params.selection:q} --dataset {wildcards.dataset} "
         "--method {wildcards.method} --stage {wildcards.stage} {params.previous} > {log} 2>&1"
 
-
-@functools.lru_cache(maxsize=None)  # asked once per run and rule; the config is fixed for the invocation
-def last_stage(method):
-    """(the method whose choice a method's final runs read, its last stage), or None for fixed values."""
-    who = S.owner(config, method)
-    return None if who is None else (who, str(len(S.stages(config, who))))
-
-
-def final_choice(w):
-    """The choice a final run reads (an ancient input), or nothing for a method with fixed values."""
-    owner_stage = last_stage(w.method)
-    if owner_stage is None:
-        return []
-    who, last = owner_stage
-    return ancient(checkpoints.select.get(dataset=w.dataset, method=who, stage=last).output.choice)
-
-
-def selection_targets():
-    """Every choice file of the runs the workflow trains (rule all asks for them: their stage files list
-    every candidate's score)."""
-    runs = (r.split("|") for r in all_runs("{dataset}|{gamma}|{seed}|{method}"))
-    pairs = dict.fromkeys((d, m) for d, g, s, m in runs)
-    files = []
-    for dataset, method in pairs:
-        who = S.owner(config, method)
-        if who is not None:
-            files += [S.stage_file(dataset, who, k) for k in range(1, len(S.stages(config, who)) + 1)]
-    return list(dict.fromkeys(files))
-
-
-def readme_selection():
-    """The last stage file of each grid method's selection (the README's demo numbers quote them)."""
-    owners = S.selecting_methods(config, GRID["methods"])
-    return [S.stage_file(d, m, len(S.stages(config, m))) for d in GRID["datasets"] for m in owners]
