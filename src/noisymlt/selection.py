@@ -30,16 +30,10 @@ import numpy as np
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.config import PSEUDO_KEYS, method_entry, uses_pseudo_labels
+from noisymlt.methods.options import BRANCH_NAMES
 
 log = logging.getLogger(__name__)
 
-# What a stage may select, and where it goes in a run's resolved configuration.
-HYPERPARAMETERS = {
-    "lr": "initial learning rate (train.lr)",
-    "alpha": "pseudo-label threshold that sets a label (Eq. 3), on the selection.thresholds.alpha groups",
-    "beta": "pseudo-label threshold that clears a label (Eq. 3), on the selection.thresholds.beta groups",
-}
-BRANCHES = ("random", "balanced")
 TIE_RULE = ("scores are compared at 0.01 mAP points (the tables' precision); of tied candidates the first in the "
             "stage's grid order wins (each grid lists its values from the most conservative: the smallest lr, "
             "the highest alpha, the lowest beta)")
@@ -164,7 +158,7 @@ def apply_values(params: dict, resolved: dict, values: dict, source: str) -> dic
 
         base = reference_thresholds(out)
         pseudo = out["method_cfg"].setdefault("pseudo", {})
-        pseudo["thresholds"] = {b: {**base.get(b, {}), **per_branch} for b in BRANCHES}
+        pseudo["thresholds"] = {b: {**base.get(b, {}), **per_branch} for b in BRANCH_NAMES}
     out["selected"] = {"values": {k: float(v) for k, v in values.items()}, "by": source}
     return out
 
@@ -257,7 +251,7 @@ def write_split(tables: dict[str, Path], out: Path, fraction: float, seed: int) 
         "unsplit_classes": {name: [first.classes[c] for c in u] for name, u in zip(read, unsplit)},
         "stratified_on": {name: str(path) for name, path in tables.items()},
     }
-    _write_json(out, record)
+    write_json_atomic(record, out)
     return record
 
 
@@ -331,18 +325,19 @@ def select_stage(params: dict, dataset: str, method: str, stage: int, runs: str 
         earlier = json.loads(Path(str(previous).replace(".choice.json", ".json")).read_text())
         record["earlier_stages"] = earlier.get("earlier_stages", []) + [
             {k: earlier[k] for k in ("stage", "keys", "candidates", "winner", "chosen")}]
-    _write_json(root / stage_file(dataset, method, stage), record)
-    _write_json(root / choice_file(dataset, method, stage),
-                {"dataset": dataset, "method": method, "stage": stage, "chosen": chosen})
+    write_json_atomic(record, root / stage_file(dataset, method, stage))
+    write_json_atomic({"dataset": dataset, "method": method, "stage": stage, "chosen": chosen},
+                      root / choice_file(dataset, method, stage))
     return record
 
 
-def _write_json(path: Path, obj: dict) -> None:
+def write_json_atomic(obj: dict, path: Path) -> None:
+    """As noisymlt.noise's writer; not imported from there, which would put the noise step into every training
+    run's code closure (train.py reads choice files through this module)."""
     path = Path(path)
-    text = json.dumps(obj, indent=1, sort_keys=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
     tmp.replace(path)
 
 
