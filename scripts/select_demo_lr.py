@@ -1,10 +1,13 @@
 #!/usr/bin/env python
-"""Choose the demo's learning rates from the paper's grid on held-out noisy training labels.
+"""Choose the demo's learning rates (and new-layer lr factors) on held-out noisy training labels.
 
 The paper cross-validates the initial lr in {0.02, 0.08, 0.14, 0.2}. This script applies that protocol to the
 demo: it holds out a stratified 20% of one noisy training set (every class keeps positives on both sides),
 trains every candidate lr on the rest with the demo's schedule, and scores each by mAP against the held-out
-*noisy* labels. It never reads the test set or the clean labels. One representative method per recipe is
+*noisy* labels. It never reads the test set or the clean labels. Each lr is tried with the layers that start
+from scratch (neck, head) at 1x and at 10x it (train.new_layers_lr_mult). That factor is part of the demo's
+regime, set per recipe in the profile from the fit diagnostics (scripts/experiment_new_layer_lr.py), not by this
+validation; the lr is chosen at the profile's factor, and the other factor's scores are kept for the record. One representative method per recipe is
 selected (ERM for db_random, DB-Focal for db, Ours for cl) and the choice goes into the demo profile by hand,
 where tests/test_fit_diagnostics.py holds it equal to the JSON this script writes (docs/demo_lr_selection.json).
 
@@ -30,6 +33,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = {"db_random": "erm", "db": "db_focal", "cl": "ours"}  # recipe -> the method that selects its lr
 PAPER_GRID = (0.02, 0.08, 0.14, 0.2)
+NEW_LAYER_FACTORS = (1.0, 10.0)  # train.new_layers_lr_mult: the references' 1 first, so a tie keeps it
 
 
 def held_out_split(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
@@ -47,10 +51,21 @@ def held_out_split(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray
     return val
 
 
-def choose(scores: dict[float, float]) -> float:
-    """The best validation mAP; ties go to the smaller lr (the gentler schedule)."""
+def choose(scores: dict) -> float | tuple:
+    """The best validation mAP; ties go to the smallest key: the smaller lr (the gentler schedule), and for
+    (new-layer factor, lr) keys the smaller factor first (the references' 1)."""
     best = max(scores.values())
-    return min(lr for lr, s in scores.items() if s == best)
+    return min(key for key, s in scores.items() if s == best)
+
+
+def recipe_record(method: str, scores: dict[tuple[float, float], float], regime_factor: float) -> dict:
+    """One recipe's entry: every (new-layer factor, lr) score, and the lr chosen at the profile's factor."""
+    at_regime = {lr: s for (f, lr), s in scores.items() if f == regime_factor}
+    if not at_regime:
+        raise SystemExit(f"{method}: no candidate at the profile's train.new_layers_lr_mult={regime_factor:g}")
+    factors = sorted({f for f, _ in scores})
+    return {"method": method, "new_layers_lr_mult": regime_factor, "chosen_lr": choose(at_regime),
+            "scores": {f"x{f:g}": {f"{lr:g}": s for (g, lr), s in scores.items() if g == f} for f in factors}}
 
 
 def main() -> int:
@@ -62,6 +77,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--held-out", type=float, default=0.2, help="validation fraction of the noisy training set")
     ap.add_argument("--grid", type=float, nargs="+", default=list(PAPER_GRID))
+    ap.add_argument("--factors", type=float, nargs="+", default=list(NEW_LAYER_FACTORS),
+                    help="train.new_layers_lr_mult candidates, each tried with every lr")
     ap.add_argument("--workdir", help="scratch folder (default: a temporary folder, removed)")
     args = ap.parse_args()
 
@@ -90,16 +107,18 @@ def main() -> int:
                         "--no-progress"], check=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     val_labels = read_labels(scratch / "val.parquet").labels
     result = {"dataset": args.dataset, "gamma": args.gamma, "seed": args.seed, "held_out": args.held_out,
-              "images": {"fit": int((~val).sum()), "val": int(val.sum())}, "grid": args.grid, "recipes": {}}
+              "images": {"fit": int((~val).sum()), "val": int(val.sum())}, "grid": args.grid,
+              "factors": args.factors, "recipes": {}}
     for recipe, method in RECIPES.items():
         scores = {}
-        for lr in args.grid:
+        for factor, lr in ((f, lr) for f in args.factors for lr in args.grid):
             cfg = resolve_run(params, args.dataset, method, args.gamma, args.seed)
             t = cfg["train"]
             t["lr"] = lr
+            t["new_layers_lr_mult"] = factor
             # the warm-up keeps its share of the run on the smaller training set
             t["warmup_iters"] = int(t["warmup_iters"] * (~val).sum() / len(val))
-            out = scratch / f"{method}_lr{lr:g}"
+            out = scratch / f"{method}_lr{lr:g}_x{factor:g}"
             shutil.rmtree(out, ignore_errors=True)
             trainer = Trainer(cfg, train_labels=scratch / "fit.parquet", test_labels=scratch / "val.parquet",
                               split=REPO / "data" / args.dataset / "class_split.json", train_images=images,
@@ -108,10 +127,11 @@ def main() -> int:
             trainer.fit()
             heads = trainer.predict()
             head = "ensemble" if "ensemble" in heads else next(iter(heads))
-            scores[lr] = round(100 * float(np.nanmean(average_precisions(val_labels, heads[head]))), 2)
-            print(f"{recipe}: {method} lr {lr:g}: noisy validation mAP {scores[lr]:.2f}", flush=True)
-        result["recipes"][recipe] = {"method": method, "scores": {f"{k:g}": v for k, v in scores.items()},
-                                     "chosen_lr": choose(scores)}
+            scores[factor, lr] = round(100 * float(np.nanmean(average_precisions(val_labels, heads[head]))), 2)
+            print(f"{recipe}: {method} lr {lr:g}, new layers x{factor:g}: noisy validation mAP "
+                  f"{scores[factor, lr]:.2f}", flush=True)
+        regime = resolve_run(params, args.dataset, method, args.gamma, args.seed)["train"]["new_layers_lr_mult"]
+        result["recipes"][recipe] = recipe_record(method, scores, regime)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     if not args.workdir:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import urllib.error
 
+import numpy as np
 import pytest
 import torch
 
@@ -64,3 +65,38 @@ def test_local_weights_file_is_loaded(tmp_path):
 def test_unknown_backbone_is_refused():
     with pytest.raises(NoisyMLTError, match="unknown backbone 'vgg'"):
         build_backbone("vgg")
+
+
+def test_prior_bias_init_puts_every_linear_heads_outputs_at_the_class_frequencies():
+    from torch import nn
+
+    from noisymlt.models.heads import PRIOR_CLIP, CosineHead, Head, init_bias_at_prior
+
+    labels = torch.zeros(200, 4)
+    labels[:50, 0] = 1  # 0.25
+    labels[:2, 1] = 1  # 0.01
+    labels[:, 3] = 1  # 1.0 -> clipped
+    model = nn.ModuleDict({"a": Head(8, 4), "b": nn.Sequential(Head(8, 4)), "cos": CosineHead(8, 4)})
+    cosine = model["cos"].weight.detach().clone()
+    assert init_bias_at_prior(model, labels.numpy()) == 2
+    expected = torch.tensor([0.25, 0.01, PRIOR_CLIP, 1 - PRIOR_CLIP])
+    for head in (model["a"], model["b"][0]):
+        assert torch.allclose(torch.sigmoid(head.fc.bias), expected, rtol=1e-5)
+        # with zero features the outputs are the priors
+        assert torch.allclose(torch.sigmoid(head(torch.zeros(1, 8)))[0], expected, rtol=1e-5)
+    assert torch.equal(model["cos"].weight, cosine)
+
+
+def test_trainer_applies_the_prior_bias_only_when_asked(tiny_toy, tmp_path):
+    from conftest import tiny_params, toy_trainer
+    from noisymlt.config import resolve_run
+    from noisymlt.models.heads import Head
+
+    for init in ("zero", "prior"):
+        params = tiny_params("erm", epochs=1, lr_steps=[1], image_size=16)
+        params["train"]["head_bias_init"] = init
+        trainer = toy_trainer(tiny_toy, resolve_run(params, "toy", "erm", 0.5, 0), tmp_path / init, limit_iters=1)
+        (head,) = [m for m in trainer.model.modules() if isinstance(m, Head)]
+        freq = trainer.train_table.labels.mean(0).clip(1e-3, 1 - 1e-3)
+        want = torch.zeros(len(freq)) if init == "zero" else torch.as_tensor(np.log(freq / (1 - freq))).float()
+        assert torch.allclose(head.fc.bias.detach(), want, atol=1e-6), init

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -300,3 +302,45 @@ def test_inference_time_table_times_the_finished_run(tiny_toy, tmp_path):
     torch.save(state, tmp_path / "run" / "checkpoint.pt")
     with pytest.raises(NoisyMLTError, match="checkpoint.pt: training stopped at epoch 1"):
         load_trained(tmp_path / "run", tiny_toy["test"], tiny_toy["root"], tiny_toy["root"], "cpu")
+
+
+def test_new_layers_train_at_their_factor_and_a_methods_own_factor_comes_first():
+    """train.new_layers_lr_mult: the layers that start from scratch (neck, head, partner BatchNorms, BBN's
+    classifier) take the factor, the pretrained backbone keeps the recipe's rate, and a method's own factor from
+    its reference (ML-GCN's GCN) takes precedence; at 1 every parameter is in one group."""
+    from torch import nn
+
+    from noisymlt.train import lr_groups
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+            self.branches = nn.ModuleDict({"random": nn.ModuleDict({"neck": nn.Linear(4, 4), "head": nn.Linear(4, 2)})})
+            self.partner_bns = nn.ModuleDict({"random": nn.BatchNorm1d(4)})
+            self.classifier = nn.Linear(4, 2)
+            self.gcn = nn.Linear(2, 2)
+            self.stage_c = nn.Linear(4, 4)  # BBN's copied last stage: pretrained, not new
+            self.headless = nn.Linear(2, 2)  # a name that only contains 'head' is not a head
+
+    net = Net()
+    factor = {id(p): mult for mult, params in lr_groups(net, {"gcn.": 7.0}, 10.0) for p in params}
+    by_name = {name: factor[id(p)] for name, p in net.named_parameters()}
+    assert {n for n, f in by_name.items() if f == 10.0} == {
+        "branches.random.neck.weight", "branches.random.neck.bias", "branches.random.head.weight",
+        "branches.random.head.bias", "partner_bns.random.weight", "partner_bns.random.bias",
+        "classifier.weight", "classifier.bias"}
+    assert {n for n, f in by_name.items() if f == 7.0} == {"gcn.weight", "gcn.bias"}
+    assert all(f == 1.0 for n, f in by_name.items() if n.split(".")[0] in ("backbone", "stage_c", "headless"))
+    assert [mult for mult, _ in lr_groups(net, {}, 1.0)] == [1.0]
+
+
+def test_new_layers_lr_mult_is_validated():
+    from noisymlt.config import load_params, validate_params
+    from noisymlt.errors import NoisyMLTError
+
+    params = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
+    for bad in (0, -1, "fast"):
+        params["train"]["new_layers_lr_mult"] = bad
+        with pytest.raises(NoisyMLTError, match="new_layers_lr_mult"):
+            validate_params(params)

@@ -35,13 +35,22 @@ def lr_at(cfg: dict, epoch: int, it: int, iters_per_epoch: int) -> float:
     return lr
 
 
-def lr_groups(model, multipliers: dict[str, float]) -> list[tuple[float, list]]:
+# Name components of the layers that start from scratch on top of a pretrained backbone: the neck and head of
+# every branch, the partner BatchNorms of feature-level Stitch-Up, BBN's classifier and ML-GCN's GCN.
+NEW_LAYERS = frozenset({"neck", "head", "partner_bns", "classifier", "gcn"})
+
+
+def lr_groups(model, multipliers: dict[str, float], new_layers: float = 1.0) -> list[tuple[float, list]]:
     """The model's trainable parameters as (lr factor, parameters) groups: a parameter takes the factor of the
-    first name prefix in ``multipliers`` it starts with, else 1. Without factors there is one group, as before."""
+    first name prefix in ``multipliers`` it starts with (the method's own, from its reference), else
+    ``new_layers`` when it belongs to a layer that starts from scratch (``NEW_LAYERS``; train.new_layers_lr_mult),
+    else 1. With every factor 1 there is one group, as before."""
     groups: dict[float, list] = {}
     for name, param in model.named_parameters():
         if param.requires_grad:
-            mult = next((float(m) for prefix, m in multipliers.items() if name.startswith(prefix)), 1.0)
+            mult = next((float(m) for prefix, m in multipliers.items() if name.startswith(prefix)), None)
+            if mult is None:
+                mult = float(new_layers) if NEW_LAYERS.intersection(name.split(".")) else 1.0
             groups.setdefault(mult, []).append(param)
     return list(groups.items())
 
@@ -223,9 +232,13 @@ class Trainer:
             self.iters = min(self.iters, limit_iters)
         self.ctx.iterations_per_epoch = self.iters
         self.model = self.method.build_model().to(self.device)
+        if tcfg.get("head_bias_init", "zero") == "prior":  # before any resume, which overwrites it
+            from noisymlt.models.heads import init_bias_at_prior
+
+            init_bias_at_prior(self.model, self.train_table.labels)
         if tcfg["channels_last"]:
             self.model = self.model.to(memory_format=torch.channels_last)
-        groups = lr_groups(self.model, self.method.lr_multipliers())
+        groups = lr_groups(self.model, self.method.lr_multipliers(), tcfg.get("new_layers_lr_mult", 1.0))
         self.lr_mults = [mult for mult, _ in groups]
         self.optimizer = torch.optim.SGD([{"params": params} for _, params in groups], lr=tcfg["lr"],
                                          momentum=tcfg["momentum"], weight_decay=tcfg["weight_decay"])

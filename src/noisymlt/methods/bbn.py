@@ -31,10 +31,6 @@ class BBN(Method):
         return BBNNet(backbone, self.ctx.num_classes, split_at=self.opts.get("split_at", "stage"),
                       trainable=cfg["trainable"], frozen_bn=cfg["frozen_bn"])
 
-    def lr_multipliers(self) -> dict[str, float]:
-        # BBN's code trains everything at one rate (classifier_lr_mult 1); a demo-regime knob, see params.yaml
-        return {"classifier.": float(self.opts.get("classifier_lr_mult", 1.0))}
-
     def streams(self) -> list[StreamSpec]:
         labels = self.ctx.noisy.cpu().numpy()
         batch = self.ctx.train["batch_size"]

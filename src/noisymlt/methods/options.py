@@ -38,8 +38,7 @@ BBN_SPLITS = ("stage", "block")
 BBN_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
-    "properties": {**LOSS_OPTIONS, "split_at": {"enum": list(BBN_SPLITS)},
-                   "classifier_lr_mult": {"type": "number", "exclusiveMinimum": 0}},
+    "properties": {**LOSS_OPTIONS, "split_at": {"enum": list(BBN_SPLITS)}},
 }
 
 # ------------------------------------------------------------------ mlgcn

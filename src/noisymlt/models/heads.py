@@ -50,3 +50,19 @@ class CosineHead(nn.Module):
 
 
 HEADS = {"linear": Head, "cosine": CosineHead}
+
+PRIOR_CLIP = 1e-3
+
+
+def init_bias_at_prior(model: nn.Module, labels) -> int:
+    """Set the bias of every linear ``Head`` in ``model`` to the logits of the class frequencies in ``labels``
+    (N, C), clipped to [PRIOR_CLIP, 1 - PRIOR_CLIP]: the outputs start at the class priors, where a model that
+    has not yet used the images belongs, instead of at 0.5 (train.head_bias_init: prior). Heads without a bias
+    (LDAM's cosine head, ML-GCN's GCN classifiers) are left alone. Returns the number of heads set."""
+    freq = torch.as_tensor(labels, dtype=torch.float64).mean(0).clamp(PRIOR_CLIP, 1 - PRIOR_CLIP)
+    logits = torch.log(freq / (1 - freq))
+    heads = [m for m in model.modules() if isinstance(m, Head)]
+    with torch.no_grad():
+        for head in heads:
+            head.fc.bias.copy_(logits.to(head.fc.bias))
+    return len(heads)
