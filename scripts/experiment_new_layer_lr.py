@@ -40,6 +40,8 @@ def main() -> int:
     ap.add_argument("--new-layers", nargs="+", metavar="NAME",
                     help="the name components that count as new layers (default: noisymlt.train.NEW_LAYERS)")
     ap.add_argument("--tag", default="", help="suffix of this run's variant names in the JSON")
+    ap.add_argument("--clean-train", action="store_true",
+                    help="train on the clean labels of the subset (the fit the toy allows; analysis only)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="extra train-block values for every variant, e.g. lr=0.08 (YAML values)")
     args = ap.parse_args()
@@ -70,13 +72,21 @@ def main() -> int:
             for item in args.set:
                 key, value = item.split("=", 1)
                 cfg["train"][key] = yaml.safe_load(value)
-            trainer = Trainer(cfg, train_labels=data / "noisy" / f"g{args.gamma:g}_s{args.seed}.parquet",
+            labels = (data / "train_labels.parquet" if args.clean_train
+                      else data / "noisy" / f"g{args.gamma:g}_s{args.seed}.parquet")
+            trainer = Trainer(cfg, train_labels=labels,
                               test_labels=data / "test_labels.parquet", split=data / "class_split.json",
                               train_images=images, test_images=images, out_dir=Path(scratch) / str(k), device="cpu",
                               progress=False, train_cache=data / "cache" / "train.npy",
                               test_cache=data / "cache" / "test.npy", clean_labels=data / "train_labels.parquet")
             history = trainer.fit()
             scores = trainer.predict()
+            train_scores = trainer.predict(part="train")
+            # how often each head's outputs on the training images cross [CL]'s thresholds: a peer whose
+            # outputs never do gives its partner no pseudo labels, whatever alpha and beta are
+            crossing = {head: {f"{side}_{t:g}": round(float(((s > t) if side == "above" else (s < t)).mean()), 5)
+                               for side, t in (("above", 0.7), ("above", 0.9), ("below", 0.1))}
+                        for head, s in train_scores.items()}
             fit = trainer.fit_record(history, scores)
             maps = {head: round(100 * float(np.nanmean(average_precisions(test.labels, s))), 2)
                     for head, s in scores.items()}
@@ -85,12 +95,13 @@ def main() -> int:
             pl = {r["branch"]: {"changed": r["changed"], "precision": r["precision"]}
                   for r in records if r["epoch"] == last_epoch}
             out.setdefault(method, {})[f"x{mult:g}{args.tag}"] = {"test_map": maps, "prior_bce": fit["prior_bce"], "heads": fit["heads"],
-                                 "lr_peak": fit["lr_peak"], "pseudo_labels_last_epoch": pl}
+                                 "lr_peak": fit["lr_peak"], "pseudo_labels_last_epoch": pl,
+                "train_outputs_crossing": crossing}
             first = next(iter(scores))
             h = fit["heads"][first]
             print(f"{method}, new layers x{mult:g}: train BCE {h['train_bce']:.3f} (prior-only {fit['prior_bce']:.3f}), "
                   f"train mAP {h['train_map'] * 100:.1f}, test outputs {h['test_score_p05']:.2f}-"
-                  f"{h['test_score_p95']:.2f}, test mAP {maps}, pseudo labels {pl}", flush=True)
+                  f"{h['test_score_p95']:.2f}, test mAP {maps}, pseudo labels {pl}, train outputs {crossing}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"methods": args.methods, "gamma": args.gamma, "seed": args.seed,
                                            "set": args.set, "new_layers": sorted(noisymlt.train.NEW_LAYERS), "runs": out}, indent=1) + "\n")

@@ -92,3 +92,19 @@ def test_the_demo_new_layer_factor_follows_the_fit_diagnostics_it_was_chosen_on(
             assert head(rec["x1 prior bias"])["train_bce"] < rec["x1 prior bias"]["prior_bce"], method
     pl = runs["ours"]["x1 prior bias"]["pseudo_labels_last_epoch"]
     assert all(0.4 < pl[b]["precision"] < 0.6 for b in ("random", "balanced"))
+
+
+def test_the_readme_account_of_the_random_branchs_missing_pseudo_labels_holds_against_its_runs():
+    ours = json.loads((REPO / "docs" / "demo_new_layer_lr.json").read_text())["runs"]["ours"]
+    base, longer, clean = ours["x10 crossings"], ours["x10 3x epochs"], ours["x10 clean labels"]
+    assert base["test_map"] == ours["x10"]["test_map"]  # the same (deterministic) run, with crossings
+    # none of the balanced branch's training outputs pass 0.9, few pass 0.7
+    assert base["train_outputs_crossing"]["balanced"]["above_0.9"] == 0
+    assert 0 < base["train_outputs_crossing"]["balanced"]["above_0.7"] < 0.05
+    # at [CL]'s alpha 0.7 (the experiment's fixed values) the random branch gets pseudo labels, mostly right
+    pl = base["pseudo_labels_last_epoch"]["random"]
+    assert pl["changed"] > 0 and pl["precision"] > 0.5
+    # clean labels: still few above 0.9; three times the epochs: more above 0.9, every head's test mAP higher
+    assert clean["train_outputs_crossing"]["balanced"]["above_0.9"] < 0.005
+    assert longer["train_outputs_crossing"]["balanced"]["above_0.9"] > base["train_outputs_crossing"]["balanced"]["above_0.9"]
+    assert all(longer["test_map"][h] > base["test_map"][h] for h in base["test_map"])
