@@ -63,6 +63,7 @@ def main() -> int:
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "src"))
     root = Path(args.root).resolve()
+    json_out = Path(args.json).resolve() if args.json else None  # relative to where it was called, not to root
     import os
 
     os.chdir(root)  # recorded paths are relative to the project folder
@@ -92,8 +93,8 @@ def main() -> int:
     every = [r for st in out["stages"] for r in st["rows"]]
     out["spearman_all"] = spearman([r["val_map"] for r in every], [r["test_map"] for r in every])
     print(f"all candidates: Spearman rho {out['spearman_all']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    if json_out:
+        json_out.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 
