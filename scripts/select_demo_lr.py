@@ -12,7 +12,7 @@ selected (ERM for db_random, DB-Focal for db, Ours for cl) and the choice goes i
 where tests/test_fit_diagnostics.py holds it equal to the JSON this script writes (docs/demo_lr_selection.json).
 
 Needs the demo's data (`snakemake --profile workflow/profiles/demo data/toy/noisy/g0.5_s0.parquet
-data/pretrained/toy_glyphs.pt`). About 20 minutes on 2 cores.
+data/pretrained/toy_glyphs.pt`). About 10 minutes on 2 cores (24 runs).
 
     python scripts/select_demo_lr.py --json docs/demo_lr_selection.json
 """
