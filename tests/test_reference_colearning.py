@@ -562,7 +562,8 @@ def test_lr_at_is_mmcv_step_schedule_with_linear_warmup(warmup_iters, iters_per_
 SGD_TRAIN = {"epochs": 2, "lr": 0.02, "lr_steps": [1], "lr_gamma": 0.1, "warmup_iters": 3, "warmup_ratio": 1.0 / 3,
              "momentum": 0.9, "weight_decay": 1e-4, "grad_clip": 35.0, "batch_size": 8, "balanced_batch_size": 8,
              "image_size": 16, "workers": 0, "loader": "pil", "backbone": "smallcnn", "weights_path": None,
-             "trainable": "all", "frozen_bn": False, "cpu_threads": 1, "channels_last": False, "cpu_precision": "fp32"}
+             "trainable": "all", "frozen_bn": False, "cpu_threads": 1, "channels_last": False, "cpu_precision": "fp32",
+             "new_layers_lr_mult": 1.0}  # [CL]'s one lr for every parameter (the demo's factor: tests/test_train.py)
 
 
 def test_trainer_steps_are_mmcv_optimizer_hook_with_warmup(tiny_toy, tmp_path):
