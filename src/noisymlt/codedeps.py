@@ -44,10 +44,17 @@ def _parents(name: str) -> list[str]:
 
 
 @lru_cache(maxsize=None)
+def _tree(name: str) -> ast.Module:
+    """Module ``name``'s syntax tree, parsed once per process (imports and data files both read it)."""
+    path = modules()[name]
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+@lru_cache(maxsize=None)
 def imports_of(name: str) -> frozenset[str]:
     """The package modules that module ``name`` imports anywhere in its code (and their parent packages)."""
     known = modules()
-    tree = ast.parse(known[name].read_text(), filename=str(known[name]))
+    tree = _tree(name)
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -75,8 +82,7 @@ def _package_data() -> tuple[Path, ...]:
 @lru_cache(maxsize=None)
 def data_files(name: str) -> tuple[Path, ...]:
     """Non-Python package files named (by file name) in a string constant of module ``name``."""
-    tree = ast.parse(modules()[name].read_text())
-    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    strings = {n.value for n in ast.walk(_tree(name)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     return tuple(p for p in _package_data() if p.name in strings)
 
 
