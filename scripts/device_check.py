@@ -106,8 +106,8 @@ PART_KEYS = {
     "throughput": ["device", "precision", "backbone", "image_size", "batch_size", "balanced_batch_size", "methods",
                    "bare"],
     "loader": ["rows", "best", "keeps_up"],
-    "end_to_end": ["params", "quick_layer", "fixed_layer", "dataset", "method", "gamma", "seed", "prepare_s", "cpu", "cpu_reason",
-                   "cuda", "cuda_reason", "map_difference_cuda_minus_cpu"],
+    "end_to_end": ["params", "quick_layer", "fixed_layer", "dataset", "method", "gamma", "seed", "prepare_s", "cpu",
+                   "cpu_reason", "cuda", "cuda_reason", "map_difference_cuda_minus_cpu"],
     "grid": ["runs", "candidates", "iterations", "by_dataset", "by_method", "labels", "packing", "device", "gpu_hours",
              "gpu_hours_reason"],
 }

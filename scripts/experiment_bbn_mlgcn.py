@@ -186,7 +186,8 @@ def rebuild_optimizer(trainer, mults: dict | None = None):
     from noisymlt.train import lr_groups
 
     tcfg = trainer.cfg["train"]
-    groups = lr_groups(trainer.model, {**(mults or {}), **trainer.method.lr_multipliers()})
+    groups = lr_groups(trainer.model, {**(mults or {}), **trainer.method.lr_multipliers()},
+                       tcfg.get("new_layers_lr_mult", 1.0))  # as the Trainer groups them
     trainer.lr_mults = [mult for mult, _ in groups]
     trainer.optimizer = torch.optim.SGD([{"params": ps} for _, ps in groups], lr=tcfg["lr"],
                                         momentum=tcfg["momentum"], weight_decay=tcfg["weight_decay"])

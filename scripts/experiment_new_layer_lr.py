@@ -94,17 +94,19 @@ def main() -> int:
             last_epoch = max((r["epoch"] for r in records), default=None)
             pl = {r["branch"]: {"changed": r["changed"], "precision": r["precision"]}
                   for r in records if r["epoch"] == last_epoch}
-            out.setdefault(method, {})[f"x{mult:g}{args.tag}"] = {"test_map": maps, "prior_bce": fit["prior_bce"], "heads": fit["heads"],
-                                 "lr_peak": fit["lr_peak"], "pseudo_labels_last_epoch": pl,
-                "train_outputs_crossing": crossing}
+            out.setdefault(method, {})[f"x{mult:g}{args.tag}"] = {
+                "test_map": maps, "prior_bce": fit["prior_bce"], "heads": fit["heads"], "lr_peak": fit["lr_peak"],
+                "pseudo_labels_last_epoch": pl, "train_outputs_crossing": crossing}
             first = next(iter(scores))
             h = fit["heads"][first]
-            print(f"{method}, new layers x{mult:g}: train BCE {h['train_bce']:.3f} (prior-only {fit['prior_bce']:.3f}), "
-                  f"train mAP {h['train_map'] * 100:.1f}, test outputs {h['test_score_p05']:.2f}-"
-                  f"{h['test_score_p95']:.2f}, test mAP {maps}, pseudo labels {pl}, train outputs {crossing}", flush=True)
+            print(f"{method}, new layers x{mult:g}: train BCE {h['train_bce']:.3f} "
+                  f"(prior-only {fit['prior_bce']:.3f}), train mAP {h['train_map'] * 100:.1f}, test outputs "
+                  f"{h['test_score_p05']:.2f}-{h['test_score_p95']:.2f}, test mAP {maps}, pseudo labels {pl}, "
+                  f"train outputs {crossing}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"methods": args.methods, "gamma": args.gamma, "seed": args.seed,
-                                           "set": args.set, "new_layers": sorted(noisymlt.train.NEW_LAYERS), "runs": out}, indent=1) + "\n")
+    record = {"methods": args.methods, "gamma": args.gamma, "seed": args.seed, "set": args.set,
+              "new_layers": sorted(noisymlt.train.NEW_LAYERS), "runs": out}
+    Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
 

@@ -7,9 +7,10 @@ trains every candidate lr on the rest with the demo's schedule, and scores each 
 *noisy* labels. It never reads the test set or the clean labels. Each lr is tried with the layers that start
 from scratch (neck, head) at 1x and at 10x it (train.new_layers_lr_mult). That factor is part of the demo's
 regime, set per recipe in the profile from the fit diagnostics (scripts/experiment_new_layer_lr.py), not by this
-validation; the lr is chosen at the profile's factor, and the other factor's scores are kept for the record. One representative method per recipe is
-selected (ERM for db_random, DB-Focal for db, Ours for cl) and the choice goes into the demo profile by hand,
-where tests/test_fit_diagnostics.py holds it equal to the JSON this script writes (docs/demo_lr_selection.json).
+validation; the lr is chosen at the profile's factor, and the other factor's scores are kept for the record.
+One representative method per recipe is selected (ERM for db_random, DB-Focal for db, Ours for cl) and the
+choice goes into the demo profile by hand, where tests/test_select_demo_lr.py holds it equal to the JSON this
+script writes (docs/demo_lr_selection.json).
 
 Needs the demo's data (`snakemake --profile workflow/profiles/demo data/toy/noisy/g0.5_s0.parquet
 data/pretrained/toy_glyphs.pt`). About 10 minutes on 2 cores (24 runs).
@@ -110,6 +111,7 @@ def main() -> int:
               "images": {"fit": int((~val).sum()), "val": int(val.sum())}, "grid": args.grid,
               "factors": args.factors, "recipes": {}}
     for recipe, method in RECIPES.items():
+        regime = resolve_run(params, args.dataset, method, args.gamma, args.seed)["train"]["new_layers_lr_mult"]
         scores = {}
         for factor, lr in ((f, lr) for f in args.factors for lr in args.grid):
             cfg = resolve_run(params, args.dataset, method, args.gamma, args.seed)
@@ -130,7 +132,6 @@ def main() -> int:
             scores[factor, lr] = round(100 * float(np.nanmean(average_precisions(val_labels, heads[head]))), 2)
             print(f"{recipe}: {method} lr {lr:g}, new layers x{factor:g}: noisy validation mAP "
                   f"{scores[factor, lr]:.2f}", flush=True)
-        regime = resolve_run(params, args.dataset, method, args.gamma, args.seed)["train"]["new_layers_lr_mult"]
         result["recipes"][recipe] = recipe_record(method, scores, regime)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
