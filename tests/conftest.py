@@ -13,6 +13,18 @@ import pytest
 SHARED_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 
 
+@pytest.fixture(autouse=True)
+def checkpoint_every_epoch(request, monkeypatch):
+    """In-process trainers save a checkpoint after every epoch, as at paper scale, so that the resume tests can
+    stop a seconds-long run between epochs (the default waits 30 s between checkpoints); test_train's
+    checkpoint-interval test uses the default."""
+    if "default_checkpoint_interval" in request.keywords:
+        return
+    import noisymlt.train
+
+    monkeypatch.setattr(noisymlt.train.Trainer, "checkpoint_seconds", 0.0)
+
+
 class _RangeHandler(http.server.SimpleHTTPRequestHandler):
     """Static files with single-range support (resume) and two switches the tests flip:
     ``fail_first`` makes the first N requests of a path answer 503 (retry/backoff), and

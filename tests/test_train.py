@@ -344,3 +344,37 @@ def test_new_layers_lr_mult_is_validated():
         params["train"]["new_layers_lr_mult"] = bad
         with pytest.raises(NoisyMLTError, match="new_layers_lr_mult"):
             validate_params(params)
+
+
+
+@pytest.mark.default_checkpoint_interval
+def test_checkpoints_wait_their_interval_and_a_resume_drops_the_epochs_after_the_checkpoint(tiny_toy, tmp_path,
+                                                                                            monkeypatch):
+    saved = []
+    original = Trainer.save_checkpoint
+    monkeypatch.setattr(Trainer, "save_checkpoint",
+                        lambda self, epoch, history: (saved.append(epoch), original(self, epoch, history)))
+    assert Trainer.checkpoint_seconds == 30.0
+    make_trainer(tiny_toy, tmp_path / "full", epochs=3, lr_steps=[2]).run()
+    assert saved == [3]  # seconds-long epochs: only the last one is saved
+    reference = np.load(tmp_path / "full" / "predictions.npz")["scores_main"]
+
+    saved.clear()
+    broken = make_trainer(tiny_toy, tmp_path / "resumed", epochs=3, lr_steps=[2])
+    calls = {"n": 0}
+    original_loss = broken.method.training_loss
+
+    def dying(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2 * broken.iters + 1:  # in epoch 3, no checkpoint written yet
+            raise KeyboardInterrupt
+        return original_loss(*args, **kwargs)
+
+    monkeypatch.setattr(broken.method, "training_loss", dying)
+    with pytest.raises(KeyboardInterrupt):
+        broken.run()
+    log_path = tmp_path / "resumed" / "train_log.jsonl"
+    assert saved == [] and [json.loads(line)["epoch"] for line in log_path.read_text().splitlines()] == [1, 2]
+    make_trainer(tiny_toy, tmp_path / "resumed", epochs=3, lr_steps=[2]).run()  # starts over: epochs 1-3 again
+    np.testing.assert_array_equal(np.load(tmp_path / "resumed" / "predictions.npz")["scores_main"], reference)
+    assert [json.loads(line)["epoch"] for line in log_path.read_text().splitlines()] == [1, 2, 3]

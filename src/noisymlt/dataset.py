@@ -103,11 +103,13 @@ class CachedTrainImages(Dataset):
     amortises the per-op cost (at the demo's 32 px it decides the speed, measured with
     scripts/benchmark_loader.py) and on a GPU moves the pixel work there."""
 
-    def __init__(self, cache: CacheRows, size: int, photometric: bool = True, deferred: bool = False):
+    def __init__(self, cache: CacheRows, size: int, photometric: bool = True, deferred: bool = False,
+                 views: int = 0):
         self.cache = cache
         self.size = size
         self.photometric = photometric
         self.deferred = deferred
+        self.views = views  # > 0: each slot picks one of V fixed views per image (noisymlt.trunkcache)
 
     def __len__(self) -> int:
         return len(self.cache)
@@ -115,6 +117,9 @@ class CachedTrainImages(Dataset):
     def __getitem__(self, item: tuple[tuple[int, ...], int, bool]) -> dict:
         indices, aug_seed, stitched = item
         rng = np.random.default_rng(aug_seed)
+        if self.views:
+            return {"view": torch.from_numpy(rng.integers(0, self.views, size=len(indices))),
+                    "index": torch.tensor(indices), "stitched": torch.tensor(stitched)}
         s = self.cache.size
         params = torch.from_numpy(np.stack([draw_train_params(rng, s, s, self.photometric) for _ in indices]))
         raw = torch.stack([self.cache.row(i) for i in indices])
@@ -127,15 +132,20 @@ class CachedTrainImages(Dataset):
         """A whole ``deferred`` batch at once, as ``batch_collate`` passes it on: what collating the slots
         gives, with one cache read and no per-slot tensors (per-slot work was a third of an ERM step's
         overhead). Each slot's parameters still come from its own generator, in the same order."""
-        if not self.deferred or len({len(indices) for indices, _, _ in items}) != 1:
+        if not (self.deferred or self.views) or len({len(indices) for indices, _, _ in items}) != 1:
             return [self[item] for item in items]
+        stitched = torch.tensor([stitched for _, _, stitched in items])
+        index = np.array([indices for indices, _, _ in items], dtype=np.int64)
+        if self.views:  # the slots' view choices, as __getitem__ draws them
+            view = np.stack([np.random.default_rng(seed).integers(0, self.views, size=len(ind))
+                             for ind, seed, _ in items])
+            return {"view": torch.from_numpy(view), "index": torch.from_numpy(index), "stitched": stitched}
         s = self.cache.size
         params = np.stack([np.stack([draw_train_params(rng, s, s, self.photometric) for _ in indices])
                            for indices, rng in ((ind, np.random.default_rng(seed)) for ind, seed, _ in items)])
-        index = np.array([indices for indices, _, _ in items], dtype=np.int64)
         raw = torch.from_numpy(self.cache.array[index]).permute(0, 1, 4, 2, 3)  # (B, K, 3, S, S)
         return {"images": raw.contiguous(), "aug": torch.from_numpy(params), "index": torch.from_numpy(index),
-                "stitched": torch.tensor([stitched for _, _, stitched in items])}
+                "stitched": stitched}
 
 
 class CachedEvalImages(Dataset):

@@ -164,6 +164,12 @@ def epoch_iterations(rule: str, streams: list, num_images: int, batch_size: int)
 
 
 class Trainer:
+    # A checkpoint at the end of an epoch once this many seconds have passed since the last one, and after the
+    # last epoch: every epoch at paper scale (minutes each); once or twice a run for the demo's second-long
+    # epochs, where saving every epoch cost 0.9 of Ours' 18 CPU seconds. A resume replays from the checkpoint
+    # exactly, so when it is written never changes a result; an interruption loses at most this much work.
+    checkpoint_seconds = 30.0
+
     def __init__(self, resolved: dict, *, train_labels: Path, test_labels: Path, split: Path,
                  train_images: Path, test_images: Path, out_dir: Path, device: str = "auto",
                  progress: bool = True, limit_iters: int | None = None,
@@ -321,7 +327,55 @@ class Trainer:
         if not self.caches:
             return TrainImages(self.train_images, self.train_table.paths, tcfg["image_size"], tcfg["photometric"])
         return CachedTrainImages(CacheRows(self.caches["train"]), tcfg["image_size"], tcfg["photometric"],
-                                 deferred=True)
+                                 deferred=True, views=self.trunk.views if self.trunk is not None else 0)
+
+    def trunk_cache(self):
+        """``train.trunk_cache_views`` > 0: the frozen trunk's outputs of V fixed views per training image
+        (``noisymlt.trunkcache``), or None where the run cannot use them (the reason is logged and recorded
+        in ``self.trunk_status``)."""
+        import torch
+
+        from noisymlt.dataset import CacheRows
+        from noisymlt.tensoraug import augment
+        from noisymlt.trunkcache import TrunkCache, check_fixed, frozen_parts
+
+        tcfg = self.cfg["train"]
+        views = int(tcfg.get("trunk_cache_views", 0) or 0)
+        self.trunk_status = "off"
+        if not views:
+            return None
+        self.model.train()
+        why = ("the method trains on pixels" if self.method.needs_pixels
+               else "train.loader is not cache" if "train" not in self.caches
+               else check_fixed(self.model, tcfg["trainable"]))
+        if why:
+            log.info("trunk cache not used: %s", why)
+            self.trunk_status = f"not used: {why}"
+            return None
+        parts = frozen_parts(self.model, tcfg["trainable"], first=True)  # check_fixed: every trunk's are equal
+
+        def prefix(x):
+            if tcfg["channels_last"]:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with self.autocast():
+                for part in parts:
+                    x = part(x)
+            return x
+
+        t0 = time.process_time()
+        cache = TrunkCache(CacheRows(self.caches["train"]), views, self.cfg["seed"], tcfg["photometric"], prefix,
+                           lambda raw, p: augment(raw, p, tcfg["image_size"], tcfg["photometric"]), self.device)
+        self.trunk_status = f"{views} views"
+        log.info("trunk cache built in %.1f CPU s", time.process_time() - t0)
+        return cache
+
+    def frozen_inputs(self):
+        """The training step's context: with a trunk cache, the model's frozen parts pass their input through."""
+        from noisymlt.trunkcache import frozen_parts_skipped
+
+        if getattr(self, "trunk", None) is None:
+            return contextlib.nullcontext()
+        return frozen_parts_skipped(self.model, self.cfg["train"]["trainable"])
 
     def eval_dataset(self, part: str):
         from noisymlt.dataset import CachedEvalImages, CacheRows, EvalImages
@@ -458,6 +512,10 @@ class Trainer:
 
         batch = dict(batch)
         aug = batch.pop("aug", None)
+        view = batch.pop("view", None)
+        if view is not None:  # fixed views: their frozen-trunk outputs stand in for the images
+            batch["images"] = self.trunk.features(batch["index"], view)
+            aug = None
         out = {}
         for k, v in batch.items():
             v = v.to(self.device, non_blocking=True)
@@ -504,11 +562,14 @@ class Trainer:
         tcfg = self.cfg["train"]
         self.out.mkdir(parents=True, exist_ok=True)
         start_epoch, history = self.load_checkpoint()
+        self._trim_epoch_log(start_epoch)
+        saved_at = time.monotonic()
         monitor = self.noise_monitor
         if monitor is not None:
             monitor.start(self.out / "noise_level.jsonl", start_epoch, self.saved_noise_log)
         streams = self.streams
         plans = [EpochPlan(s, self.cfg["seed"], self.iters) for s in streams]
+        self.trunk = self.trunk_cache()
         dataset = self.train_dataset()
         pin = self.device.type == "cuda"
         loaders = [stream_loader(dataset, None, self.workers, pin) for _ in plans]
@@ -527,7 +588,7 @@ class Trainer:
                 for group, mult in zip(self.optimizer.param_groups, self.lr_mults):
                     group["lr"] = lr * mult
                 batches = {s.name: self.to_device(b) for s, b in zip(streams, raw)}
-                with self.autocast():
+                with self.autocast(), self.frozen_inputs():
                     loss, logs = self.method.training_loss(self.model, batches, epoch, it)
                 published = self.method.take_published()  # computed targets only, never read back
                 if monitor is not None:
@@ -552,10 +613,23 @@ class Trainer:
                      seconds)
             if monitor is not None:
                 monitor.append_epoch()
-            self.save_checkpoint(epoch + 1, history)
+            if epoch + 1 == tcfg["epochs"] or time.monotonic() - saved_at >= self.checkpoint_seconds:
+                self.save_checkpoint(epoch + 1, history)
+                saved_at = time.monotonic()
             with open(self.out / "train_log.jsonl", "a") as f:
                 f.write(json.dumps({**record, "seconds": seconds}) + "\n")
         return history
+
+    def _trim_epoch_log(self, epochs_done: int) -> None:
+        """Drop the epoch log's records of epochs after the checkpoint (a resume trains them again); events
+        such as a restart stay."""
+        path = self.out / "train_log.jsonl"
+        if not path.exists():
+            return
+        lines = path.read_text().splitlines()
+        kept = [line for line in lines if line and json.loads(line).get("epoch", 0) <= epochs_done]
+        if len(kept) != len(lines):
+            path.write_text("".join(line + "\n" for line in kept))
 
     def iterate_train_eval(self):
         """Yield (row indices, images on device) over the whole train set with the test transform:

@@ -97,6 +97,12 @@ class Method:
     # trained on for ``take_published`` (methods that do not, publish nothing).
     publish_targets: bool = False
 
+    @property
+    def needs_pixels(self) -> bool:
+        """Whether training transforms the images themselves (mixing, stitching pixels), so that the frozen
+        trunk's output of each view cannot stand in for the view (``noisymlt.trunkcache``)."""
+        return False
+
     def __init__(self, ctx: TrainContext):
         self.ctx = ctx
         self.opts = ctx.cfg["method_cfg"]

@@ -106,6 +106,10 @@ class CoLearning(Method):
     def k(self) -> int:
         return stitched_views(self.stitch)
 
+    @property
+    def needs_pixels(self) -> bool:  # Mix-Up and image-level Stitch-Up mix pixels
+        return bool(self.mix["enabled"]) or (self.k > 1 and self.stitch["mode"] == "image_concat")
+
     # ------------------------------------------------------------------ Method API
     def build_model(self) -> TwoBranch:
         partner_bn = bool(self.stitch["partner_bn"]) and self.k > 1 and self.stitch["mode"] == "feature_average"

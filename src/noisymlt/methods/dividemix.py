@@ -134,6 +134,8 @@ def auto_warmup_epochs(train: dict, iterations_per_epoch: int) -> int:
 @register_family("dividemix")
 class DivideMix(Method):
     heads = ("main",)
+    needs_pixels = True  # MixMatch mixes the images
+
     def __init__(self, ctx):
         super().__init__(ctx)
         self.o = resolve_options(self.opts)

@@ -63,6 +63,9 @@ class BBNNet(nn.Module):
         super().__init__()
         apply_trainable(backbone, trainable)
         self.shared, self.stage_c = split_last_stage(backbone, split_at)
+        # the trunk whose stages these are, unregistered (its parameters are the ones above): noisymlt.trunkcache
+        # finds the frozen stages through it
+        self.source_trunks = (backbone,) if isinstance(backbone, ResNetTrunk) else ()
         self.stage_r = copy.deepcopy(self.stage_c)
         self.feat_dim = backbone.out_dim
         self.classifier = Head(2 * self.feat_dim, num_classes)
