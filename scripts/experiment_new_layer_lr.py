@@ -42,6 +42,9 @@ def main() -> int:
     ap.add_argument("--tag", default="", help="suffix of this run's variant names in the JSON")
     ap.add_argument("--clean-train", action="store_true",
                     help="train on the clean labels of the subset (the fit the toy allows; analysis only)")
+    ap.add_argument("--values", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="selection values applied as a choice file would (noisymlt.selection.apply_values), "
+                         "e.g. alpha=0.9 beta=0.1")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="extra train-block values for every variant, e.g. lr=0.08 (YAML values)")
     args = ap.parse_args()
@@ -53,6 +56,7 @@ def main() -> int:
     from noisymlt.evaluate import average_precisions
     from noisymlt.labels import read_labels
     from noisymlt.steps import image_root
+    from noisymlt.selection import apply_values
     from noisymlt.train import Trainer
 
     import noisymlt.train
@@ -68,6 +72,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         for k, (method, mult) in enumerate((m, x) for m in args.methods for x in args.mults):
             cfg = resolve_run(params, "toy", method, args.gamma, args.seed)
+            if args.values:
+                values = {k: float(v) for k, v in (item.split("=", 1) for item in args.values)}
+                cfg = apply_values(params, cfg, values, "--values")
             cfg["train"]["new_layers_lr_mult"] = mult
             for item in args.set:
                 key, value = item.split("=", 1)
@@ -104,7 +111,7 @@ def main() -> int:
                   f"{h['test_score_p05']:.2f}-{h['test_score_p95']:.2f}, test mAP {maps}, pseudo labels {pl}, "
                   f"train outputs {crossing}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    record = {"methods": args.methods, "gamma": args.gamma, "seed": args.seed, "set": args.set,
+    record = {"methods": args.methods, "gamma": args.gamma, "seed": args.seed, "set": args.set, "values": args.values,
               "new_layers": sorted(noisymlt.train.NEW_LAYERS), "runs": out}
     Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     return 0

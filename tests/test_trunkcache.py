@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 
 import numpy as np
 import pytest
@@ -126,6 +127,8 @@ def test_a_run_on_the_trunk_cache_trains_and_resumes_bit_identically(tiny_toy, t
     with pytest.raises(KeyboardInterrupt):
         broken.run()
     trunk_trainer(tiny_toy, tmp_path / "resumed", views=2).run()
+    manifest = json.loads((tmp_path / "resumed" / "manifest.json").read_text())
+    assert manifest["trunk_cache"] == "2 views"
     np.testing.assert_array_equal(np.load(tmp_path / "resumed" / "predictions.npz")["scores_main"], reference)
     fresh = trunk_trainer(tiny_toy, tmp_path / "fresh", views=0)
     fresh.run()

@@ -718,6 +718,8 @@ class Trainer:
             extra={"run_id": self.run_id, "run": self.cfg, "history": history, "fit": fit,
                    "checkpoint_content_sha256": self.checkpoint_sha256,
                    "iterations_per_epoch": self.iters, "cpu_threads": torch.get_num_threads(),
+                   # fixed views (train.trunk_cache_views) or, with the reason, fresh ones
+                   "trunk_cache": getattr(self, "trunk_status", "off"),
                    # the build as well as the release (the environment block has the release only)
                    "torch_build": {"version": torch.__version__, "cuda": torch.version.cuda}},
             # how it ran, not what it computed (loader workers never change results): untracked
