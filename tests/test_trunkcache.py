@@ -64,7 +64,7 @@ def image_batch(trainer, raw):
     tcfg = trainer.cfg["train"]
     index, view = raw["index"], raw["view"]
     rows = torch.from_numpy(trainer.trunk.rows.array[index.flatten().numpy()]).permute(0, 3, 1, 2)
-    params = torch.from_numpy(np.stack([trainer.trunk.view_params(i, v)
+    params = torch.from_numpy(np.stack([trainer.trunk.image_views(i)[v]
                                         for i, v in zip(index.flatten().tolist(), view.flatten().tolist())]))
     images = augment(rows, params, tcfg["image_size"], tcfg["photometric"])
     return {"images": images.view(*index.shape, *images.shape[1:]), "index": index, "stitched": raw["stitched"]}
@@ -103,8 +103,9 @@ def test_views_are_fixed_per_image_and_the_cache_is_rebuilt_identically(tiny_toy
     n = len(cache_a.rows)
     assert cache_a.store.shape[:2] == (n, 2)
     assert not torch.equal(cache_a.store[:, 0], cache_a.store[:, 1])  # two different augmentations
-    assert np.array_equal(cache_a.view_params(5, 1), cache_b.view_params(5, 1))
-    assert not np.array_equal(cache_a.view_params(5, 1), cache_a.view_params(5, 0))
+    assert np.array_equal(cache_a.image_views(5), cache_b.image_views(5))
+    assert not np.array_equal(cache_a.image_views(5)[1], cache_a.image_views(5)[0])
+    assert not np.array_equal(cache_a.image_views(5), cache_a.image_views(6))
     # a slot's view choice comes from its own seed: the same plan gives the same views
     va, vb = first_batches(a)["main"]["view"], first_batches(b)["main"]["view"]
     assert torch.equal(va, vb) and int(va.max()) < 2 and len(torch.unique(va)) == 2

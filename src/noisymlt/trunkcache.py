@@ -3,12 +3,12 @@
 With ``train.trainable: layer4`` and frozen BatchNorm ([CL]'s recipe) the stem and layer1-3 are a fixed
 function of their input, and on the demo's 32 px images they are most of a step: their forward pass on the
 augmented views, the augmentation and the loader took 16 of Ours' 28 CPU seconds a run. With
-``train.trunk_cache_views: V`` (> 0) every training image has V augmented views, view v of image i drawn
-from its own generator (seed, i, v) as ``tensoraug.draw_train_params`` draws a fresh view, and each slot of a
+``train.trunk_cache_views: V`` (> 0) every training image has V augmented views, drawn one after the other from
+the image's own generator (seed, i) as ``tensoraug.draw_train_params`` draws a fresh view, and each slot of a
 batch picks one of them (from its slot generator, so batches stay a pure function of seed and epoch). The
-N x V outputs are computed once when the run starts (~N x V / 33,792 of what fresh views cost Ours: 2.7 s at
-V 16 on the toy) and kept in memory; the trainer then runs the model with its frozen parts passed through
-(``frozen_parts_skipped``), on those outputs.
+N x V outputs are computed once when the run starts and kept in memory (on the toy: 355 x 16 views, where an
+Ours run augments and passes 33,792 fresh ones through the frozen stages); the trainer then runs the model with
+its frozen parts passed through (``frozen_parts_skipped``), on those outputs.
 
 What changes against fresh augmentation: each image is seen in at most V distinct augmentations per run (the
 balanced sampler repeats a tail image dozens of times). Methods that train on pixels (Mix-Up, image-level
@@ -102,12 +102,13 @@ class TrunkCache:
         self.seed = int(seed)
         self.photometric = photometric
         pairs = np.stack(np.meshgrid(np.arange(len(rows)), np.arange(self.views), indexing="ij"), -1).reshape(-1, 2)
+        all_params = np.concatenate([self.image_views(i) for i in range(len(rows))])  # in pair order
         store = None
         with torch.no_grad():
             for start in range(0, len(pairs), chunk):
                 images, picks = pairs[start:start + chunk].T
                 raw = torch.from_numpy(rows.array[images]).permute(0, 3, 1, 2).to(device)
-                params = torch.from_numpy(np.stack([self.view_params(i, v) for i, v in zip(images, picks)]))
+                params = torch.from_numpy(all_params[start:start + chunk])
                 out = prefix(augment(raw, params.to(device)))
                 if store is None:
                     store = self._allocate(len(rows), out)
@@ -125,13 +126,14 @@ class TrunkCache:
                  nbytes / 2**20)
         return torch.empty(shape, dtype=out.dtype, device=out.device)
 
-    def view_params(self, image: int, view: int) -> np.ndarray:
-        """The augmentation of view ``view`` of image ``image``: drawn as a fresh view is, from its own generator."""
+    def image_views(self, image: int) -> np.ndarray:
+        """The augmentations (V, NPARAMS) of the views of image ``image``: drawn one after the other, each as a
+        fresh view is, from the image's own generator."""
         from noisymlt.tensoraug import draw_train_params
 
         s = self.rows.size
-        rng = np.random.default_rng([self.seed, VIEW_STREAM, int(image), int(view)])
-        return draw_train_params(rng, s, s, self.photometric)
+        rng = np.random.default_rng([self.seed, VIEW_STREAM, int(image)])
+        return np.stack([draw_train_params(rng, s, s, self.photometric) for _ in range(self.views)])
 
     def features(self, index: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
         """The frozen-trunk outputs (*index.shape, C, h, w) of the views ``view`` of images ``index``."""
