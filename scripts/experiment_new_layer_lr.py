@@ -45,6 +45,9 @@ def main() -> int:
     ap.add_argument("--values", nargs="*", default=[], metavar="KEY=VALUE",
                     help="selection values applied as a choice file would (noisymlt.selection.apply_values), "
                          "e.g. alpha=0.9 beta=0.1")
+    ap.add_argument("--method-set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="method-block values (YAML, dotted keys merged into the block), e.g. "
+                         "loss_params.max_margin=0.000001 or branches.balanced.dropout=0")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="extra train-block values for every variant, e.g. lr=0.08 (YAML values)")
     args = ap.parse_args()
@@ -79,6 +82,13 @@ def main() -> int:
             for item in args.set:
                 key, value = item.split("=", 1)
                 cfg["train"][key] = yaml.safe_load(value)
+            for item in args.method_set:
+                key, value = item.split("=", 1)
+                *path, last = key.split(".")
+                block = cfg["method_cfg"]
+                for part in path:
+                    block = block.setdefault(part, {})
+                block[last] = yaml.safe_load(value)
             labels = (data / "train_labels.parquet" if args.clean_train
                       else data / "noisy" / f"g{args.gamma:g}_s{args.seed}.parquet")
             trainer = Trainer(cfg, train_labels=labels,
@@ -112,6 +122,7 @@ def main() -> int:
                   f"train outputs {crossing}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     record = {"methods": args.methods, "gamma": args.gamma, "seed": args.seed, "set": args.set, "values": args.values,
+              "method_set": args.method_set,
               "new_layers": sorted(noisymlt.train.NEW_LAYERS), "runs": out}
     Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     return 0

@@ -239,6 +239,7 @@ def dividemix_run(tiny_toy, tmp_path_factory):
     """One 2-epoch run (warm-up, then a co-divide epoch); keeps the epoch-1 checkpoint as ``epoch1.pt``."""
     out = tmp_path_factory.mktemp("dividemix") / "run"
     trainer = make_trainer(tiny_toy, out, warmup_epochs=1)
+    trainer.checkpoint_seconds = 0.0  # a checkpoint after every epoch (module scope: conftest's patch is not on yet)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     save = trainer.save_checkpoint
 
