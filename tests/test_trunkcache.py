@@ -179,3 +179,22 @@ def test_views_are_validated():
     params = tiny_params("erm", trunk_cache_views=-1)
     with pytest.raises(Exception, match="trunk_cache_views"):
         validate_params(params)
+
+
+def test_the_demo_profiles_views_were_measured_against_fresh_views():
+    """The demo profile's trunk_cache_views rests on docs/demo_trunk_cache.json (scripts/experiment_trunk_cache.py):
+    its V is among the measured ones, beside fresh views (V 0) on the same seeds, and it makes Ours' run cheaper."""
+    from pathlib import Path
+
+    from noisymlt.config import load_params, resolve_run
+
+    repo = Path(__file__).resolve().parents[1]
+    record = json.loads((repo / "docs" / "demo_trunk_cache.json").read_text())
+    params = load_params(repo / "params.yaml", repo / "workflow" / "profiles" / "demo" / "params.yaml")
+    views = resolve_run(params, "toy", "ours", 0.5, 0)["train"]["trunk_cache_views"]
+    assert views > 0 and resolve_run(params, "toy", "erm", 0.5, 0)["train"]["trunk_cache_views"] == views
+    for method in ("erm", "ours"):
+        runs = record["runs"][method]
+        assert f"v{views}" in runs and runs[f"v{views}"].keys() == runs["v0"].keys() and len(runs["v0"]) >= 2
+    seconds = record["fit_cpu_seconds"]
+    assert seconds[f"v{views}"]["ours"] < 0.6 * seconds["v0"]["ours"]
