@@ -155,6 +155,21 @@ def tiny_toy(tmp_path_factory):
     return paths
 
 
+def interrupt_training(monkeypatch, trainer, at_call: int) -> None:
+    """Run ``trainer`` and stop it as Ctrl-C would (KeyboardInterrupt) in its ``at_call``-th training step."""
+    original, calls = trainer.method.training_loss, {"n": 0}
+
+    def dying(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == at_call:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.method, "training_loss", dying)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run()
+
+
 def tiny_params(method: str = "erm", **train_overrides) -> dict:
     """params.yaml + the demo layer, shrunk to seconds-long CPU runs on ``tiny_toy``."""
     from noisymlt.config import deep_merge, load_params

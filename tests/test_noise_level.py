@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import tiny_params, toy_trainer
+from conftest import interrupt_training, tiny_params, toy_trainer
 from noisymlt.cli import main
 from noisymlt.config import resolve_run
 from noisymlt.dataset import EpochPlan
@@ -126,18 +126,7 @@ def test_resumed_run_writes_the_uninterrupted_log(runs, tiny_toy, tmp_path, monk
     reference = (runs["clean"][1] / "noise_level.jsonl").read_text()
     # 1) killed in the middle of epoch 2; the workflow deletes the log (a declared output) before the rerun
     broken = ours_trainer(tiny_toy, tmp_path / "a", clean_labels=tiny_toy["train"])
-    calls = {"n": 0}
-    original = broken.method.training_loss
-
-    def dying(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == ITERS + 2:
-            raise KeyboardInterrupt
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(broken.method, "training_loss", dying)
-    with pytest.raises(KeyboardInterrupt):
-        broken.run()
+    interrupt_training(monkeypatch, broken, ITERS + 2)
     assert {r["epoch"] for r in read_log(tmp_path / "a" / "noise_level.jsonl")} == {1}
     (tmp_path / "a" / "noise_level.jsonl").unlink()
     ours_trainer(tiny_toy, tmp_path / "a", clean_labels=tiny_toy["train"]).run()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_params, toy_trainer
+from conftest import interrupt_training, tiny_params, toy_trainer
 from noisymlt.config import resolve_run
 from noisymlt.errors import NoisyMLTError
 from noisymlt.labels import read_labels
@@ -58,18 +58,7 @@ def test_interrupted_run_resumes_to_the_same_result(tiny_toy, tmp_path, monkeypa
 
     # Kill the second run in the middle of epoch 2 (after epoch 1's checkpoint was written).
     broken = make_trainer(tiny_toy, tmp_path / "resumed", epochs=3, lr_steps=[2])
-    calls = {"n": 0}
-    original = broken.method.training_loss
-
-    def dying(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == broken.iters + 3:
-            raise KeyboardInterrupt
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(broken.method, "training_loss", dying)
-    with pytest.raises(KeyboardInterrupt):
-        broken.run()
+    interrupt_training(monkeypatch, broken, broken.iters + 3)
     state = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=True)
     assert state["epoch"] == 1
     assert not (tmp_path / "resumed" / "predictions.npz").exists()
@@ -361,18 +350,7 @@ def test_checkpoints_wait_their_interval_and_a_resume_drops_the_epochs_after_the
 
     saved.clear()
     broken = make_trainer(tiny_toy, tmp_path / "resumed", epochs=3, lr_steps=[2])
-    calls = {"n": 0}
-    original_loss = broken.method.training_loss
-
-    def dying(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2 * broken.iters + 1:  # in epoch 3, no checkpoint written yet
-            raise KeyboardInterrupt
-        return original_loss(*args, **kwargs)
-
-    monkeypatch.setattr(broken.method, "training_loss", dying)
-    with pytest.raises(KeyboardInterrupt):
-        broken.run()
+    interrupt_training(monkeypatch, broken, 2 * broken.iters + 1)  # in epoch 3, no checkpoint written yet
     log_path = tmp_path / "resumed" / "train_log.jsonl"
     assert saved == [] and [json.loads(line)["epoch"] for line in log_path.read_text().splitlines()] == [1, 2]
     make_trainer(tiny_toy, tmp_path / "resumed", epochs=3, lr_steps=[2]).run()  # starts over: epochs 1-3 again

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_params, toy_trainer
+from conftest import interrupt_training, tiny_params, toy_trainer
 from noisymlt.config import resolve_run, validate_params
 from noisymlt.errors import NoisyMLTError
 from noisymlt.tensoraug import augment
@@ -116,17 +116,7 @@ def test_a_run_on_the_trunk_cache_trains_and_resumes_bit_identically(tiny_toy, t
     full.run()
     reference = np.load(tmp_path / "full" / "predictions.npz")["scores_main"]
     broken = trunk_trainer(tiny_toy, tmp_path / "resumed", views=2)
-    original, calls = broken.method.training_loss, {"n": 0}
-
-    def dying(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == broken.iters + 2:
-            raise KeyboardInterrupt
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(broken.method, "training_loss", dying)
-    with pytest.raises(KeyboardInterrupt):
-        broken.run()
+    interrupt_training(monkeypatch, broken, broken.iters + 2)
     trunk_trainer(tiny_toy, tmp_path / "resumed", views=2).run()
     manifest = json.loads((tmp_path / "resumed" / "manifest.json").read_text())
     assert manifest["trunk_cache"] == "2 views"

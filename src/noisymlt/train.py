@@ -249,6 +249,8 @@ class Trainer:
         self.optimizer = torch.optim.SGD([{"params": params} for _, params in groups], lr=tcfg["lr"],
                                          momentum=tcfg["momentum"], weight_decay=tcfg["weight_decay"])
         self.noise_monitor = None
+        self.trunk = None  # noisymlt.trunkcache.TrunkCache while training on fixed views (trunk_cache, in fit)
+        self.trunk_status = "off"  # what the manifest says about the views: off, "V views", "not used: why"
         self.saved_noise_log: str | None = None  # the noise log as the loaded checkpoint holds it
         self.checkpoint_sha256: str | None = None  # content hash of the checkpoint saved or resumed last
         if clean_labels is not None:
@@ -341,7 +343,6 @@ class Trainer:
 
         tcfg = self.cfg["train"]
         views = int(tcfg.get("trunk_cache_views", 0) or 0)
-        self.trunk_status = "off"
         if not views:
             return None
         self.model.train()
@@ -373,7 +374,7 @@ class Trainer:
         """The training step's context: with a trunk cache, the model's frozen parts pass their input through."""
         from noisymlt.trunkcache import frozen_parts_skipped
 
-        if getattr(self, "trunk", None) is None:
+        if self.trunk is None:
             return contextlib.nullcontext()
         return frozen_parts_skipped(self.model, self.cfg["train"]["trainable"])
 
@@ -513,9 +514,8 @@ class Trainer:
         batch = dict(batch)
         aug = batch.pop("aug", None)
         view = batch.pop("view", None)
-        if view is not None:  # fixed views: their frozen-trunk outputs stand in for the images
+        if view is not None:  # fixed views: their frozen-trunk outputs stand in for the images (no "aug")
             batch["images"] = self.trunk.features(batch["index"], view)
-            aug = None
         out = {}
         for k, v in batch.items():
             v = v.to(self.device, non_blocking=True)
@@ -719,7 +719,7 @@ class Trainer:
                    "checkpoint_content_sha256": self.checkpoint_sha256,
                    "iterations_per_epoch": self.iters, "cpu_threads": torch.get_num_threads(),
                    # fixed views (train.trunk_cache_views) or, with the reason, fresh ones
-                   "trunk_cache": getattr(self, "trunk_status", "off"),
+                   "trunk_cache": self.trunk_status,
                    # the build as well as the release (the environment block has the release only)
                    "torch_build": {"version": torch.__version__, "cuda": torch.version.cuda}},
             # how it ran, not what it computed (loader workers never change results): untracked
