@@ -101,3 +101,18 @@ def test_demo_sentinel_runs_still_give_the_committed_numbers(tmp_path):
         heads = json.loads((wf / runs[key] / "metrics.json").read_text())["heads"]
         got = 100 * heads["ensemble" if "ensemble" in heads else "main"]["map"]["total"]
         assert got == pytest.approx(expected, abs=0.3), (key, got, expected)
+
+
+def test_the_selection_paragraph_names_its_sets_and_says_when_scores_are_means():
+    from noisymlt.report.readme import render_selection
+
+    stage = {"keys": ["alpha", "beta"], "winner": "alpha0.7_beta0.2",
+             "scores": {"alpha0.8_beta0.1": 32.111, "alpha0.7_beta0.2": 32.504}}
+    row = {"label": "Ours", "held_out": 0.2, "chosen": {"beta": 0.2, "lr": 0.02, "alpha": 0.7}, "stages": [stage],
+           "sets": [{"gamma": 0.5, "seed": 0}, {"gamma": 0.5, "seed": 1}]}
+    two = render_selection([row])[1]
+    assert "80% of the noisy training set at γ 0.5 seeds 0 and 1," in two
+    assert "held-out 20% of its noisy labels (the mean over the 2 sets);" in two
+    assert "chose lr 0.02, α 0.7, β 0.2." in two and "**α 0.7 β 0.2: 32.50**" in two and "α 0.8 β 0.1: 32.11," in two
+    one = render_selection([{**row, "sets": row["sets"][:1]}])[1]
+    assert "at γ 0.5 seed 0, ranked" in one and "mean over" not in one

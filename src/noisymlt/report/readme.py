@@ -252,7 +252,8 @@ def render_selection(rows: list[dict]) -> list[str]:
     """One paragraph per selecting method: the chosen values and every candidate's noisy validation mAP."""
     out = []
     for row in rows:
-        sets = ", ".join(f"γ {s['gamma']:g} seed {s['seed']}" for s in row["sets"])
+        sets = _sets(row["sets"])
+        mean = f" (the mean over the {len(row['sets'])} sets)" if len(row["sets"]) > 1 else ""
         order = sorted(row["chosen"], key=lambda k: list(GREEK).index(k) if k in GREEK else len(GREEK))
         chosen = ", ".join(f"{GREEK.get(k, k)} {row['chosen'][k]:g}" for k in order)
         stages = "; ".join(
@@ -262,9 +263,19 @@ def render_selection(rows: list[dict]) -> list[str]:
             for st in row["stages"])
         out += ["", f"Model selection ({row['label']}, the paper's protocol: candidates trained on "
                     f"{100 * (1 - row['held_out']):.0f}% of the noisy training set at {sets}, ranked by mAP against the "
-                    f"held-out {100 * row['held_out']:.0f}% of its noisy labels; `runs/*/select/`): chose {chosen}. "
+                    f"held-out {100 * row['held_out']:.0f}% of its noisy labels{mean}; `runs/*/select/`): chose {chosen}. "
                     f"Validation mAP (%) per candidate, **chosen**: {stages}."]
     return out
+
+
+def _sets(sets: list[dict]) -> str:
+    """Selection sets as a reader writes them: γ 0.5 seed 0, or γ 0.5 seeds 0 and 1."""
+    by_gamma: dict[float, list[int]] = {}
+    for s in sets:
+        by_gamma.setdefault(s["gamma"], []).append(s["seed"])
+    return "; ".join(f"γ {g:g} seed {seeds[0]}" if len(seeds) == 1
+                     else f"γ {g:g} seeds {', '.join(map(str, seeds[:-1]))} and {seeds[-1]}"
+                     for g, seeds in by_gamma.items())
 
 
 def replace_block(readme: str, block: str, where: str) -> str:
