@@ -172,8 +172,9 @@ def test_the_readme_account_of_ldams_lead_holds_against_its_runs():
         for method in ("ldam", "erm", "ours"):  # the unchanged runs are the demo's
             assert run[method]["mean"] == pytest.approx(table[method, float(gamma)], abs=0.01), (method, gamma)
         assert run["ldam"]["mean"] > run["ours"]["mean"]
-        # without its margins LDAM is below Ours on every seed, and near ERM
-        assert all(a < b for a, b in zip(run["ldam without margins"]["per_seed"], run["ours"]["per_seed"]))
+        # without its margins LDAM is below Ours in the mean, on most seeds, and near ERM
+        assert run["ldam without margins"]["mean"] < run["ours"]["mean"]
+        assert sum(a < b for a, b in zip(run["ldam without margins"]["per_seed"], run["ours"]["per_seed"])) >= 2
         assert abs(run["ldam without margins"]["mean"] - run["erm"]["mean"]) < 1.5
         # trained from layer4 as Ours is, LDAM loses most of its lead
         lead, kept = run["ldam"]["mean"] - run["ours"]["mean"], run["ldam trained from layer4"]["mean"] - run["ours"]["mean"]
