@@ -285,4 +285,5 @@ def _digests(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for top in ("data", "runs", "reports") for p in sorted((root / top).rglob("*"))
             if p.is_file() and p.name not in ("train_log.jsonl", ".train.lock")  # .dvcignored, not outputs
-            and not p.name.endswith(".timing.json") and ".finished" not in p.parts}
+            and not p.name.endswith(".timing.json") and ".finished" not in p.parts
+            and p.parent.name != "trunk"}  # DATASET/cache/trunk/: the trunk cache's memo (a local cache, not an output)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import re
+import shutil
 
 import numpy as np
 import pytest
@@ -31,7 +34,7 @@ def weights(tmp_path_factory):
     return str(path)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def tiny_toy(tiny_toy, weights):
     """The conftest's tiny toy set, with the pretrained-weights file every branch loads."""
     return {**tiny_toy, "weights": weights}
@@ -41,9 +44,26 @@ def frozen(tiny_toy, **overrides) -> dict:
     return {**FROZEN, "weights_path": tiny_toy["weights"], **overrides}
 
 
-def trunk_trainer(tiny_toy, out, method="erm", views=3, **overrides):
+def trunk_trainer(tiny_toy, out, method="erm", views=3, seed=0, **overrides):
     params = tiny_params(method, **frozen(tiny_toy, trunk_cache_views=views, **overrides))
-    return toy_trainer(tiny_toy, resolve_run(params, "toy", method, 0.5, 0), out)
+    return toy_trainer(tiny_toy, resolve_run(params, "toy", method, 0.5, seed), out)
+
+
+def own_cache(tiny_toy, folder):
+    """``tiny_toy`` reading a copy of its train image cache in ``folder``: its memo folder (folder/trunk) is
+    this test's own."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for suffix in (".npy", ".json"):
+        shutil.copy(tiny_toy["train_cache"].with_suffix(suffix), folder / f"train{suffix}")
+    return {**tiny_toy, "train_cache": folder / "train.npy"}
+
+
+STATUS = re.compile(r"(\d+) views \(memo ([0-9a-f]{20})\)")
+
+
+def memo_file(trainer):
+    """The memo file the trainer's trunk cache was loaded from or saved to (its status names the key)."""
+    return trainer.caches["train"].parent / "trunk" / f"{STATUS.fullmatch(trainer.trunk_status).group(2)}.pt"
 
 
 def first_batches(trainer):
@@ -74,7 +94,7 @@ def image_batch(trainer, raw):
 def test_a_step_on_cached_trunk_outputs_equals_the_step_on_the_views(tiny_toy, tmp_path, method):
     trainer = trunk_trainer(tiny_toy, tmp_path / "run", method)
     raw = first_batches(trainer)
-    assert trainer.trunk is not None and trainer.trunk_status == "3 views"
+    assert trainer.trunk is not None and STATUS.fullmatch(trainer.trunk_status).group(1) == "3"
 
     def step(batches, cached):
         trainer.model.zero_grad(set_to_none=True)
@@ -115,15 +135,102 @@ def test_a_run_on_the_trunk_cache_trains_and_resumes_bit_identically(tiny_toy, t
     full = trunk_trainer(tiny_toy, tmp_path / "full", views=2)
     full.run()
     reference = np.load(tmp_path / "full" / "predictions.npz")["scores_main"]
-    broken = trunk_trainer(tiny_toy, tmp_path / "resumed", views=2)
+    toy = own_cache(tiny_toy, tmp_path / "cache")  # the interrupted run computes the views, the resumed one loads them
+    broken = trunk_trainer(toy, tmp_path / "resumed", views=2)
     interrupt_training(monkeypatch, broken, broken.iters + 2)
-    trunk_trainer(tiny_toy, tmp_path / "resumed", views=2).run()
+    resumed = trunk_trainer(toy, tmp_path / "resumed", views=2)
+    resumed.run()
+    assert (broken.trunk_memo, resumed.trunk_memo) == ("computed", "loaded")
     manifest = json.loads((tmp_path / "resumed" / "manifest.json").read_text())
-    assert manifest["trunk_cache"] == "2 views"
+    assert manifest["trunk_cache"] == full.trunk_status and STATUS.fullmatch(manifest["trunk_cache"])
     np.testing.assert_array_equal(np.load(tmp_path / "resumed" / "predictions.npz")["scores_main"], reference)
     fresh = trunk_trainer(tiny_toy, tmp_path / "fresh", views=0)
     fresh.run()
     assert not np.array_equal(np.load(tmp_path / "fresh" / "predictions.npz")["scores_main"], reference)
+
+
+def test_a_second_run_loads_the_memo_and_trains_bit_identically(tiny_toy, tmp_path):
+    """The first run computes the views' outputs and saves them; a run of the same configuration loads them;
+    with the memo folder emptied a run computes them again: the three runs are the same, bit for bit."""
+    toy = own_cache(tiny_toy, tmp_path / "cache")
+    runs = {}
+    for name in ("cold", "loaded", "emptied"):
+        if name == "emptied":
+            shutil.rmtree(tmp_path / "cache" / "trunk")
+        trainer = trunk_trainer(toy, tmp_path / name, views=2)
+        trainer.run()
+        timing = json.loads((tmp_path / name / "manifest.timing.json").read_text())
+        assert timing["trunk_cache"] == trainer.trunk_memo == ("loaded" if name == "loaded" else "computed")
+        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+        runs[name] = manifest, np.load(tmp_path / name / "predictions.npz")["scores_main"]
+        assert memo_file(trainer).is_file()
+    cold, cold_scores = runs["cold"]
+    assert [p.name for p in (tmp_path / "cache" / "trunk").iterdir()] == [memo_file(trainer).name]  # no temp file
+    for name in ("loaded", "emptied"):
+        manifest, scores = runs[name]
+        # the manifest (a tracked output) says which memo, not whether this execution computed or loaded it
+        assert manifest["trunk_cache"] == cold["trunk_cache"]
+        assert manifest["history"] == cold["history"]  # every epoch's losses
+        assert manifest["checkpoint_content_sha256"] == cold["checkpoint_content_sha256"]
+        np.testing.assert_array_equal(scores, cold_scores)
+
+
+def test_the_memo_key_covers_what_the_views_depend_on(tiny_toy, tmp_path):
+    """Another seed, V, frozen weights or image cache gives another memo; another lr (the same views) the same."""
+    from noisymlt.models.backbones import TinyResNet
+
+    toy = own_cache(tiny_toy, tmp_path / "cache")
+
+    def key(toy=toy, **options):
+        trainer = trunk_trainer(toy, tmp_path / "run", **{"views": 2, **options})
+        trainer.trunk_cache()
+        return STATUS.fullmatch(trainer.trunk_status).group(2), trainer.trunk_memo
+
+    base, how = key()
+    assert how == "computed" and key(lr=0.123) == (base, "loaded")
+    torch.manual_seed(1)
+    other_weights = tmp_path / "other.pt"
+    torch.save(TinyResNet().state_dict(), other_weights)
+    others = [key(seed=1), key(views=3), key(weights_path=str(other_weights))]
+    pixels = own_cache(tiny_toy, tmp_path / "other_cache")  # the same rows, one pixel changed
+    rows = np.load(pixels["train_cache"], mmap_mode="r+")
+    rows[0, 0, 0, 0] ^= 1
+    rows.flush()
+    del rows
+    others.append(key(toy=pixels))
+    assert all(how == "computed" for _, how in others)
+    assert len({base, *(k for k, _ in others)}) == 1 + len(others)
+
+
+@pytest.mark.parametrize("damage, why", [("truncated", "unreadable"), ("flipped byte", "do not match the digest"),
+                                         ("another key", "written for key")])
+def test_a_damaged_memo_is_reported_computed_again_and_replaced(tiny_toy, tmp_path, caplog, damage, why):
+    toy = own_cache(tiny_toy, tmp_path / "cache")
+    clean = trunk_trainer(toy, tmp_path / "clean", views=2)
+    clean.run()
+    path = memo_file(clean)
+    data = bytearray(path.read_bytes())
+    if damage == "truncated":
+        del data[len(data) // 2:]
+    elif damage == "flipped byte":  # inside the stored tensor: the file still loads
+        data[len(data) // 2] ^= 1
+    else:  # the memo of another configuration under this name
+        other = trunk_trainer(toy, tmp_path / "other", views=3)
+        other.trunk_cache()
+        data = bytearray(memo_file(other).read_bytes())
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="noisymlt.trunkcache"):
+        again = trunk_trainer(toy, tmp_path / "again", views=2)
+        again.run()
+    assert again.trunk_memo == "computed" and f"{path}: unusable trunk-cache memo, " in caplog.text
+    assert why in caplog.text
+    assert again.trunk_status == clean.trunk_status
+    np.testing.assert_array_equal(np.load(tmp_path / "again" / "predictions.npz")["scores_main"],
+                                  np.load(tmp_path / "clean" / "predictions.npz")["scores_main"])
+    caplog.clear()
+    replaced = trunk_trainer(toy, tmp_path / "replaced", views=2)
+    assert torch.equal(replaced.trunk_cache().store, again.trunk.store)
+    assert replaced.trunk_memo == "loaded" and "unusable" not in caplog.text
 
 
 @pytest.mark.parametrize("method, options, why", [

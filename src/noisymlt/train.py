@@ -250,7 +250,10 @@ class Trainer:
                                          momentum=tcfg["momentum"], weight_decay=tcfg["weight_decay"])
         self.noise_monitor = None
         self.trunk = None  # noisymlt.trunkcache.TrunkCache while training on fixed views (trunk_cache, in fit)
-        self.trunk_status = "off"  # what the manifest says about the views: off, "V views", "not used: why"
+        # what the manifest says about the views: off, "V views (memo KEY)", "not used: why"; and whether this
+        # execution computed or loaded them (noisymlt.trunkcache's memo), in the untracked timing file only
+        self.trunk_status = "off"
+        self.trunk_memo: str | None = None
         self.saved_noise_log: str | None = None  # the noise log as the loaded checkpoint holds it
         self.checkpoint_sha256: str | None = None  # content hash of the checkpoint saved or resumed last
         if clean_labels is not None:
@@ -336,10 +339,12 @@ class Trainer:
         (``noisymlt.trunkcache``), or None where the run cannot use them (the reason is logged and recorded
         in ``self.trunk_status``)."""
         import torch
+        import torchvision
 
+        from noisymlt.codedeps import digest
         from noisymlt.dataset import CacheRows
         from noisymlt.tensoraug import augment
-        from noisymlt.trunkcache import TrunkCache, check_fixed, frozen_parts
+        from noisymlt.trunkcache import CHUNK, Memo, TrunkCache, check_fixed, device_settings, frozen_parts, memo_key
 
         tcfg = self.cfg["train"]
         views = int(tcfg.get("trunk_cache_views", 0) or 0)
@@ -364,10 +369,20 @@ class Trainer:
             return x
 
         t0 = time.process_time()
-        cache = TrunkCache(CacheRows(self.caches["train"]), views, self.cfg["seed"], tcfg["photometric"], prefix,
-                           lambda raw, p: augment(raw, p, tcfg["image_size"], tcfg["photometric"]), self.device)
-        self.trunk_status = f"{views} views"
-        log.info("trunk cache built in %.1f CPU s", time.process_time() - t0)
+        rows = CacheRows(self.caches["train"])
+        # everything the values depend on besides the rows and the parts (noisymlt.trunkcache's module doc)
+        settings = {"views": views, "seed": self.cfg["seed"], "photometric": tcfg["photometric"],
+                    "image_size": tcfg["image_size"], "channels_last": tcfg["channels_last"],
+                    "trainable": tcfg["trainable"], "precision": self.precision, **device_settings(self.device),
+                    "torch": torch.__version__, "torchvision": torchvision.__version__, "chunk": CHUNK,
+                    "code": digest("noisymlt.train")}
+        memo = Memo(self.caches["train"].parent / "trunk", memo_key(rows, parts, settings))
+        cache = TrunkCache(rows, views, self.cfg["seed"], tcfg["photometric"], prefix,
+                           lambda raw, p: augment(raw, p, tcfg["image_size"], tcfg["photometric"]), self.device,
+                           chunk=CHUNK, memo=memo)
+        self.trunk_status = f"{views} views (memo {memo.path.stem})"
+        self.trunk_memo = "loaded" if cache.loaded else "computed"
+        log.info("trunk cache %s in %.1f CPU s (%s)", self.trunk_memo, time.process_time() - t0, memo.path)
         return cache
 
     def frozen_inputs(self):
@@ -491,18 +506,24 @@ class Trainer:
         return 0, []
 
     # ------------------------------------------------------------------ loop
+    @property
+    def precision(self) -> str:
+        """The precision the model runs at on this device: ``train.precision`` on a GPU, ``train.cpu_precision``
+        on the CPU."""
+        tcfg = self.cfg["train"]
+        return tcfg["precision"] if self.device.type == "cuda" else tcfg.get("cpu_precision", "fp32")
+
     def autocast(self):
         """bf16 / fp16 autocast on a GPU (``train.precision``); on the CPU ``train.cpu_precision`` (fp32 by
         default; bf16 uses the CPU's bf16 units, e.g. AMX: deterministic for a given thread count)."""
         import torch
 
-        tcfg = self.cfg["train"]
+        precision = self.precision
         if self.device.type == "cuda":
-            precision = tcfg["precision"]
             if precision == "fp32":
                 return contextlib.nullcontext()
             return torch.autocast("cuda", dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-        if tcfg.get("cpu_precision", "fp32") == "bf16":
+        if precision == "bf16":
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -723,7 +744,8 @@ class Trainer:
                    # the build as well as the release (the environment block has the release only)
                    "torch_build": {"version": torch.__version__, "cuda": torch.version.cuda}},
             # how it ran, not what it computed (loader workers never change results): untracked
-            timing={"epoch_seconds": self._epoch_seconds(), "loader_workers": self.workers},
+            timing={"epoch_seconds": self._epoch_seconds(), "loader_workers": self.workers,
+                    **({"trunk_cache": self.trunk_memo} if self.trunk_memo else {})},  # computed or loaded
         )
         keep_finished(self.out)
         return pred_path
