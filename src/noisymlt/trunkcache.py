@@ -6,7 +6,7 @@ augmented views, the augmentation and the loader took 16 of Ours' 28 CPU seconds
 ``train.trunk_cache_views: V`` (> 0) every training image has V augmented views, drawn one after the other from
 the image's own generator (seed, i) as ``tensoraug.draw_train_params`` draws a fresh view, and each slot of a
 batch picks one of them (from its slot generator, so batches stay a pure function of seed and epoch). The
-N x V outputs are computed once when the run starts and kept in memory (on the toy: 355 x 16 views, where an
+N x V outputs are computed once when the run starts and kept in memory (the demo: 355 x 8 views, where an
 Ours run augments and passes 33,792 fresh ones through the frozen stages); the trainer then runs the model with
 its frozen parts passed through (``frozen_parts_skipped``), on those outputs.
 
