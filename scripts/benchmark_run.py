@@ -6,7 +6,10 @@ Trains one (method, gamma, seed) run of the demo configuration on its image cach
 record's train-set prediction, outputs) and prints the process CPU time of each phase, the median over
 ``--repeat`` runs. The modules a job imports are imported first, as the demo's preloaded jobs find them
 (workflow.preload). CPU time, not wall time, so that other jobs on a shared machine do not inflate it.
-``--keep DIR`` keeps the last run folder (its predictions.npz compares runs before and after a change
+The frozen-trunk views' outputs are memoised on disk (noisymlt.trunkcache): a run finds them when an earlier
+run of the same seed and recipe saved them, as most of the demo's jobs do; ``--cold-memo`` deletes the memo
+folder before each run, so every run computes them (as the first job of each key does). Each run's line says
+which it did. ``--keep DIR`` keeps the last run folder (its predictions.npz compares runs before and after a change
 with np.array_equal); ``--profile FILE`` writes a cProfile of the training phase of the last run.
 
 Needs the demo's data (`snakemake --profile workflow/profiles/demo data/toy/noisy/g0.5_s0.parquet
@@ -69,6 +72,7 @@ def one_run(cfg: dict, params: dict, out: Path, profile: Path | None) -> dict[st
     trainer._write_outputs(started, history, scores, fit)
     lap("outputs")
     seconds["iterations"] = trainer.iters * cfg["train"]["epochs"]
+    seconds["memo"] = trainer.trunk_memo or "no trunk cache"
     return seconds
 
 
@@ -82,6 +86,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs; the median of each phase is printed")
     ap.add_argument("--keep", type=Path, help="keep the last run's folder here (replaced if it exists)")
     ap.add_argument("--profile", type=Path, help="cProfile of the last run's training phase")
+    ap.add_argument("--cold-memo", action="store_true",
+                    help="delete the trunk-cache memo folder (data/DATASET/cache/trunk) before each run")
     args = ap.parse_args()
 
     sys.path.insert(0, str(REPO / "src"))
@@ -98,6 +104,8 @@ def main() -> int:
     for r in range(args.repeat):
         last = r == args.repeat - 1
         cfg = resolve_run(params, args.dataset, args.method, args.gamma, args.seed)
+        if args.cold_memo:
+            shutil.rmtree(REPO / "data" / args.dataset / "cache" / "trunk", ignore_errors=True)
         with tempfile.TemporaryDirectory(prefix="noisymlt-bench-") as scratch:
             out = Path(scratch) / "run"
             runs.append(one_run(cfg, params, out, args.profile if last else None))
@@ -105,7 +113,7 @@ def main() -> int:
                 shutil.rmtree(args.keep, ignore_errors=True)
                 shutil.copytree(out, args.keep)
         print(f"{args.method} run {r + 1}: " + " ".join(f"{k}={runs[-1][k]:.2f}" for k in PHASES)
-              + f" total={sum(runs[-1][k] for k in PHASES):.2f}", flush=True)
+              + f" total={sum(runs[-1][k] for k in PHASES):.2f} (trunk memo: {runs[-1]['memo']})", flush=True)
     med = {k: statistics.median(run[k] for run in runs) for k in PHASES}
     total = statistics.median(sum(run[k] for k in PHASES) for run in runs)
     iters = runs[-1]["iterations"]

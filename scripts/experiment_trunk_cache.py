@@ -5,7 +5,7 @@ For each number of views V (0 = a fresh view per slot, the references') and each
 the demo's gamma 0.5 noisy set (the demo profile's configuration, its fixed alpha and beta, its new-layer factor)
 with scripts/experiment_new_layer_lr.py and records the test mAP, the fit diagnostics and Ours' pseudo labels;
 then times each method per V with scripts/benchmark_run.py (CPU seconds of the training phase, the cache
-build included, the median of --repeat runs). Writes one JSON (docs/demo_trunk_cache.json), which the demo
+build included: each timed run computes it, --cold-memo; the median of --repeat runs). Writes one JSON (docs/demo_trunk_cache.json), which the demo
 profile's choice of V cites. About 15 minutes on 2 cores; run it on an idle machine (the timings are CPU seconds, but two
 processes sharing the cores slow each other).
 
@@ -40,7 +40,7 @@ def cpu_seconds(method: str, views: int, scratch: Path, repeat: int) -> float:
     layer.write_text(f"selection: {{enabled: false}}\ntrain: {{trunk_cache_views: {views}}}\n")
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark_run.py"), "--method", method,
                            "--repeat", str(repeat), "--params", "params.yaml", "workflow/profiles/demo/params.yaml",
-                           str(layer)],
+                           str(layer), "--cold-memo"],  # the build included: no run finds an earlier run's memo
                           check=True, cwd=REPO, capture_output=True, text=True)
     return float(re.search(r"median of \d+ \(CPU seconds\): setup=[\d.]+ fit=([\d.]+)", proc.stdout).group(1))
 
