@@ -5,9 +5,9 @@ For each number of views V (0 = a fresh view per slot, the references') and each
 the demo's gamma 0.5 noisy set (the demo profile's configuration, its fixed alpha and beta, its new-layer factor)
 with scripts/experiment_new_layer_lr.py and records the test mAP, the fit diagnostics and Ours' pseudo labels;
 then times each method per V with scripts/benchmark_run.py (CPU seconds of the training phase, the cache
-build included: each timed run computes it, --cold-memo; the median of --repeat runs). Writes one JSON (docs/demo_trunk_cache.json), which the demo
-profile's choice of V cites. About 15 minutes on 2 cores; run it on an idle machine (the timings are CPU seconds, but two
-processes sharing the cores slow each other).
+build included: each timed run computes it, --cold-memo; the median of --repeat runs). Writes one JSON
+(docs/demo_trunk_cache.json), which the demo profile's choice of V cites. About 15 minutes on 2 cores; run it
+on an idle machine (the timings are CPU seconds, but two processes sharing the cores slow each other).
 
     python scripts/experiment_trunk_cache.py --json docs/demo_trunk_cache.json
 """
