@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Does noisy validation pick well? For each model-selection candidate of a finished workflow, its validation mAP
 (against the held-out noisy labels, what the selection ranked) beside the test mAP of the same model on the clean
-test set, and the Spearman rank correlation of the two per stage.
+test set, and the Spearman rank correlation of the two per stage: over the candidates' means across the
+selection sets (what the selection ranked), and within each set (pooling the sets' raw scores would mix their
+levels: a set whose held-out part scores higher is not the one whose models test higher).
 
 This reads the test set, which is why it is a script for the note and never a pipeline step: selection itself
 never does (noisymlt.selection). It loads each candidate's final checkpoint and predicts the test images; nothing
@@ -28,6 +30,19 @@ def spearman(a: list[float], b: list[float]) -> float | None:
     if len(a) < 3 or len(set(a)) < 2 or len(set(b)) < 2:
         return None
     return round(float(stats.spearmanr(a, b).statistic), 3)
+
+
+def candidate_means(rows: list[dict]) -> list[dict]:
+    """Each candidate's validation and test mAP, each the mean over the selection sets (in the stage's order)."""
+    tags = list(dict.fromkeys(r["tag"] for r in rows))
+    return [{"tag": t, **{k: round(float(np.mean([r[k] for r in rows if r["tag"] == t])), 2)
+                          for k in ("val_map", "test_map")}} for t in tags]
+
+
+def per_set_spearman(rows: list[dict]) -> dict[str, float | None]:
+    sets = list(dict.fromkeys(r["set"] for r in rows))
+    return {s: spearman([r["val_map"] for r in rows if r["set"] == s], [r["test_map"] for r in rows if r["set"] == s])
+            for s in sets}
 
 
 def candidate_test_map(root: Path, run: Path, dataset: str) -> float:
@@ -82,17 +97,21 @@ def main() -> int:
                              "test_map": round(candidate_test_map(root, run, args.dataset), 2)})
                 print(f"stage {k} {cand['tag']:>20} {key}: validation {rows[-1]['val_map']:.2f}  "
                       f"test {rows[-1]['test_map']:.2f}", flush=True)
-        best_test = max(rows, key=lambda r: r["test_map"])
-        out["stages"].append({"stage": k, "keys": record["keys"], "winner": record["winner"], "rows": rows,
-                              "spearman": spearman([r["val_map"] for r in rows], [r["test_map"] for r in rows]),
-                              "best_on_test": best_test["tag"],
-                              "test_map_of_winner": next(r["test_map"] for r in rows if r["tag"] == record["winner"])})
-        print(f"stage {k}: Spearman rho {out['stages'][-1]['spearman']}; chosen {record['winner']}, best on test "
+        cands = candidate_means(rows)
+        best_test = max(cands, key=lambda c: c["test_map"])
+        out["stages"].append({
+            "stage": k, "keys": record["keys"], "winner": record["winner"], "rows": rows, "candidates": cands,
+            "spearman": spearman([c["val_map"] for c in cands], [c["test_map"] for c in cands]),
+            "spearman_per_set": per_set_spearman(rows), "best_on_test": best_test["tag"],
+            "test_map_of_winner": next(c["test_map"] for c in cands if c["tag"] == record["winner"])})
+        print(f"stage {k}: Spearman rho {out['stages'][-1]['spearman']} over the candidates' means "
+              f"(per set: {out['stages'][-1]['spearman_per_set']}); chosen {record['winner']}, best on test "
               f"{best_test['tag']}")
         k += 1
-    every = [r for st in out["stages"] for r in st["rows"]]
-    out["spearman_all"] = spearman([r["val_map"] for r in every], [r["test_map"] for r in every])
-    print(f"all candidates: Spearman rho {out['spearman_all']}")
+    every = [c for st in out["stages"] for c in st["candidates"]]
+    out["spearman_all"] = spearman([c["val_map"] for c in every], [c["test_map"] for c in every])
+    out["spearman_all_per_set"] = per_set_spearman([r for st in out["stages"] for r in st["rows"]])
+    print(f"all candidates: Spearman rho {out['spearman_all']} (per set: {out['spearman_all_per_set']})")
     if json_out:
         json_out.write_text(json.dumps(out, indent=1) + "\n")
     return 0
