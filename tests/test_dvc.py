@@ -108,9 +108,20 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     assert block["runs"]["toy-0.5-0-erm"] == {"dataset": "toy", "gamma": 0.5, "seed": 0, "method": "erm",
                                               "images": "data/raw/toy", "weights": "data/pretrained/toy_glyphs.pt",
                                               "config_key": "toy-0_5-0-erm", "choice": "data/raw/toy"}
-    # the demo's model selection: Ours' 4 + 12 candidates; its final runs depend on the last stage's choice
+    # the demo's model selection: Ours' 4 + 12 candidates on each of two noisy sets; its final runs depend on the
+    # last stage's choice
     assert block["runs"]["toy-0.5-0-ours"]["choice"] == "runs/toy/select/ours/stage2.choice.json"
-    assert len(block["candidates"]) == 16 and list(block["selections"]) == ["toy-ours-1", "toy-ours-2"]
+    assert len(block["candidates"]) == 32 and list(block["selections"]) == ["toy-ours-1", "toy-ours-2"]
+    assert list(block["select_sets"]) == ["toy-0.5-0", "toy-0.5-1"]
+    # a noise stage for each of the grid's noisy sets, and for a selection set outside the grid
+    assert list(block["noisy_sets"]) == [f"toy-{g}-{s}" for g in (0.3, 0.5, 0.7, 0.9) for s in range(3)]
+    one_seed = yaml.safe_load(Path("demo.yaml").read_text()) | {"grid": {**yaml.safe_load(
+        Path("demo.yaml").read_text())["grid"], "gammas": [0.5], "seeds": [0]}}
+    Path("one_seed.yaml").write_text(yaml.safe_dump(one_seed))
+    write(["params.yaml", "one_seed.yaml"], "one_seed_dvc.yaml")
+    narrow = yaml.safe_load(Path("one_seed_dvc.yaml").read_text())["dvc"]
+    assert narrow["noisy_sets"] == {"toy-0.5-0": {"dataset": "toy", "gamma": 0.5, "seed": 0},
+                                    "toy-0.5-1": {"dataset": "toy", "gamma": 0.5, "seed": 1}}
     assert block["selections"]["toy-ours-2"]["previous"] == "runs/toy/select/ours/stage1.choice.json"
     # a train stage's one param: the run id of its resolved configuration
     assert block["run_configs"]["toy-0_5-0-erm"] == run_id(resolve_run(load_params("dvc.params.yaml"), "toy", "erm",

@@ -38,9 +38,10 @@ EDITS = {
     "docstring of an unrelated module": ("data/glove.py", "docstring", set(), set()),
 }
 DVC_ONLY_RULES = {"code_digests"}
-# Ours' model-selection candidates (the tiny grids of test_dvc._tiny_params): DVC lists each as its own stage
-CANDIDATE_STAGES = {f"train_candidate@toy-ours-{tag}" for tag in ("1-0.5-0-lr0.02", "1-0.5-0-lr0.08",
-                                                                   "2-0.5-0-alpha0.9_beta0.1", "2-0.5-0-alpha0.7_beta0.1")}  # DVC's own stage for it shows as changed before its digests do
+# Ours' model-selection candidates (the tiny grids of test_dvc._tiny_params, on the demo's two selection sets):
+# DVC lists each as its own stage, which shows as changed before its digests do
+CANDIDATE_STAGES = {f"train_candidate@toy-ours-{stage}-0.5-{seed}-{tag}" for seed in (0, 1)
+                    for stage, tag in ((1, "lr0.02"), (1, "lr0.08"), (2, "alpha0.9_beta0.1"), (2, "alpha0.7_beta0.1"))}
 # DVC stages that hash the whole package: the digests, and the params file (merged by package code), which
 # a code edit leaves as it was
 PACKAGE_STAGES = ["params", "code_digests"]

@@ -80,6 +80,7 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
     if len(layers) > LAYER_SLOTS:
         raise NoisyMLTError(f"noisymlt params: at most {LAYER_SLOTS} layers (dvc.yaml's `params` stage lists "
                             f"{LAYER_SLOTS} files), got {len(layers)}: {' '.join(map(str, layers))}")
+    select = selection_block(params, runs)
     return {
         "layers": [{"path": str(f), "sha256": _sha256(Path(f))} for f in layers],
         "layer_args": " ".join(str(f) for f in layers),
@@ -96,7 +97,12 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
                    for d in grid["datasets"] for part in ("train", "test")},
         "runs": runs,
         "run_configs": run_configs,
-        **selection_block(params, runs),
+        **select,
+        # DATASET-GAMMA-SEED -> one noisy label set: the grid's and the selection's (a selection set may lie
+        # outside the grid, e.g. a second seed when the grid has one)
+        "noisy_sets": {f"{d}-{g}-{s}": {"dataset": d, "gamma": g, "seed": s} for d, g, s in dict.fromkeys(
+            [(d, float(g), int(s)) for d in grid["datasets"] for g in grid["gammas"] for s in grid["seeds"]]
+            + [(v["dataset"], v["gamma"], v["seed"]) for v in select["select_sets"].values()])},
     }
 
 
