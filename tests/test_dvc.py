@@ -115,8 +115,8 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     assert list(block["select_sets"]) == ["toy-0.5-0", "toy-0.5-1"]
     # a noise stage for each of the grid's noisy sets, and for a selection set outside the grid
     assert list(block["noisy_sets"]) == [f"toy-{g}-{s}" for g in (0.3, 0.5, 0.7, 0.9) for s in range(3)]
-    one_seed = yaml.safe_load(Path("demo.yaml").read_text()) | {"grid": {**yaml.safe_load(
-        Path("demo.yaml").read_text())["grid"], "gammas": [0.5], "seeds": [0]}}
+    one_seed = yaml.safe_load(Path("demo.yaml").read_text())
+    one_seed["grid"].update(gammas=[0.5], seeds=[0])
     Path("one_seed.yaml").write_text(yaml.safe_dump(one_seed))
     write(["params.yaml", "one_seed.yaml"], "one_seed_dvc.yaml")
     narrow = yaml.safe_load(Path("one_seed_dvc.yaml").read_text())["dvc"]

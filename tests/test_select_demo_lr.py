@@ -135,11 +135,12 @@ def test_the_one_set_choice_left_the_random_branch_without_pseudo_labels_and_the
         assert pl["random"]["changed"] == 0 and pl["balanced"]["changed"] >= 100, name
     # the demo now selects on two sets, and its choice is not that one
     assert params["selection"]["gammas"] == [0.5] and params["selection"]["seeds"] == [0, 1]
-    demo = json.loads((REPO / "docs" / "demo_numbers.json").read_text())["selection"][0]
+    numbers = json.loads((REPO / "docs" / "demo_numbers.json").read_text())
+    demo = numbers["selection"][0]
     assert [(s["gamma"], s["seed"]) for s in demo["sets"]] == [(0.5, 0), (0.5, 1)]
     assert {k: demo["chosen"][k] for k in winner} != winner
     # at its choice both branches get pseudo labels in the demo, the random branch fewer
-    pl = json.loads((REPO / "docs" / "demo_numbers.json").read_text())["claims"]["fit"]["pseudo_labels"]
+    pl = numbers["claims"]["fit"]["pseudo_labels"]
     assert 0 < pl["random"]["changed"] < pl["balanced"]["changed"]
     readme = (REPO / "README.md").read_text()
     assert "docs/demo_random_branch_pl.json" in readme and "docs/demo_selection_one_set.json" in readme
