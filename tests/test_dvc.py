@@ -49,9 +49,9 @@ def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_sourc
     """No hand-kept list of modules: each stage's code dependency is the digest file of the commands it
     runs (data/code/COMMAND.json, training: data/code/train/METHOD.json), written by `code_digests` from
     the static import closures (noisymlt.codedeps), the same digests Snakemake passes its jobs."""
-    from noisymlt import codedeps
+    from noisymlt import step_code
 
-    commands = codedeps.command_modules()
+    commands = step_code.command_modules()
     for name, stage in _dvc_yaml().items():
         body = _stage_body(stage)
         deps = body.get("deps", [])
@@ -74,16 +74,16 @@ def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_sourc
 
 
 def test_code_digest_files_change_only_for_the_steps_an_edit_touches(tmp_path):
-    from noisymlt import codedeps
+    from noisymlt import step_code
     from noisymlt.config import load_params
 
     params = load_params(REPO / "params.yaml")
-    before = codedeps.digests(params)
+    before = step_code.digests(params)
     assert before["train/erm"] == before["train/rs"]  # same family, same loss: same code
     assert before["train/erm"] != before["train/db"] == before["train/db_focal"]
-    paths = codedeps.write_digests(params, tmp_path / "code")
+    paths = step_code.write_digests(params, tmp_path / "code")
     stamps = {p: p.stat().st_mtime_ns for p in paths}
-    codedeps.write_digests(params, tmp_path / "code")  # unchanged digests: files untouched
+    step_code.write_digests(params, tmp_path / "code")  # unchanged digests: files untouched
     assert {p: p.stat().st_mtime_ns for p in paths} == stamps
     assert json.loads((tmp_path / "code" / "train" / "bbn.json").read_text())["code_digest"] == before["train/bbn"]
 

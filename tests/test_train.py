@@ -118,7 +118,8 @@ def test_config_change_keeps_the_previous_run_and_switching_back_reuses_it(tiny_
     second = toy_trainer(tiny_toy, resolved, run, keep_stale=True)
     second.run()
     # the first run's checkpoint, predictions, manifest and config are kept under its run id, nothing is lost
-    kept = run / "previous" / f"{first.run_id}-{first.inputs_digest[:8]}"
+    kept = run / "previous" / first.identity  # run id, inputs and code
+    assert kept.name == f"{first.run_id}-{first.inputs_digest[:8]}-{first.code_digest[:8]}"
     assert {name: (kept / name).read_bytes() for name in old} == old
     assert torch.load(run / "checkpoint.pt", weights_only=True)["run_id"] == second.run_id
     # switching back: the finished checkpoint of the first configuration returns, nothing is retrained
@@ -129,7 +130,7 @@ def test_config_change_keeps_the_previous_run_and_switching_back_reuses_it(tiny_
     assert (run / "checkpoint.pt").read_bytes() == old["checkpoint.pt"]
     np.testing.assert_array_equal(np.load(run / "predictions.npz")["scores_main"],  # the first run's results
                                   np.load(io.BytesIO(old["predictions.npz"]))["scores_main"])
-    assert (run / "previous" / f"{second.run_id}-{second.inputs_digest[:8]}" / "checkpoint.pt").exists()
+    assert (run / "previous" / second.identity / "checkpoint.pt").exists()
 
 
 def flip_a_weight_byte(path) -> None:
@@ -356,3 +357,132 @@ def test_checkpoints_wait_their_interval_and_a_resume_drops_the_epochs_after_the
     make_trainer(tiny_toy, tmp_path / "resumed", epochs=3, lr_steps=[2]).run()  # starts over: epochs 1-3 again
     np.testing.assert_array_equal(np.load(tmp_path / "resumed" / "predictions.npz")["scores_main"], reference)
     assert [json.loads(line)["epoch"] for line in log_path.read_text().splitlines()] == [1, 2, 3]
+
+
+def _rewrite_checkpoint(path, **changes) -> None:
+    """The checkpoint at ``path`` as another job would have written it: ``changes`` applied (None removes a
+    key), its content hash made anew so that only the changed fields tell it apart."""
+    state = torch.load(path, weights_only=True)
+    state.pop("content_sha256")
+    for key, value in changes.items():
+        if value is None:
+            state.pop(key, None)
+        else:
+            state[key] = value
+    state["content_sha256"] = content_sha256(state)
+    torch.save(state, path)
+
+
+@pytest.mark.parametrize("recorded", ["0123456789abcdef", None], ids=["other code", "no code recorded"])
+def test_a_checkpoint_of_other_code_is_never_resumed(tiny_toy, tmp_path, recorded, caplog):
+    """Run id and inputs match, the code does not: a direct call refuses it, the workflow keeps it in
+    previous/ and trains from epoch 0, saying so; the new result records the code that trained it."""
+    run = tmp_path / "run"
+    first = make_trainer(tiny_toy, run, epochs=2)
+    first.run()
+    reference = np.load(run / "predictions.npz")["scores_main"]
+    _rewrite_checkpoint(run / "checkpoint.pt", code=recorded)
+    foreign = (run / "checkpoint.pt").read_bytes()
+    with pytest.raises(NoisyMLTError, match=r"checkpoint.pt: checkpoint was trained by other code \("
+                                            rf"{recorded or 'not recorded: an older version'}, this job runs "
+                                            rf"{first.code_digest}\); refusing to resume"):
+        make_trainer(tiny_toy, run, epochs=2).run()
+    assert (run / "checkpoint.pt").read_bytes() == foreign  # refused, untouched
+
+    again = make_trainer(tiny_toy, run, epochs=2)
+    again.keep_stale = True
+    steps = {"n": 0}
+    original = again.method.training_loss
+
+    def counted(*args, **kwargs):
+        steps["n"] += 1
+        return original(*args, **kwargs)
+
+    again.method.training_loss = counted
+    again.run()
+    assert steps["n"] == 2 * again.iters  # every epoch trained again, none resumed
+    kept = run / "previous" / f"{first.run_id}-{first.inputs_digest[:8]}-{(recorded or 'unknown')[:8]}"
+    assert (kept / "checkpoint.pt").read_bytes() == foreign and (kept / "predictions.npz").exists()
+    log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+    assert log[0]["event"] == "restart" and "trained by other code" in log[0]["reason"]
+    assert log[0]["previous_run"] == str(kept) and [r["epoch"] for r in log[1:]] == [1, 2]
+    assert "training starts from epoch 0" in caplog.text
+    state = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert state["code"] == again.code_digest == json.loads((run / "manifest.json").read_text())["code_digest"]
+    predictions = np.load(run / "predictions.npz")
+    assert str(predictions["code_digest"]) == again.code_digest
+    np.testing.assert_array_equal(predictions["scores_main"], reference)  # the same code retrains the same model
+
+
+def test_a_kept_run_of_this_code_comes_back_and_one_of_other_code_does_not(tiny_toy, tmp_path, monkeypatch):
+    """previous/ is keyed by run id, inputs and code: a finished run kept there is restored only for the very
+    code that trained it."""
+    run = tmp_path / "run"
+    first = make_trainer(tiny_toy, run, epochs=1)
+    first.run()
+    finished = (run / "checkpoint.pt").read_bytes()
+    other = resolve_run(tiny_params("erm", epochs=1, weight_decay=0.00123), "toy", "erm", 0.5, 0)
+    toy_trainer(tiny_toy, other, run, keep_stale=True).run()  # another configuration: the first run goes aside
+    assert (run / "previous" / first.identity / "checkpoint.pt").read_bytes() == finished
+    # the first configuration again, under other code: its kept run does not come back, it retrains
+    again = make_trainer(tiny_toy, run, epochs=1)
+    again.keep_stale = True
+    import noisymlt.codedeps as codedeps
+
+    monkeypatch.setattr(again, "code_digest", "fedcba9876543210")  # as if the source had been edited
+    monkeypatch.setattr(codedeps, "fresh_digest", lambda *entries: "fedcba9876543210")
+    again.run()
+    assert torch.load(run / "checkpoint.pt", weights_only=True)["code"] == "fedcba9876543210"
+    assert (run / "previous" / first.identity / "checkpoint.pt").read_bytes() == finished  # still kept
+
+
+def test_a_job_whose_code_changed_since_it_was_planned_stops_before_training(tiny_toy, tmp_path):
+    resolved = resolve_run(tiny_params("erm", epochs=1), "toy", "erm", 0.5, 0)
+    with pytest.raises(NoisyMLTError, match=r"planned this job for code 0000000000000000, the package source now "
+                                            r"gives [0-9a-f]{16}.*nothing was trained"):
+        toy_trainer(tiny_toy, resolved, tmp_path / "run", expect_code="0000000000000000")
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_a_result_is_not_recorded_under_code_that_changed_while_it_ran(tiny_toy, tmp_path, monkeypatch):
+    """The package source moves on during the job: nothing is recorded under either code; the checkpoint
+    names the code that trained it, so the rerun retrains under the code on disk."""
+    import noisymlt.codedeps as codedeps
+
+    trainer = make_trainer(tiny_toy, tmp_path / "run", epochs=1)
+    monkeypatch.setattr(codedeps, "fresh_digest", lambda *entries: "5555555555555555")  # the disk, at the end
+    with pytest.raises(NoisyMLTError, match=rf"the package source changed while this job ran \(it ran code "
+                                            rf"{trainer.code_digest}, the files on disk now give 5555555555555555\)"):
+        trainer.run()
+    assert not (tmp_path / "run" / "predictions.npz").exists() and not (tmp_path / "run" / "manifest.json").exists()
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["code"] == trainer.code_digest
+
+
+def test_a_cut_off_last_log_line_is_dropped_on_resume(tiny_toy, tmp_path, monkeypatch, caplog):
+    """A full disk or a kill mid-append leaves half a record: the resume drops it with a warning and gives
+    the uninterrupted run's result."""
+    full = make_trainer(tiny_toy, tmp_path / "full", epochs=3, lr_steps=[2])
+    full.run()
+    broken = make_trainer(tiny_toy, tmp_path / "resumed", epochs=3, lr_steps=[2])
+    interrupt_training(monkeypatch, broken, at_call=broken.iters + 2)  # in epoch 2, after epoch 1's checkpoint
+    log_name = "train_log.jsonl"
+    with open(tmp_path / "resumed" / log_name, "a") as f:
+        f.write('{"epoch": 2, "lr": 0.00881720')
+    resumed = make_trainer(tiny_toy, tmp_path / "resumed", epochs=3, lr_steps=[2])
+    resumed.run()
+    assert f"{log_name}: dropped a cut-off last line" in caplog.text
+    log = [json.loads(line) for line in (tmp_path / "resumed" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in log] == [1, 2, 3]
+    np.testing.assert_array_equal(np.load(tmp_path / "resumed" / "predictions.npz")["scores_main"],
+                                  np.load(tmp_path / "full" / "predictions.npz")["scores_main"])
+
+
+def test_a_damaged_log_line_before_the_last_is_reported_not_dropped(tmp_path):
+    from noisymlt.jsonlog import read_records
+
+    path = tmp_path / "train_log.jsonl"
+    path.write_text('{"epoch": 1}\n{"epoch": 2, "lr"\n{"epoch": 3}\n')
+    with pytest.raises(NoisyMLTError, match=r"train_log.jsonl: line 2 is not JSON .*move it away"):
+        read_records(path)
+    path.write_text('{"epoch": 1}\n{"epoch": 2, "lr"')
+    assert read_records(path) == [{"epoch": 1}]

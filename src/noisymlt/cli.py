@@ -23,7 +23,7 @@ COMMAND_MODULES = (
     "noisymlt.imagecache",
     "noisymlt.pretrain",
     "noisymlt.selection",
-    "noisymlt.train",
+    "noisymlt.train_command",
     "noisymlt.evaluate",
     "noisymlt.inference_time",
     "noisymlt.aggregate",
@@ -33,10 +33,10 @@ COMMAND_MODULES = (
     "noisymlt.report.readme",
     "noisymlt.report.noise_level",
     "noisymlt.report.pseudo_labels",
-    "noisymlt.provenance",
+    "noisymlt.trace",
     "noisymlt.steps",
     "noisymlt.dvcparams",
-    "noisymlt.codedeps",
+    "noisymlt.step_code",
     "noisymlt.preload",
 )
 

@@ -10,11 +10,9 @@ depends on its own family and losses and on no other.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import hashlib
 import importlib
-import json
 from functools import lru_cache
 from pathlib import Path
 
@@ -24,6 +22,8 @@ PACKAGE = "noisymlt"
 ROOT = Path(__file__).resolve().parent
 # What `python -m noisymlt <command>` always runs before the command's own module.
 CLI = ("noisymlt", "noisymlt.__main__", "noisymlt.cli", "noisymlt.errors")
+# The module that turns a training run's resolved configuration and inputs into its result (the Trainer).
+TRAINER = "noisymlt.train"
 
 
 @lru_cache(maxsize=None)
@@ -111,23 +111,62 @@ def files(*entries: str) -> list[Path]:
     return sorted(out)
 
 
-def warm() -> None:
-    """Read the whole import graph and every command's module now (what a step's manifest needs; ~0.5 CPU s):
-    the preload server does it once, and the jobs it forks inherit it. The file contents are still read and
-    hashed by ``digest`` in each job."""
-    command_modules()
-    for name in modules():
-        imports_of(name)
-        data_files(name)
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    """``tree`` without its docstrings (the first statement of a module, class or function body when it is
+    a string): text for readers, which no result reads."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
 
 
-@lru_cache(maxsize=None)  # like the import graph above, read once per process: the code does not change under it
-def digest(*entries: str) -> str:
-    """sha256 (16 hex digits) over the relative paths and contents of ``files(*entries)``."""
+def code_text(path: Path) -> bytes:
+    """What of a package file can change a result: a module's syntax tree without comments, docstrings,
+    layout or line numbers (so rewording or reflowing retrains nothing); a data file's bytes."""
+    if path.suffix != ".py":
+        return path.read_bytes()
+    tree = _strip_docstrings(ast.parse(path.read_text(), filename=str(path)))
+    return ast.dump(tree, annotate_fields=False, include_attributes=False).encode()
+
+
+def fresh_digest(*entries: str) -> str:
+    """sha256 (16 hex digits) over the relative paths and ``code_text`` of ``files(*entries)``, read from
+    disk now. The import graph is the process's (its structure rarely changes; a new import changes the
+    importing module's text, so the digest still moves)."""
     h = hashlib.sha256()
     for path in files(*entries):
-        h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + code_text(path) + b"\0")
     return h.hexdigest()[:16]
+
+
+@lru_cache(maxsize=None)  # read once per process: what a job records is the code it loaded (see load_code)
+def digest(*entries: str) -> str:
+    """``fresh_digest(*entries)``, taken the first time a process asks: a job asks when it starts."""
+    return fresh_digest(*entries)
+
+
+def load_code(*entries: str) -> str:
+    """Import every module of the closure of ``entries`` now and return their digest: from here on the job
+    runs the code this digest names, whatever is edited on disk later (imports deferred into functions
+    would otherwise load a later version). ``check_unchanged`` tells, at the end, whether the disk still
+    holds it."""
+    value = digest(*entries)
+    for name in closure(*entries):
+        importlib.import_module(name)
+    return value
+
+
+def check_unchanged(ran: str, *entries: str, what: str) -> None:
+    """Raise when the package source of ``entries`` on disk no longer gives ``ran``, the digest of the code
+    the job loaded: its result would be recorded under code that did not make it."""
+    now = fresh_digest(*entries)
+    if now != ran:
+        raise NoisyMLTError(
+            f"{what}: the package source changed while this job ran (it ran code {ran}, the files on disk now "
+            f"give {now}); its result is not recorded. Run it again: it trains with the code on disk")
 
 
 def cycles() -> list[list[str]]:
@@ -166,36 +205,13 @@ def cycles() -> list[list[str]]:
     return found
 
 
-# ---------------------------------------------------------------------------------------- per pipeline step
-
-@lru_cache(maxsize=None)
-def command_modules() -> dict[str, str]:
-    """Pipeline command -> the module that registers it (each command module's ``add_cli``, run here)."""
-    from noisymlt.cli import COMMAND_MODULES
-
-    out = {}
-    for name in COMMAND_MODULES:
-        sub = argparse.ArgumentParser().add_subparsers()
-        importlib.import_module(name).add_cli(sub)
-        out.update({command: name for command in sub.choices})
-    return out
-
-
-def step_entries(command: str) -> tuple[str, ...]:
-    """What `python -m noisymlt COMMAND` runs: the CLI and the command's module."""
-    modules_of = command_modules()
-    if command not in modules_of:
-        raise ValueError(f"unknown command {command!r}; known: {', '.join(sorted(modules_of))}")
-    return (*CLI, modules_of[command])
-
-
-def step_digest(command: str) -> str:
-    return digest(*step_entries(command))
-
+# ---------------------------------------------------------------------------------------- a training run
 
 def run_entries(resolved: dict) -> tuple[str, ...]:
-    """A training run: the generic trainer, its method's family module and the modules of the losses
-    it trains with (both loaded by name at run time, hence not in the trainer's own closure)."""
+    """The code of a training run's result: the trainer, its method's family module and the modules of the
+    losses it trains with (both loaded by name at run time, hence not in the trainer's own closure). Not the
+    `train` command around it, which only turns arguments into the resolved configuration (whose hash is the
+    run id) and the input files (whose hashes the checkpoint and manifest hold)."""
     from noisymlt.config import method_options
     from noisymlt.losses import LOSSES
     from noisymlt.methods import FAMILY_MODULES
@@ -203,81 +219,8 @@ def run_entries(resolved: dict) -> tuple[str, ...]:
 
     family = resolved["method_cfg"]["family"]
     losses = losses_used(family, method_options(resolved["method_cfg"]))
-    return (*step_entries("train"), FAMILY_MODULES[family], *sorted({LOSSES[name] for name in losses}))
+    return (TRAINER, FAMILY_MODULES[family], *sorted({LOSSES[name] for name in losses}))
 
 
 def run_digest(resolved: dict) -> str:
     return digest(*run_entries(resolved))
-
-
-def method_entries(params: dict, method: str) -> tuple[str, ...]:
-    """``run_entries`` of any run of ``method``: a run's code depends on its method block, not on its
-    dataset, noise rate or seed."""
-    from noisymlt.config import resolve_run
-
-    return run_entries(resolve_run(params, next(iter(params["datasets"])), method, 0.5, 0))
-
-
-def digests(params: dict) -> dict[str, str]:
-    """Every pipeline command's digest, and one per method for training (``train/METHOD``)."""
-    out = {command: step_digest(command) for command in sorted(command_modules())}
-    for method in sorted(params["methods"]):
-        out[f"train/{method}"] = digest(*method_entries(params, method))
-    return out
-
-
-def write_digests(params: dict, out_dir: Path) -> list[Path]:
-    """One small file per digest (DVC stages depend on their own file); files whose digest did not
-    change are left untouched, and stale ones removed."""
-    out_dir = Path(out_dir)
-    written = []
-    for key, value in digests(params).items():
-        path = out_dir / f"{key}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"step": key, "code_digest": value}) + "\n"
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
-        written.append(path)
-    for stale in set(out_dir.rglob("*.json")) - set(written):
-        stale.unlink()
-    return written
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    from noisymlt.config import json_object_arg, load_params, validate_params
-
-    if args.params_json:  # Snakemake's config, layered in memory (it names no params file)
-        params = json_object_arg(args.params_json, "--params-json")
-        validate_params(params, source="--params-json")
-    else:
-        params = load_params(*args.params)
-    if args.out:
-        paths = write_digests(params, Path(args.out))
-        print(f"{args.out}: {len(paths)} code digests")
-        return 0
-    if args.method:
-        entries = method_entries(params, args.method)
-    else:
-        try:
-            entries = step_entries(args.command)
-        except ValueError as exc:
-            raise NoisyMLTError(f"--command: {exc}") from exc
-    print("\n".join(closure(*entries)))
-    return 0
-
-
-def add_cli(sub) -> None:
-    p = sub.add_parser(
-        "code-deps", help="the package modules a step runs, and their digests (what makes a step rerun)",
-        description="A step's code dependency is the static import closure of its entry module (a training run: "
-                    "the trainer, its method family and its losses). Snakemake passes each closure's digest to "
-                    "its job as a param; DVC stages depend on the digest files that --out writes.",
-    )
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--params", nargs="+", default=["params.yaml"], help="params files, layered left to right")
-    src.add_argument("--params-json", help="the merged params as JSON text or a JSON file (the Snakemake rule)")
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--out", help="write one digest file per command and per method (train/METHOD.json) here")
-    what.add_argument("--command", help="list the modules of this command's closure")
-    what.add_argument("--method", help="list the modules of this method's training closure")
-    p.set_defaults(func=_cmd)

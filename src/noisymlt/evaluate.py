@@ -104,7 +104,7 @@ def map_summary(result: dict) -> dict:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from noisymlt.codedeps import step_entries
+    from noisymlt.codedeps import CLI
     from noisymlt.provenance import now, write_manifest
 
     started = now()
@@ -125,7 +125,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         tmp.replace(outputs["map"])
     write_manifest(out.with_name(out.stem + ".manifest.json"), step="evaluate", started=started,
                    inputs={"predictions": args.predictions, "test_labels": args.test_labels, "split": args.split},
-                   outputs=outputs, code=step_entries("evaluate"))
+                   outputs=outputs, code=(*CLI, "noisymlt.evaluate"))
     for head, rec in result["heads"].items():
         m = rec["map"]
         print(f"{head:>10}: mAP {100 * m['total']:.2f} (head {100 * m['head']:.2f}, "

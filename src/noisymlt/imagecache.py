@@ -126,7 +126,7 @@ def open_cache(array_path: str | Path, *, labels: str | Path, image_ids, paths, 
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    from noisymlt.codedeps import step_entries
+    from noisymlt.codedeps import CLI
     from noisymlt.provenance import now, write_manifest
 
     started = now()
@@ -134,7 +134,7 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     index = build_cache(args.labels, args.images, args.size, out, progress=not args.no_progress)
     write_manifest(out.with_name(out.stem + ".manifest.json"), step="cache-images", started=started,
                    inputs={"labels": Path(args.labels)}, outputs={"array": out, "index": index_path(out)},
-                   code=step_entries("cache-images"), extra={"size": args.size, "count": index["count"]})
+                   code=(*CLI, "noisymlt.imagecache"), extra={"size": args.size, "count": index["count"]})
     log.info("%s: %d images at %d px", out, index["count"], args.size)
     return 0
 

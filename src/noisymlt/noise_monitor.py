@@ -151,8 +151,10 @@ class NoiseMonitor:
         self._pending = []
         if saved is not None:
             lines = saved.splitlines()
-        else:
-            lines = self.path.read_text().splitlines() if self.path.exists() else []
+        else:  # a cut-off last line (killed mid-append) is dropped with a warning
+            from noisymlt.jsonlog import read_records
+
+            lines = [json.dumps(r) for r in read_records(self.path)]
         self.lines = [line for line in lines if json.loads(line)["epoch"] <= epochs_done]
         if epochs_done and saved is None:
             log.warning("%s: the checkpoint carries no noise log (trained without --clean-labels); the log may "

@@ -389,7 +389,7 @@ def _cmd_preload(args: argparse.Namespace) -> int:
         importlib.import_module(name)
     # the import graph that every job's manifest records (valid while the source is unchanged, which is
     # as long as this server serves)
-    importlib.import_module("noisymlt.codedeps").warm()
+    importlib.import_module("noisymlt.step_code").warm()
     sys.stdout.flush()
     sys.stderr.flush()
     server = Server(path, idle_timeout=args.idle_timeout, parent=args.parent)

@@ -257,6 +257,13 @@ def _cmd_cache_images(args: argparse.Namespace) -> int:
     return _run(cache_argv(_params(args), args.dataset, args.part, args.out))
 
 
+def expect_code(method: str) -> list[str]:
+    """A DVC train stage's code dependency (data/code/train/METHOD.json), which the job checks against the code
+    it loads: a source edited since `code_digests` ran stops the job instead of training under another name."""
+    path = Path(f"data/code/train/{method}.json")
+    return ["--expect-code", str(path)] if path.is_file() else []
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from noisymlt.config import resolve_run
 
@@ -274,7 +281,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     choice = final_choice_file(params, args.dataset, args.method)
     argv += ["--selection", choice] if choice else []
-    return _run(argv + ["--device", args.device, "--no-progress", "--keep-stale"])
+    return _run(argv + ["--device", args.device, "--no-progress", "--keep-stale", *expect_code(args.method)])
 
 
 def _cmd_select_split(args: argparse.Namespace) -> int:
@@ -308,7 +315,8 @@ def _cmd_train_candidate(args: argparse.Namespace) -> int:
                  "--train-labels", S.part_path(args.dataset, args.gamma, args.seed, "fit"),
                  "--test-labels", S.part_path(args.dataset, args.gamma, args.seed, "val"),
                  "--split", f"data/{args.dataset}/class_split.json", "--train-images", images, "--test-images", images,
-                 *caches, "--out", str(out), "--device", args.device, "--no-progress", "--keep-stale"])
+                 *caches, "--out", str(out), "--device", args.device, "--no-progress", "--keep-stale",
+                 *expect_code(args.method)])
 
 
 def _cmd_select_choose(args: argparse.Namespace) -> int:

@@ -3,13 +3,17 @@
 Outputs in the run folder: ``checkpoint.pt`` (after every epoch, plain state dicts loaded with
 ``weights_only=True``), ``train_log.jsonl`` (one line per epoch), ``predictions.npz`` (test-set
 sigmoid scores per head) and ``manifest.json``; given the clean labels (``--clean-labels``, analysis only),
-also ``noise_level.jsonl`` (noisymlt.noise_monitor). A run whose checkpoint exists resumes from it; a
-checkpoint written under a different resolved config is refused rather than overwritten.
+also ``noise_level.jsonl`` (noisymlt.noise_monitor).
+
+A checkpoint is this run's, and is resumed, only when its run id (the resolved configuration), its inputs
+(train labels and class split) and its code (the digest of the code that trained it: the trainer, the
+method's family and its losses, ``noisymlt.codedeps.run_entries``) are all this job's. Any other checkpoint
+is refused (a direct call) or, in the workflow (``--keep-stale``), moved to ``previous/`` while the run trains
+from epoch 0; a run of this exact configuration, inputs and code kept there is brought back instead.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -175,7 +179,7 @@ class Trainer:
                  progress: bool = True, limit_iters: int | None = None,
                  provenance_inputs: dict[str, Path] | None = None, keep_stale: bool = False,
                  clean_labels: Path | None = None, train_cache: Path | None = None,
-                 test_cache: Path | None = None, cores: int | None = None):
+                 test_cache: Path | None = None, cores: int | None = None, expect_code: str | None = None):
         import torch
 
         from noisymlt.config import run_id
@@ -185,8 +189,19 @@ class Trainer:
         from noisymlt.methods import FAMILY_MODULES, load_family
         from noisymlt.methods.base import TrainContext
 
+        from noisymlt.codedeps import load_code, run_entries
+
         self.cfg = resolved
         self.run_id = run_id(resolved)
+        # The code this job runs: imported now, so an edit on disk during the run cannot slip in through an
+        # import made later; checked again before the result is recorded (_write_outputs).
+        self.code_entries = run_entries(resolved)
+        self.code_digest = load_code(*self.code_entries)
+        if expect_code and expect_code != self.code_digest:
+            raise NoisyMLTError(
+                f"run {self.run_id}: the workflow planned this job for code {expect_code}, the package source now "
+                f"gives {self.code_digest} (edited since the plan was made); nothing was trained. Run the workflow "
+                "again: it plans the job for the code on disk")
         self.paths = {"train_labels": Path(train_labels), "test_labels": Path(test_labels), "split": Path(split)}
         self.provenance_inputs = {k: Path(v) for k, v in (provenance_inputs or {}).items()}
         self.keep_stale = keep_stale
@@ -256,6 +271,7 @@ class Trainer:
         self.trunk_memo: str | None = None
         self.saved_noise_log: str | None = None  # the noise log as the loaded checkpoint holds it
         self.checkpoint_sha256: str | None = None  # content hash of the checkpoint saved or resumed last
+        self.checkpoint_code: str | None = None  # the code that trained it (this job's: see load_checkpoint)
         if clean_labels is not None:
             # Analysis only: the monitor alone holds the clean labels; the method merely publishes the
             # targets it has computed (noisymlt.noise_monitor). The run id does not depend on it.
@@ -424,6 +440,7 @@ class Trainer:
         state = {
             "run_id": self.run_id,
             "inputs": self.inputs_digest,
+            "code": self.code_digest,  # the code that trained it (a resume needs the same)
             "epoch": epoch,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -434,13 +451,19 @@ class Trainer:
         if self.noise_monitor is not None:  # the log travels with the weights: a resume rewrites it from here
             state["noise_log"] = self.noise_monitor.snapshot()
         state["content_sha256"] = self.checkpoint_sha256 = content_sha256(state)
+        self.checkpoint_code = self.code_digest
         tmp = self.ckpt_path.with_name("checkpoint.pt.tmp")
         torch.save(state, tmp)
         tmp.replace(self.ckpt_path)
 
+    @property
+    def identity(self) -> str:
+        """The name of this run's folder under previous/: its run id, inputs and code."""
+        return f"{self.run_id}-{self.inputs_digest[:8]}-{self.code_digest[:8]}"
+
     def restore(self) -> bool:
-        """Bring back a checkpoint of this very run (same run id and inputs) from previous/."""
-        kept = self.out / "previous" / f"{self.run_id}-{self.inputs_digest[:8]}" / "checkpoint.pt"
+        """Bring back a checkpoint of this very run (same run id, inputs and code) from previous/."""
+        kept = self.out / "previous" / self.identity / "checkpoint.pt"
         if not (self.keep_stale and kept.exists()):
             return False
         kept.replace(self.ckpt_path)
@@ -465,33 +488,50 @@ class Trainer:
         elif content_sha256(state) != recorded:
             return self._damaged_checkpoint("its content does not match the content hash it was saved with")
         self.checkpoint_sha256 = recorded
-        stale = state.get("run_id") != self.run_id or state.get("inputs") != self.inputs_digest
-        if stale and self.keep_stale:
-            # The workflow reran this job because its configuration or inputs changed: the previous
-            # run's files move to previous/<its run id>-<its inputs>/, and a finished run of this
-            # configuration kept there earlier comes back instead of being retrained.
-            aside = archive_run(self.out, f"{state.get('run_id')}-{str(state.get('inputs', 'unknown'))[:8]}")
-            log.warning("the previous run (another configuration or other inputs) is kept in %s", aside)
+        why = self._foreign(state)
+        if why and self.keep_stale:
+            # The workflow reran this job because its configuration, inputs or code changed: the previous run's
+            # files move to previous/<its run id>-<inputs>-<code>/, and a finished run of this very
+            # configuration, inputs and code kept there earlier comes back instead of being retrained.
+            tag = "-".join(str(state.get(k) or "unknown")[:n] for k, n in (("run_id", 64), ("inputs", 8), ("code", 8)))
+            aside = archive_run(self.out, tag)
             if self.restore():
                 return self.load_checkpoint()
+            self._log_restart(f"{self.ckpt_path}: {why}", aside)
+            log.warning("%s: %s; training starts from epoch 0 (the previous run is kept in %s)",
+                        self.ckpt_path, why, aside)
             return 0, []
-        if state.get("run_id") == self.run_id and stale:
-            raise NoisyMLTError(
-                f"{self.ckpt_path}: checkpoint was trained on other inputs (train labels / class split changed); "
-                "refusing to resume or overwrite it. Move it away or pass --restart."
-            )
-        if state.get("run_id") != self.run_id:
-            raise NoisyMLTError(
-                f"{self.ckpt_path}: checkpoint belongs to run {state.get('run_id')}, not {self.run_id} "
-                "(the configuration changed); refusing to overwrite it. Move it away or pass --restart."
-            )
+        if why:
+            raise NoisyMLTError(f"{self.ckpt_path}: {why}; refusing to resume or overwrite it. Move it away or "
+                                "pass --restart.")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.method.load_state_dict(state["method"])
         torch.set_rng_state(state["torch_rng"].cpu())
         self.saved_noise_log = state.get("noise_log")
+        self.checkpoint_code = state["code"]
         log.info("resumed %s from epoch %d", self.ckpt_path, state["epoch"])
         return int(state["epoch"]), json.loads(state["history"])
+
+    def _foreign(self, state: dict) -> str | None:
+        """Why a loaded checkpoint is not this run's (None when it is): another configuration, other inputs
+        or other code."""
+        if state.get("run_id") != self.run_id:
+            return (f"checkpoint belongs to run {state.get('run_id')}, not {self.run_id} "
+                    "(the configuration changed)")
+        if state.get("inputs") != self.inputs_digest:
+            return "checkpoint was trained on other inputs (train labels / class split changed)"
+        if state.get("code") != self.code_digest:
+            return (f"checkpoint was trained by other code ({state.get('code') or 'not recorded: an older version'}"
+                    f", this job runs {self.code_digest})")
+        return None
+
+    def _log_restart(self, reason: str, aside: Path) -> None:
+        """The first line of the new epoch log: why the run starts over and where the old one went."""
+        from noisymlt.jsonlog import write_records
+
+        write_records(self.out / "train_log.jsonl", [{"event": "restart", "reason": reason,
+                                                      "previous_run": str(aside)}])
 
     def _damaged_checkpoint(self, why: str) -> tuple[int, list]:
         """A damaged checkpoint is never resumed from. The workflow (keep_stale) keeps it in previous/ and
@@ -500,8 +540,7 @@ class Trainer:
         if not self.keep_stale:
             raise NoisyMLTError(f"{what}; refusing to resume from it. Move it away or pass --restart to start over.")
         aside = archive_run(self.out, f"damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-        (self.out / "train_log.jsonl").write_text(
-            json.dumps({"event": "restart", "reason": what, "previous_run": str(aside)}) + "\n")
+        self._log_restart(what, aside)
         log.warning("%s; training starts over (the damaged run is kept in %s)", what, aside)
         return 0, []
 
@@ -644,13 +683,15 @@ class Trainer:
     def _trim_epoch_log(self, epochs_done: int) -> None:
         """Drop the epoch log's records of epochs after the checkpoint (a resume trains them again); events
         such as a restart stay."""
+        from noisymlt.jsonlog import read_records, write_records
+
         path = self.out / "train_log.jsonl"
         if not path.exists():
             return
-        lines = path.read_text().splitlines()
-        kept = [line for line in lines if line and json.loads(line).get("epoch", 0) <= epochs_done]
-        if len(kept) != len(lines):
-            path.write_text("".join(line + "\n" for line in kept))
+        records = read_records(path)  # a cut-off last line (killed mid-append, disk full) is dropped
+        kept = [r for r in records if r.get("epoch", 0) <= epochs_done]
+        if kept != records or len(path.read_text().splitlines()) != len(kept):
+            write_records(path, kept)
 
     def iterate_train_eval(self):
         """Yield (row indices, images on device) over the whole train set with the test transform:
@@ -722,20 +763,25 @@ class Trainer:
     def _write_outputs(self, started: str, history: list, scores: dict, fit: dict) -> Path:
         import torch
 
-        from noisymlt.codedeps import run_entries
+        from noisymlt.codedeps import check_unchanged
         from noisymlt.provenance import write_manifest
 
+        # recorded under the code that ran, or not at all: an edit on disk since the start would otherwise be
+        # credited with a result it did not make (and, once reverted, hide one it did)
+        check_unchanged(self.code_digest, *self.code_entries, what=f"run {self.run_id} ({self.out})")
         pred_path = self.out / "predictions.npz"
         tmp = self.out / "predictions.tmp.npz"
         np.savez_compressed(tmp, image_ids=np.array(self.test_table.image_ids), heads=np.array(list(scores)),
                             checkpoint_sha256=np.array(self.checkpoint_sha256 or ""),  # the weights they came from
+                            code_digest=np.array(self.checkpoint_code or ""),  # the code that trained those weights
                             **{f"scores_{k}": v for k, v in scores.items()})
         tmp.replace(pred_path)
         (self.out / "run_config.json").write_text(json.dumps(self.cfg, indent=1, sort_keys=True) + "\n")
         write_manifest(
             self.out / "manifest.json", step="train", started=started, device=str(self.device),
             inputs={**self.provenance_inputs, **self.paths, **{f"{k}_cache": v for k, v in self.caches.items()}},
-            outputs={"checkpoint": self.ckpt_path, "predictions": pred_path}, code=run_entries(self.cfg),
+            outputs={"checkpoint": self.ckpt_path, "predictions": pred_path}, code=self.code_entries,
+            code_digest=self.code_digest,
             extra={"run_id": self.run_id, "run": self.cfg, "history": history, "fit": fit,
                    "checkpoint_content_sha256": self.checkpoint_sha256,
                    "iterations_per_epoch": self.iters, "cpu_threads": torch.get_num_threads(),
@@ -752,106 +798,6 @@ class Trainer:
 
     def _epoch_seconds(self) -> list:
         """Wall seconds per epoch from the epoch log (epochs of an earlier process included)."""
-        try:
-            lines = (self.out / "train_log.jsonl").read_text().splitlines()
-        except OSError:
-            return []
-        return [rec["seconds"] for rec in map(json.loads, filter(None, lines)) if "seconds" in rec]
+        from noisymlt.jsonlog import read_records
 
-
-def _resolved_from_args(args: argparse.Namespace) -> dict:
-    from noisymlt.config import json_object_arg, load_params, resolve_run
-
-    if args.run_config:
-        return json_object_arg(args.run_config, "--run-config")
-    missing = [o for o in ("dataset", "method", "gamma", "seed") if getattr(args, o) is None]
-    if missing:
-        raise NoisyMLTError(f"without --run-config, --params needs --{' --'.join(missing)}")
-    params = load_params(*args.params)
-    resolved = resolve_run(params, args.dataset, args.method, args.gamma, args.seed)
-    if args.selection:  # the method's model selection: its chosen values (noisymlt.selection)
-        from noisymlt.selection import final_config
-
-        resolved = final_config(params, resolved, args.selection)
-    return resolved
-
-
-def _check_selection(resolved: dict, path: str) -> None:
-    """A --run-config that names a selection must hold what that selection chose."""
-    from noisymlt.selection import read_choice
-
-    chosen, selected = read_choice(path), (resolved.get("selected") or {}).get("values", {})
-    if not selected or any(chosen.get(k) != v for k, v in selected.items()):
-        raise NoisyMLTError(f"--selection {path} chose {chosen}, the run config holds {selected or 'no selection'}")
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    resolved = _resolved_from_args(args)
-    out = Path(args.out)
-    if args.restart and (out / "checkpoint.pt").exists():
-        # the old run moves to previous/replaced-STAMP/ and the new log says so in its first line
-        aside = archive_run(out, f"replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-        (out / "train_log.jsonl").write_text(json.dumps({"event": "restart", "previous_run": str(aside)}) + "\n")
-        log.warning("--restart: the previous run is kept in %s", aside)
-    extra = {}
-    for item in args.provenance or []:
-        name, sep, path = item.partition("=")
-        if not sep or not Path(path).is_file():
-            raise NoisyMLTError(f"--provenance {item!r}: expected NAME=FILE with an existing file")
-        extra[name] = Path(path)
-    if args.selection:
-        if args.run_config:
-            _check_selection(resolved, args.selection)
-        extra["selection"] = Path(args.selection)
-    trainer = Trainer(resolved, train_labels=args.train_labels, test_labels=args.test_labels, split=args.split,
-                      train_images=args.train_images, test_images=args.test_images, out_dir=out,
-                      device=args.device, progress=not args.no_progress,
-                      provenance_inputs=extra, keep_stale=args.keep_stale, clean_labels=args.clean_labels,
-                      train_cache=args.train_cache, test_cache=args.test_cache, cores=args.cores)
-    log.info("run %s: %s on %s gamma=%s seed=%s, %d iterations/epoch on %s", trainer.run_id, resolved["method"],
-             resolved["dataset"], resolved["gamma"], resolved["seed"], trainer.iters, trainer.device)
-    trainer.run()
-    return 0
-
-
-def add_cli(sub) -> None:
-    p = sub.add_parser(
-        "train", help="train one method on one noisy training set and predict the test set",
-        description="Train one (dataset, noise rate, seed, method) run. The configuration comes either from "
-                    "--run-config (a resolved JSON, as the Snakemake workflow writes it) or from --params files "
-                    "(layered left to right) plus --dataset/--method/--gamma/--seed. Resumes from OUT/checkpoint.pt "
-                    "when present; refuses a checkpoint of a different configuration.",
-    )
-    src = p.add_argument_group("configuration")
-    src.add_argument("--run-config", help="resolved run config: a JSON file, or the JSON text itself")
-    src.add_argument("--params", nargs="+", default=["params.yaml"], help="params files (default: params.yaml)")
-    src.add_argument("--dataset")
-    src.add_argument("--method")
-    src.add_argument("--gamma", type=float)
-    src.add_argument("--seed", type=int)
-    io = p.add_argument_group("files")
-    io.add_argument("--train-labels", required=True, help="noisy train labels (Parquet from `noisymlt noise`)")
-    io.add_argument("--test-labels", required=True, help="clean test labels (Parquet from `noisymlt parse`)")
-    io.add_argument("--split", required=True, help="head/medium/tail class split JSON")
-    io.add_argument("--train-images", required=True, help="folder the train label paths are relative to")
-    io.add_argument("--test-images", required=True, help="folder the test label paths are relative to")
-    io.add_argument("--train-cache", type=Path, help="decoded-image cache of the train subset (train.loader: cache)")
-    io.add_argument("--test-cache", type=Path, help="decoded-image cache of the test set (train.loader: cache)")
-    io.add_argument("--out", required=True, help="run folder (checkpoint, predictions, manifest)")
-    io.add_argument("--clean-labels",
-                    help="clean long-tail subset table: logs the noise of the targets each branch trains on "
-                         "(OUT/noise_level.jsonl); read for that log only, never by training")
-    io.add_argument("--selection", help="the choice file of the method's model selection (noisymlt.selection): with "
-                    "--params its values are applied, with --run-config they are checked; recorded in the manifest")
-    io.add_argument("--provenance", nargs="*", metavar="NAME=FILE",
-                    help="further upstream files whose sha256 the manifest records (raw-data manifest, clean subset)")
-    p.add_argument("--device", default="auto", help="auto (GPU if any, honouring CUDA_VISIBLE_DEVICES), cpu, cuda:N")
-    p.add_argument("--cores", type=int, help="CPU cores given to this job (train.workers: auto takes loader workers "
-                   "from them); default: SLURM_CPUS_PER_TASK, else the process's CPU affinity")
-    p.add_argument("--restart", action="store_true", help="keep an existing checkpoint aside and start over")
-    p.add_argument("--keep-stale", action="store_true",
-                   help="a checkpoint of another configuration is kept as checkpoint.<its run id>.pt and training "
-                        "starts afresh (the workflow's choice: it reruns a job when its configuration changed); "
-                        "without it such a checkpoint stops the run")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_train)
+        return [rec["seconds"] for rec in read_records(self.out / "train_log.jsonl") if "seconds" in rec]

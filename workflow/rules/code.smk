@@ -14,7 +14,7 @@ rule code_digests:
     params:
         cli=NOISYMLT,
         config=lambda w: json.dumps(config, sort_keys=True),  # a function: Snakemake formats plain strings
-        digests=lambda w: json.dumps(codedeps.digests(config), sort_keys=True),  # rerun when a file would change
+        digests=lambda w: json.dumps(step_code.digests(config), sort_keys=True),  # rerun when a file would change
     conda:
         "../envs/noisymlt.yaml"
     log:

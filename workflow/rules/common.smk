@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from noisymlt import codedeps, steps
+from noisymlt import codedeps, step_code, steps
 from noisymlt import selection as S
 from noisymlt.config import check_layered, resolve_run
 from noisymlt.errors import NoisyMLTError
@@ -48,7 +48,7 @@ NOISYMLT = _cli()
 def code(command):
     """Digest of the package modules `noisymlt COMMAND` runs (its static import closure): a rule's code
     param, so a job reruns when, and only when, code it runs changes (noisymlt.codedeps)."""
-    return codedeps.step_digest(command)
+    return step_code.step_digest(command)
 
 
 def run_code(w):

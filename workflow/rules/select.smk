@@ -122,7 +122,7 @@ rule train_candidate:
     shell:
         "{params.cli} train --run-config {input.config} --train-labels {input.train} --test-labels {input.val} "
         "--split {input.split} --train-images {params.images} --test-images {params.images} {params.caches} "
-        "--out {params.out} --cores {threads} --no-progress --keep-stale > {log} 2>&1"
+        "--out {params.out} --cores {threads} --no-progress --keep-stale --expect-code {params.code} > {log} 2>&1"
 
 
 rule evaluate_candidate:

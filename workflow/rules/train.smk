@@ -88,5 +88,5 @@ rule train:
         "{params.cli} train --run-config {input.config} --train-labels {input.train} "
         "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
         "--test-images {params.test_images} {params.caches} --out {params.out} --cores {threads} --no-progress "
-        "--keep-stale --clean-labels {input.subset} --provenance raw_manifest={input.raw} clean_subset={input.subset} "
+        "--keep-stale --expect-code {params.code} --clean-labels {input.subset} --provenance raw_manifest={input.raw} clean_subset={input.subset} "
         "{params.selection} > {log} 2>&1"
