@@ -1,8 +1,11 @@
-"""A code edit reruns exactly the jobs it can affect, in Snakemake and in DVC alike.
+"""A code edit reruns exactly the work it can change, in Snakemake and in DVC alike: tested by outcome.
 
-Two copies of the project (one per tool) finish a small toy grid; then each edit is applied to both
-copies' code and the plans are compared with what the edit can affect: `snakemake -n` (jobs planned) and
-`dvc status` after DVC's `code_digests` stage refreshed the digest files (stages out of date).
+Two copies of the project (one per tool) finish a small toy grid. Each edit below is then made to both
+copies' code and each tool really runs again; the files before and after are compared byte for byte: the
+runs an edit can change are retrained (their checkpoints record the new code) and, for a behavioural
+edit of a loss, predict otherwise; every other file stays byte-identical. A plan (`snakemake -n`) that
+lists the right jobs would prove nothing about what those jobs then do: a job that "resumes" an old
+model's finished checkpoint rewrites the same predictions under the new code's name.
 """
 
 from __future__ import annotations
@@ -14,37 +17,31 @@ import sys
 import pytest
 import yaml
 
-from test_dvc import DVC, SNAKEMAKE, _needs_tools, _project_copy, _run, _tiny_params
+from test_dvc import DVC, SNAKEMAKE, _digests, _needs_tools, _project_copy, _run, _tiny_params
 
 METHODS = ["erm", "bbn", "db_focal", "ours"]  # BBN's family; DB-Focal and Ours use the DB loss; ERM neither
+RUN = "runs/toy/g0.5/s0/{}/"
 
-# name -> (file under src/noisymlt, edit, train runs it must replan, other rules it must replan). Snakemake
-# also rewrites DVC's digest files (rule code_digests) when one of them changes.
+# Each edit in order (each starts from the state the one before left): name -> (file under src/noisymlt, old
+# text, new text, final runs it retrains, runs whose predictions must change, further paths it may change).
+# A retrained Ours brings its model-selection candidates (runs/toy/select/ours/) along: they train Ours too.
+RESULTS = ("reports/", "data/code/")  # tables, figures, results.parquet; DVC's digest files (both routes write them)
 EDITS = {
-    "figure code": ("report/figures.py", "append", set(), {"figure_map_vs_gamma", "code_digests"}),
-    "BBN family": ("methods/bbn.py", "append", {"bbn"}, {"evaluate", "aggregate", "table_total", "table_groups",
-                                                       "table_fit", "table_paired", "figure_map_vs_gamma",
-                                                       "readme_numbers", "code_digests"}),
-    # Ours retrains: its noise-level and pseudo-label figures follow (their inputs are its run's files), and so
-    # does its model selection, whose candidates train Ours: their choice is redone (a checkpoint), and the
-    # final run's config is re-read from it (the plan cannot know the choice before the candidates ran)
-    "DB loss": ("losses/db.py", "append", {"db_focal", "ours"}, {"evaluate", "aggregate", "table_total",
-                                                                 "table_groups", "table_fit", "table_paired",
-                                                                 "figure_map_vs_gamma",
-                                                                 "readme_numbers", "code_digests",
-                                                                 "figure_noise_level", "figure_pseudo_labels",
-                                                                 "train_candidate", "evaluate_candidate", "select",
-                                                                 "candidate_config", "run_config"}),
-    "docstring of an unrelated module": ("data/glove.py", "docstring", set(), set()),
+    "comments and docstrings of the DB loss": (
+        "losses/db.py", '"""', '"""Reworded, with a comment.  # not code\n', set(), set(), ()),
+    "the DB loss": (  # the edit of the issue that found the checkpoint resumed under new code
+        "losses/db.py", "bias = self.kappa", "bias = 3 * self.kappa", {"db_focal", "ours"}, {"db_focal", "ours"},
+        RESULTS),
+    "the DB loss, restored": (  # back to the first code: its runs come back byte for byte (from previous/)
+        "losses/db.py", "bias = 3 * self.kappa", "bias = self.kappa", {"db_focal", "ours"}, {"db_focal", "ours"},
+        RESULTS),
+    "the pseudo-label rule": (
+        "colearning.py", "out = torch.where(q > alpha_t, one, noisy_targets)",
+        "out = torch.where(q >= alpha_t, one, noisy_targets)", {"ours"}, set(), RESULTS),
+    "the model-selection code": (  # the stage files change, the choice does not: no final run retrains
+        "selection.py", '"metric": f"mAP (%) of the {head} head', '"metric": f"mAP (percent) of the {head} head',
+        set(), set(), ("runs/toy/select/ours/stage", "data/code/", "reports/")),
 }
-DVC_ONLY_RULES = {"code_digests"}
-# Ours' model-selection candidates (the tiny grids of test_dvc._tiny_params, on the demo's two selection sets):
-# DVC lists each as its own stage, which shows as changed before its digests do
-CANDIDATE_STAGES = {f"train_candidate@toy-ours-{stage}-0.5-{seed}-{tag}" for seed in (0, 1)
-                    for stage, tag in ((1, "lr0.02"), (1, "lr0.08"), (2, "alpha0.9_beta0.1"), (2, "alpha0.7_beta0.1"))}
-# DVC stages that hash the whole package: the digests, and the params file (merged by package code), which
-# a code edit leaves as it was
-PACKAGE_STAGES = ["params", "code_digests"]
 
 
 def _params() -> dict:
@@ -57,41 +54,41 @@ def _params() -> dict:
     params["grid"]["methods"] = METHODS
     demo = load_params(REPO / "params.yaml", REPO / "workflow" / "profiles" / "demo" / "params.yaml")
     params["selection"]["methods"] = {m: demo["selection"]["methods"][m] for m in METHODS}  # Ours selects
+    params["selection"]["seeds"] = [0]  # one selection set: 4 candidates
     params["train"]["balanced_batch_size"] = 16  # seconds, not minutes, for Ours' balanced branch
     return params
 
 
-def _planned(text: str) -> tuple[set[str], set[str]]:
-    """(methods of the planned train jobs, the other rules planned) from `snakemake -n` output."""
-    trains, rules = set(), set()
-    for block in re.split(r"\n(?=(?:local)?(?:rule|checkpoint) \w+:)", text):
-        m = re.match(r"(?:local)?(?:rule|checkpoint) (\w+):", block.strip())
-        if not m or m.group(1) == "all":
-            continue
-        if m.group(1) == "train":
-            trains.add(re.search(r"method=(\w+)", block).group(1))
-        else:
-            rules.add(m.group(1))
-    return trains, rules
+def _outputs(root) -> dict[str, str]:
+    """sha256 of every output file, without the runs set aside in previous/ (an archive, not a result)."""
+    return {path: sha for path, sha in _digests(root).items() if "/previous/" not in path}
 
 
-def _dvc_changed(root) -> set[str]:
-    status = json.loads(_run([DVC, "status", "--json"], root).strip().splitlines()[-1])
-    return set(status)
+def _changed(before: dict, after: dict) -> set[str]:
+    return {path for path in before.keys() | after.keys() if before.get(path) != after.get(path)}
 
 
-def _edit(path, how: str) -> str:
-    original = path.read_text()
-    if how == "append":
-        path.write_text(original + "\n# an edit\n")
-    else:  # reword the module docstring, nothing else
-        first = original.index('"""') + 3
-        path.write_text(original[:first] + "Reworded. " + original[first:])
-    return original
+def _retrained(changed: set[str]) -> set[str]:
+    """The final runs whose checkpoint changed: a checkpoint records the code that trained it, so every
+    retraining under new code writes another one, and a resumed finished run writes none."""
+    return {m for m in METHODS if RUN.format(m) + "checkpoint.pt" in changed}
+
+
+def _check(tool: str, name: str, changed: set[str], retrains: set, predicts: set, allowed: tuple) -> dict:
+    assert _retrained(changed) == retrains, (tool, name, sorted(changed))
+    for method in predicts:
+        assert RUN.format(method) + "predictions.npz" in changed, (tool, name, method)
+    prefixes = (*allowed, *(RUN.format(m) for m in retrains),
+                *(f"runs/toy/select/{m}/" for m in retrains))  # a method's candidates train it too
+    stray = sorted(p for p in changed if not p.startswith(prefixes))
+    assert not stray, f"{tool}, {name}: files changed that the edit cannot reach: {stray}"
+    if not retrains:  # not a single model anywhere was retrained
+        assert not [p for p in changed if p.endswith("checkpoint.pt")], (tool, name, sorted(changed))
+    return {"files_changed": len(changed), "runs_retrained": sorted(retrains)}
 
 
 @pytest.mark.slow
-def test_an_edit_reruns_exactly_the_jobs_it_can_affect(tmp_path, capsys):
+def test_an_edit_changes_exactly_the_results_it_can_reach(tmp_path, capsys):
     _needs_tools()
     params = _params()
     smk = _project_copy(tmp_path / "smk", params, workflow=True)
@@ -99,37 +96,42 @@ def test_an_edit_reruns_exactly_the_jobs_it_can_affect(tmp_path, capsys):
     _run([SNAKEMAKE, "--cores", "2"], smk, timeout=1200)
     assert "Nothing to be done" in _run([SNAKEMAKE, "-n"], smk)
     _run([DVC, "repro"], dvc, timeout=1200)
-    assert _dvc_changed(dvc) == set()
-    train_stages = {m: f"train@toy-0.5-0-{m}" for m in METHODS}
+    first = {root: _outputs(root) for root in (smk, dvc)}
+    # the two routes compute the same results (DVC's folder of finished stages aside)
+    assert {p: first[smk].get(p) for p in first[dvc] if p.startswith("runs/toy/g0.5")} == \
+        {p: first[dvc][p] for p in first[dvc] if p.startswith("runs/toy/g0.5")}
 
     counts = {}
-    for name, (rel, how, trains, rules) in EDITS.items():
-        originals = {root: _edit(root / "src" / "noisymlt" / rel, how) for root in (smk, dvc)}
-        try:
-            dry = _run([SNAKEMAKE, "-n"], smk)
-            planned_trains, planned_rules = _planned(dry)
-            assert (planned_trains, planned_rules) == (trains, rules), name
-            # DVC: the code stages notice the edit (they hash the package); the digest files then tell
-            assert _dvc_changed(dvc) == set(PACKAGE_STAGES), name
-            _run([DVC, "repro", "--single-item", *PACKAGE_STAGES], dvc)
-            changed = _dvc_changed(dvc)
-            # DVC compares each stage with its own deps: an edit shows at the stages whose code it is
-            # (their downstream stages follow when `dvc repro` has rerun them)
-            expected = {train_stages[m] for m in trains} if trains else rules - DVC_ONLY_RULES
-            if "ours" in trains:  # its candidates train with the edited code too
-                expected |= CANDIDATE_STAGES
-            assert changed == expected, name
-            total = re.search(r"^total\s+(\d+)$", dry, re.M)
-            counts[name] = {"snakemake_jobs": int(total.group(1)) if total else 0,
-                            "snakemake_train_jobs": len(planned_trains), "dvc_stages": len(changed)}
-        finally:
-            for root, text in originals.items():
-                (root / "src" / "noisymlt" / rel).write_text(text)
-        _run([DVC, "repro", "--single-item", *PACKAGE_STAGES], dvc)
-        assert _dvc_changed(dvc) == set() and "Nothing to be done" in _run([SNAKEMAKE, "-n"], smk), name
+    for name, (rel, old, new, retrains, predicts, allowed) in EDITS.items():
+        for root in (smk, dvc):
+            path = root / "src" / "noisymlt" / rel
+            text = path.read_text()
+            assert text.count(old) >= 1, (name, old)
+            path.write_text(text.replace(old, new, 1))
+        before = {root: _outputs(root) for root in (smk, dvc)}
+        _run([SNAKEMAKE, "--cores", "2"], smk, timeout=1200)
+        _run([DVC, "repro"], dvc, timeout=1200)
+        after = {root: _outputs(root) for root in (smk, dvc)}
+        counts[name] = {tool: _check(tool, name, _changed(before[root], after[root]), retrains, predicts, allowed)
+                        for tool, root in (("snakemake", smk), ("dvc", dvc))}
+        assert "Nothing to be done" in _run([SNAKEMAKE, "-n"], smk), name
+        assert _dvc_changed(dvc) == set(), name
+        for method in retrains if not name.endswith("restored") else ():  # each log says it started over, and why
+            for root in (smk, dvc):
+                log = (root / RUN.format(method) / "train_log.jsonl").read_text().splitlines()
+                restart = json.loads(log[0])
+                assert restart["event"] == "restart" and "trained by other code" in restart["reason"], (name, log[0])
+        if name == "the DB loss, restored":  # the first code's results, byte for byte, in both routes
+            for root in (smk, dvc):
+                assert after[root] == first[root], sorted(_changed(first[root], after[root]))
     with capsys.disabled():
-        print("\nplanned after each edit (before: nothing):", json.dumps(counts, indent=1))
+        print("\noutcome of each edit:", json.dumps(counts, indent=1))
     _selection_reruns_exactly_its_final_runs(smk, dvc)
+
+
+def _dvc_changed(root) -> set[str]:
+    status = json.loads(_run([DVC, "status", "--json"], root).strip().splitlines()[-1])
+    return set(status)
 
 
 def _ran(text: str) -> list[tuple[str, str]]:

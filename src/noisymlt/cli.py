@@ -12,7 +12,7 @@ import logging
 import sys
 
 from noisymlt import __version__
-from noisymlt.errors import NoisyMLTError
+from noisymlt.errors import NoisyMLTError, describe_os_error
 
 COMMAND_MODULES = (
     "noisymlt.data.toy",
@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         result = args.func(args)
     except NoisyMLTError as exc:
         print(f"noisymlt {args.subcommand}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk, a folder it may not write: the file and the cause, not a traceback
+        print(f"noisymlt {args.subcommand}: error: {describe_os_error(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"noisymlt {args.subcommand}: interrupted", file=sys.stderr)

@@ -167,6 +167,34 @@ def epoch_iterations(rule: str, streams: list, num_images: int, batch_size: int)
     return iters
 
 
+def _write_failed(path: Path, exc: BaseException) -> OSError:
+    """An OSError naming ``path`` for a failed write, told apart as a full disk when its file system has no
+    space left (torch and numpy word that differently, or not at all)."""
+    import errno
+    import shutil
+
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return OSError(exc.errno, exc.strerror, str(path))
+    free = shutil.disk_usage(path.parent).free
+    if free < 1 << 20:
+        return OSError(errno.ENOSPC, f"No space left on device ({free} bytes free)", str(path))
+    return OSError(errno.EIO, f"write failed ({str(exc).splitlines()[0][:200]})", str(path))
+
+
+@contextlib.contextmanager
+def _unlinked_on_failure(path: Path):
+    """A temporary file that is removed when writing it fails (a half-written file is never left to trust)."""
+    try:
+        yield
+    except (OSError, RuntimeError, ValueError) as exc:
+        error = _write_failed(path, exc)  # before the unlink frees the space it filled
+        path.unlink(missing_ok=True)
+        raise error from exc
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
 class Trainer:
     # A checkpoint at the end of an epoch once this many seconds have passed since the last one, and after the
     # last epoch: every epoch at paper scale (minutes each); once or twice a run for the demo's second-long
@@ -453,7 +481,12 @@ class Trainer:
         state["content_sha256"] = self.checkpoint_sha256 = content_sha256(state)
         self.checkpoint_code = self.code_digest
         tmp = self.ckpt_path.with_name("checkpoint.pt.tmp")
-        torch.save(state, tmp)
+        try:
+            torch.save(state, tmp)
+        except (OSError, RuntimeError) as exc:  # torch reports a full disk as a RuntimeError ("unexpected pos")
+            error = _write_failed(tmp, exc)
+            tmp.unlink(missing_ok=True)  # the last complete checkpoint stays in place
+            raise error from exc
         tmp.replace(self.ckpt_path)
 
     @property
@@ -771,10 +804,11 @@ class Trainer:
         check_unchanged(self.code_digest, *self.code_entries, what=f"run {self.run_id} ({self.out})")
         pred_path = self.out / "predictions.npz"
         tmp = self.out / "predictions.tmp.npz"
-        np.savez_compressed(tmp, image_ids=np.array(self.test_table.image_ids), heads=np.array(list(scores)),
-                            checkpoint_sha256=np.array(self.checkpoint_sha256 or ""),  # the weights they came from
-                            code_digest=np.array(self.checkpoint_code or ""),  # the code that trained those weights
-                            **{f"scores_{k}": v for k, v in scores.items()})
+        with _unlinked_on_failure(tmp):
+            np.savez_compressed(tmp, image_ids=np.array(self.test_table.image_ids), heads=np.array(list(scores)),
+                                checkpoint_sha256=np.array(self.checkpoint_sha256 or ""),  # the weights they came from
+                                code_digest=np.array(self.checkpoint_code or ""),  # the code that trained those weights
+                                **{f"scores_{k}": v for k, v in scores.items()})
         tmp.replace(pred_path)
         (self.out / "run_config.json").write_text(json.dumps(self.cfg, indent=1, sort_keys=True) + "\n")
         write_manifest(
