@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from noisymlt import codedeps
 from noisymlt.data import archive, download
 from noisymlt.data.archive import safe_extract
 from noisymlt.data.download import DATASETS, RemoteFile, fetch, mirror_url
@@ -240,6 +241,14 @@ def test_safe_extract_skips_finished_work_and_redoes_interrupted(tmp_path):
     safe_extract(tar, out)
     assert (out / "d/f.txt").read_bytes() == b"original"
     assert not (out / ".a.tar.partial").exists() and marker.exists()
+
+    # the extraction code changed since (another digest in the marker): the files are extracted again
+    (out / "d/f.txt").write_bytes(b"edited")
+    record = json.loads(marker.read_text())
+    assert record["code"] == codedeps.digest("noisymlt.data.archive")
+    marker.write_text(json.dumps({**record, "code": "0123456789abcdef"}))
+    safe_extract(tar, out)
+    assert (out / "d/f.txt").read_bytes() == b"original"
 
 
 def _device() -> tuple[tarfile.TarInfo, None]:

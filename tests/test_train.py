@@ -223,6 +223,41 @@ def test_checkpoint_trained_on_other_inputs_is_not_resumed(tiny_toy, tmp_path):
     shutil.rmtree(tmp_path / "run")
 
 
+@pytest.mark.parametrize("changed", ["decoded training images", "backbone weights"])
+def test_a_checkpoint_of_other_images_or_backbone_weights_is_not_resumed(tiny_toy, tmp_path, changed):
+    """The same configuration over re-decoded training images (a new image cache) or a re-pretrained backbone
+    (another weights file at the same path) trains again instead of resuming the finished model."""
+    import shutil
+
+    import torchvision
+
+    cache = tmp_path / "train_cache.npy"
+    shutil.copy(tiny_toy["train_cache"], cache)
+    shutil.copy(Path(tiny_toy["train_cache"]).with_suffix(".json"), cache.with_suffix(".json"))
+    weights = tmp_path / "backbone.pt"
+    torch.save(torchvision.models.resnet18(num_classes=10).state_dict(), weights)
+    overrides = dict(epochs=1, backbone="resnet18", weights_path=str(weights), trainable="layer4", image_size=32)
+    resolved = resolve_run(tiny_params("erm", **overrides), "toy", "erm", 0.5, 0)
+    first = toy_trainer(tiny_toy, resolved, tmp_path / "run", train_cache=cache)
+    first.run()
+    if changed == "backbone weights":
+        state = torch.load(weights, weights_only=True)
+        state["layer1.0.conv1.weight"][0, 0, 0, 0] += 0.5
+        torch.save(state, weights)
+    else:
+        array = np.load(cache, mmap_mode="r+")
+        array[0, 0, 0, 0] = 255 - array[0, 0, 0, 0]  # one pixel of one training image
+        array.flush()
+        del array
+    with pytest.raises(NoisyMLTError, match="other inputs"):
+        toy_trainer(tiny_toy, resolved, tmp_path / "run", train_cache=cache).fit()
+    again = toy_trainer(tiny_toy, resolved, tmp_path / "run", train_cache=cache, keep_stale=True)
+    assert again.inputs_digest != first.inputs_digest
+    assert len(again.fit()) == 1  # trained afresh rather than resumed at its last epoch
+    log = json.loads((tmp_path / "run" / "train_log.jsonl").read_text().splitlines()[0])
+    assert log["event"] == "restart" and "other inputs" in log["reason"]
+
+
 def test_epoch_length_follows_the_schedule(tiny_toy, tmp_path):
     """[CL]: floor(N / batch) iterations whatever the sampler; [DB]: one pass over the sampler."""
     n = len(read_labels(tiny_toy["noisy"]))

@@ -176,13 +176,16 @@ def test_a_second_run_loads_the_memo_and_trains_bit_identically(tiny_toy, tmp_pa
 
 
 def test_the_memo_key_covers_what_the_views_depend_on(tiny_toy, tmp_path):
-    """Another seed, V, frozen weights or image cache gives another memo; another lr (the same views) the same."""
+    """Another seed, V, frozen weights, image cache or code gives another memo; another lr (the same views) the
+    same."""
     from noisymlt.models.backbones import TinyResNet
 
     toy = own_cache(tiny_toy, tmp_path / "cache")
 
-    def key(toy=toy, **options):
+    def key(toy=toy, code=None, **options):
         trainer = trunk_trainer(toy, tmp_path / "run", **{"views": 2, **options})
+        if code:  # as if the trainer's closure (trunk cache, augmentation, backbones) had been edited
+            trainer.trunk_code = code
         trainer.trunk_cache()
         return STATUS.fullmatch(trainer.trunk_status).group(2), trainer.trunk_memo
 
@@ -191,7 +194,7 @@ def test_the_memo_key_covers_what_the_views_depend_on(tiny_toy, tmp_path):
     torch.manual_seed(1)
     other_weights = tmp_path / "other.pt"
     torch.save(TinyResNet().state_dict(), other_weights)
-    others = [key(seed=1), key(views=3), key(weights_path=str(other_weights))]
+    others = [key(seed=1), key(views=3), key(weights_path=str(other_weights)), key(code="0123456789abcdef")]
     pixels = own_cache(tiny_toy, tmp_path / "other_cache")  # the same rows, one pixel changed
     rows = np.load(pixels["train_cache"], mmap_mode="r+")
     rows[0, 0, 0, 0] ^= 1

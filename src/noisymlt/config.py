@@ -153,6 +153,45 @@ def validate_params(params: dict, source: str | None = None) -> None:
                               f"unknown family {block['family']!r}; known: {', '.join(sorted(SCHEMAS))}")
         check_options(block["family"], method_options(block), f"methods.{name}", source)
     validate_selection(params, source)
+    check_batch_sizes(params, source)
+
+
+# The most training images a dataset kind can give a run: its trainval pool (VOC2012 trainval, COCO 2017 train;
+# the toy's own size), and no more than classes x the long-tail profile's largest class count.
+TRAIN_POOL = {"voc": 11540, "coco": 118287}
+CLASS_COUNT = {"voc": 20, "coco": 80, "toy": 20}
+
+
+def training_images_bound(block: dict) -> int:
+    """An upper bound on the training images of the dataset ``block`` (its long-tail subset)."""
+    kind = block["kind"]
+    pool = block["toy"]["n_trainval"] if kind == "toy" else TRAIN_POOL[kind]
+    return min(pool, CLASS_COUNT[kind] * block["longtail"]["max"])
+
+
+def check_batch_sizes(params: dict, source: str | None = None) -> None:
+    """A run whose batch is larger than its training set would have no full batch: refused here, before any
+    job starts, naming the key that sets it (the trainer checks the exact count when it starts)."""
+    for dataset in params["grid"]["datasets"]:
+        bound = training_images_bound(params["datasets"][dataset])
+        for method in params["grid"]["methods"]:
+            size = resolve_run(params, dataset, method, params["grid"]["gammas"][0], 0)["train"]["batch_size"]
+            if size > bound:
+                key = layer_key(params, dataset, method, "batch_size")
+                raise ParamsError(source, key, f"{size} exceeds the training images of dataset {dataset!r} (at most "
+                                               f"{bound}) for method {method!r}: an epoch would have no full batch")
+
+
+def layer_key(params: dict, dataset: str, method: str, name: str) -> str:
+    """The dotted key whose value a run's ``train.NAME`` takes (the most specific block that sets it)."""
+    block = params["methods"][method]
+    schedule = block.get("schedule", DEFAULT_SCHEDULE)
+    for key, where in ((f"methods.{method}.train", block.get("train") or {}),
+                       (f"schedules.{schedule}.train", params.get("schedules", {}).get(schedule, {}).get("train") or {}),
+                       (f"datasets.{dataset}.train", params["datasets"][dataset].get("train") or {})):
+        if name in where:
+            return f"{key}.{name}"
+    return f"train.{name}"
 
 
 # Model selection (noisymlt.selection): which methods select what, checked with the rest of the params.

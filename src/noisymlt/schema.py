@@ -16,6 +16,20 @@ class ParamsError(NoisyMLTError):
         super().__init__(": ".join(part for part in (where, key, detail) if part))
 
 
+def _form(schema: dict) -> str:
+    """A short name of one accepted form of a value (for a oneOf message)."""
+    if "type" in schema and len(schema) == 1:
+        return str(schema["type"]).replace("null", "null (nothing)")
+    if schema.get("type") == "object" and schema.get("required"):
+        return "{" + ", ".join(f"{k}: ..." for k in schema["required"]) + "}"
+    if schema.get("type") == "array":
+        inner = schema.get("items", {})
+        if inner.get("type") == "array" and "enum" in inner.get("items", {}):
+            return f"a list of lists of {inner['items']['enum']}"
+        return "a list"
+    return schema.get("type", "a value")
+
+
 def check_schema(obj: dict, schema: dict, key: str = "", where: str | None = None) -> None:
     """JSON-schema check of ``obj`` (found at dotted path ``key`` of a file ``where``): the first error, as one
     line naming the offending key."""
@@ -24,9 +38,15 @@ def check_schema(obj: dict, schema: dict, key: str = "", where: str | None = Non
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(obj), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
+        forms = e.schema.get("oneOf") or e.schema.get("anyOf") if isinstance(e.schema, dict) else None
+        if e.context:  # oneOf / anyOf: the error of the form it comes closest to (the deepest) names the key within
+            deepest = max(len(c.absolute_path) for c in e.context)
+            e = jsonschema.exceptions.best_match([c for c in e.context if len(c.absolute_path) == deepest])
         path = [key] if key else []
         path += [str(p) for p in e.absolute_path]
         detail = e.message
+        if forms:
+            detail += f" (accepted: {' or '.join(_form(f) for f in forms)})"
         if e.validator == "additionalProperties" and isinstance(e.instance, dict):
             unknown = sorted(set(e.instance) - set(e.schema.get("properties", {})), key=str)
             if len(unknown) == 1:  # name the key itself, as for every other error

@@ -217,7 +217,7 @@ class Trainer:
         from noisymlt.methods import FAMILY_MODULES, load_family
         from noisymlt.methods.base import TrainContext
 
-        from noisymlt.codedeps import load_code, run_entries
+        from noisymlt.codedeps import TRAINER, digest, load_code, run_entries
 
         self.cfg = resolved
         self.run_id = run_id(resolved)
@@ -225,6 +225,9 @@ class Trainer:
         # import made later; checked again before the result is recorded (_write_outputs).
         self.code_entries = run_entries(resolved)
         self.code_digest = load_code(*self.code_entries)
+        # the code of the frozen trunk's outputs (trainer, trunk cache, augmentation, backbones): part of the
+        # trunk-cache memo's key, taken now with the rest, so a memo is never stored under code that did not run
+        self.trunk_code = digest(TRAINER)
         if expect_code and expect_code != self.code_digest:
             raise NoisyMLTError(
                 f"run {self.run_id}: the workflow planned this job for code {expect_code}, the package source now "
@@ -234,11 +237,6 @@ class Trainer:
         self.provenance_inputs = {k: Path(v) for k, v in (provenance_inputs or {}).items()}
         self.keep_stale = keep_stale
         self._lock = None
-        from noisymlt.provenance import file_sha256
-
-        # A checkpoint belongs to a configuration (run id) *and* to the exact training inputs: a new
-        # long-tail subset or noisy copy under the same config must not resume the old model.
-        self.inputs_digest = "+".join(file_sha256(self.paths[k])[:16] for k in ("train_labels", "split"))
         self.train_images, self.test_images = Path(train_images), Path(test_images)
         self.out = Path(out_dir)
         self.progress = progress
@@ -259,6 +257,7 @@ class Trainer:
             raise NoisyMLTError(f"{test_labels}: class columns differ from {train_labels}")
         tcfg = resolved["train"]
         self.caches = self._open_caches(tcfg, train_cache, test_cache)
+        self.inputs_digest = self._inputs_digest(tcfg)
         on_gpu = self.device.type == "cuda"
         self.workers = resolve_workers(tcfg["workers"], cores, int(tcfg.get("cpu_threads", 1)), on_gpu)
         n = len(self.train_table)
@@ -310,6 +309,21 @@ class Trainer:
             self.method.publish_targets = True
             if Path(clean_labels) not in self.provenance_inputs.values():
                 self.provenance_inputs["clean_labels"] = Path(clean_labels)
+
+    def _inputs_digest(self, tcfg: dict) -> str:
+        """What the trained weights are made of besides configuration and code: the noisy train labels, the
+        class split, the decoded training images (train.loader: cache) and the backbone weights it starts
+        from (train.weights_path). A new long-tail subset or noisy copy, re-decoded images or a re-pretrained
+        backbone under the same configuration must not resume the old model. (The test images only reach
+        the predictions, which every job makes anew.)"""
+        from noisymlt.provenance import file_sha256
+
+        sources = [self.paths["train_labels"], self.paths["split"]]
+        if "train" in self.caches:
+            sources.append(self.caches["train"])
+        if tcfg.get("weights_path") and Path(tcfg["weights_path"]).is_file():
+            sources.append(Path(tcfg["weights_path"]))
+        return hashlib.sha256("+".join(file_sha256(p) for p in sources).encode()).hexdigest()[:16]
 
     def _open_caches(self, tcfg: dict, train_cache: Path | None, test_cache: Path | None) -> dict:
         """``train.loader: cache``: the decoded-image caches of the train and test tables, checked
@@ -385,7 +399,6 @@ class Trainer:
         import torch
         import torchvision
 
-        from noisymlt.codedeps import digest
         from noisymlt.dataset import CacheRows
         from noisymlt.tensoraug import augment
         from noisymlt.trunkcache import CHUNK, Memo, TrunkCache, check_fixed, device_settings, frozen_parts, memo_key
@@ -419,7 +432,7 @@ class Trainer:
                     "image_size": tcfg["image_size"], "channels_last": tcfg["channels_last"],
                     "trainable": tcfg["trainable"], "precision": self.precision, **device_settings(self.device),
                     "torch": torch.__version__, "torchvision": torchvision.__version__, "chunk": CHUNK,
-                    "code": digest("noisymlt.train")}
+                    "code": self.trunk_code}
         memo = Memo(self.caches["train"].parent / "trunk", memo_key(rows, parts, settings))
         cache = TrunkCache(rows, views, self.cfg["seed"], tcfg["photometric"], prefix,
                            lambda raw, p: augment(raw, p, tcfg["image_size"], tcfg["photometric"]), self.device,
@@ -553,7 +566,8 @@ class Trainer:
             return (f"checkpoint belongs to run {state.get('run_id')}, not {self.run_id} "
                     "(the configuration changed)")
         if state.get("inputs") != self.inputs_digest:
-            return "checkpoint was trained on other inputs (train labels / class split changed)"
+            return ("checkpoint was trained on other inputs (train labels, class split, decoded training images or "
+                    "backbone weights changed)")
         if state.get("code") != self.code_digest:
             return (f"checkpoint was trained by other code ({state.get('code') or 'not recorded: an older version'}"
                     f", this job runs {self.code_digest})")

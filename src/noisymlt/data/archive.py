@@ -21,6 +21,7 @@ import zipfile
 from functools import lru_cache
 from pathlib import Path
 
+from noisymlt import codedeps
 from noisymlt.errors import NoisyMLTError
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,9 @@ def safe_extract(archive: str | Path, target: str | Path) -> list[Path]:
     digest = file_digests(archive)["sha256"]
     marker = marker_path(archive, target)
     done = _read_marker(marker)
-    if done and done.get("sha256") == digest:
+    # keyed by the archive's content and by this module's code (what the files extracted from it depend on)
+    code = codedeps.digest(__name__)
+    if done and done.get("sha256") == digest and done.get("code") == code:
         paths = [target / name for name in done["members"]]
         if all(os.path.lexists(p) for p in paths):  # a user may have deleted some since
             log.info("%s already extracted into %s", archive.name, target)
@@ -95,7 +98,7 @@ def safe_extract(archive: str | Path, target: str | Path) -> list[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
     tmp = marker.with_name(marker.name + ".tmp")
-    tmp.write_text(json.dumps({"archive": archive.name, "sha256": digest, "members": members}))
+    tmp.write_text(json.dumps({"archive": archive.name, "sha256": digest, "code": code, "members": members}))
     tmp.replace(marker)
     return [target / name for name in members]
 

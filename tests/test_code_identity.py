@@ -1,0 +1,69 @@
+"""What a job's code digest covers (noisymlt.codedeps): the code that can change its result, and no more."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from noisymlt import codedeps
+from noisymlt.config import load_params, method_options
+from noisymlt.losses import LOSSES
+from noisymlt.methods.options import losses_used
+from noisymlt.step_code import method_entries
+
+REPO = Path(__file__).resolve().parents[1]
+# Infrastructure that cannot change a result: the CLI and its dispatch, the preload server (its runs equal plain
+# runs byte for byte: test_preload), the `train` command (it only resolves the configuration, hashed into the run
+# id), the per-step digests and `trace`.
+NEVER_IN_A_RUN = {"noisymlt.__main__", "noisymlt.cli", "noisymlt.preload", "noisymlt.train_command",
+                  "noisymlt.step_code", "noisymlt.trace", "noisymlt.selection"}
+ERM = ["noisymlt", "noisymlt.codedeps", "noisymlt.config", "noisymlt.dataset", "noisymlt.devices", "noisymlt.errors",
+       "noisymlt.evaluate", "noisymlt.fit_diagnostics", "noisymlt.imagecache", "noisymlt.jsonlog", "noisymlt.labels",
+       "noisymlt.locks", "noisymlt.losses", "noisymlt.losses.base", "noisymlt.losses.bce", "noisymlt.methods",
+       "noisymlt.methods.base", "noisymlt.methods.options", "noisymlt.methods.single", "noisymlt.models",
+       "noisymlt.models.backbones", "noisymlt.models.branch", "noisymlt.models.heads", "noisymlt.noise_monitor",
+       "noisymlt.provenance", "noisymlt.sampling", "noisymlt.schema", "noisymlt.tensoraug", "noisymlt.train",
+       "noisymlt.transforms", "noisymlt.trunkcache"]
+
+
+@pytest.fixture(scope="module")
+def params():
+    return load_params(REPO / "params.yaml", REPO / "workflow" / "profiles" / "demo" / "params.yaml")
+
+
+def test_erm_runs_its_trainer_family_and_bce_only(params):
+    assert codedeps.closure(*method_entries(params, "erm")) == ERM
+    # the README says how many modules that is
+    stated = re.search(r"`noisymlt code-deps --method erm`\s+lists ERM's (\d+) modules", (REPO / "README.md").read_text())
+    assert stated and int(stated.group(1)) == len(ERM)
+
+
+def test_each_methods_train_job_holds_its_own_code_and_no_infrastructure(params):
+    """A run's closure: no infrastructure; the pseudo-label rule only where the family uses it; a loss only
+    where the method trains with it."""
+    for method in params["methods"]:
+        modules = set(codedeps.closure(*method_entries(params, method)))
+        assert not modules & NEVER_IN_A_RUN, (method, sorted(modules & NEVER_IN_A_RUN))
+        family = params["methods"][method]["family"]
+        assert ("noisymlt.colearning" in modules) == (family == "colearning"), method
+        used = {LOSSES[name] for name in losses_used(family, method_options(params["methods"][method]))}
+        assert {m for m in modules if m.startswith("noisymlt.losses.") and m != "noisymlt.losses.base"} == used, method
+
+
+def test_comments_docstrings_and_layout_do_not_count_and_code_does(tmp_path):
+    source = codedeps.modules()["noisymlt.losses.db"].read_text()
+    original = tmp_path / "original.py"
+    original.write_text(source)
+    reworded = tmp_path / "reworded.py"
+    reworded.write_text(source.replace('"""', '"""Reworded. ', 1).replace("\n\n\n", "\n\n\n# a comment\n", 1)
+                        .replace("bias = self.kappa", "bias = (self.kappa)"))  # the same value, other layout
+    edited = tmp_path / "edited.py"
+    edited.write_text(source.replace("bias = self.kappa", "bias = 3 * self.kappa"))
+    assert codedeps.code_text(reworded) == codedeps.code_text(original) != codedeps.code_text(edited)
+    data = tmp_path / "schema.yaml"  # a data file counts byte for byte
+    data.write_text("a: 1\n")
+    before = codedeps.code_text(data)
+    data.write_text("a: 1  # note\n")
+    assert codedeps.code_text(data) != before
