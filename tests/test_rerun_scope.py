@@ -127,6 +127,50 @@ def test_an_edit_changes_exactly_the_results_it_can_reach(tmp_path, capsys):
     with capsys.disabled():
         print("\noutcome of each edit:", json.dumps(counts, indent=1))
     _selection_reruns_exactly_its_final_runs(smk, dvc)
+    _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, dvc)
+
+
+def _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, dvc) -> None:
+    """Code unchanged, a longer ERM schedule: DVC trains it through; Snakemake is stopped as Ctrl-C stops it
+    (checkpoints every epoch), then run again: the run resumes its own checkpoint and ends with DVC's bytes."""
+    import signal
+    import subprocess
+    import time
+
+    from test_dvc import _env
+
+    epochs = 30
+    for root in (smk, dvc):
+        params = yaml.safe_load((root / "params.yaml").read_text())
+        params["methods"]["erm"]["train"] = {**params["methods"]["erm"].get("train", {}), "epochs": epochs,
+                                             "lr_steps": [epochs]}
+        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "--out", "dvc.params.yaml"], dvc)
+    _run([DVC, "repro"], dvc, timeout=1200)
+
+    run = smk / RUN.format("erm")
+    env = {**_env(smk), "NOISYMLT_CHECKPOINT_SECONDS": "0"}
+    proc = subprocess.Popen([str(SNAKEMAKE), "--cores", "2"], cwd=smk, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        records = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()[:-1]] \
+            if (run / "train_log.jsonl").exists() else []
+        if records and records[0].get("event") == "restart" and len(records) >= 3:  # epochs 1 and 2 done
+            proc.send_signal(signal.SIGINT)
+            break
+        time.sleep(0.02)
+    out, _ = proc.communicate(timeout=300)
+    import torch
+
+    stopped_at = torch.load(run / "checkpoint.pt", weights_only=True)["epoch"]
+    assert 2 <= stopped_at < epochs, (stopped_at, out[-3000:])
+    assert not (run / "predictions.npz").exists()
+    _run([SNAKEMAKE, "--cores", "2", "--rerun-incomplete"], smk, timeout=1200)
+    job_log = (smk / "logs" / "train" / "toy_g0.5_s0_erm.log").read_text()
+    assert f"resumed {RUN.format('erm')}checkpoint.pt from epoch {stopped_at}" in job_log, job_log[-2000:]
+    for name in ("checkpoint.pt", "predictions.npz", "manifest.json"):
+        assert (run / name).read_bytes() == (dvc / RUN.format("erm") / name).read_bytes(), name
 
 
 def _dvc_changed(root) -> set[str]:

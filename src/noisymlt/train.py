@@ -200,7 +200,8 @@ class Trainer:
     # last epoch: every epoch at paper scale (minutes each); once or twice a run for the demo's second-long
     # epochs, where saving every epoch cost 0.9 of Ours' 18 CPU seconds. A resume replays from the checkpoint
     # exactly, so when it is written never changes a result; an interruption loses at most this much work.
-    checkpoint_seconds = 30.0
+    # NOISYMLT_CHECKPOINT_SECONDS sets another interval (0: every epoch), e.g. to interrupt a short run in tests.
+    checkpoint_seconds = float(os.environ.get("NOISYMLT_CHECKPOINT_SECONDS", 30.0))
 
     def __init__(self, resolved: dict, *, train_labels: Path, test_labels: Path, split: Path,
                  train_images: Path, test_images: Path, out_dir: Path, device: str = "auto",
