@@ -67,3 +67,17 @@ def test_comments_docstrings_and_layout_do_not_count_and_code_does(tmp_path):
     before = codedeps.code_text(data)
     data.write_text("a: 1  # note\n")
     assert codedeps.code_text(data) != before
+
+
+def test_a_step_whose_source_changed_while_it_ran_fails_instead_of_recording(monkeypatch, capsys):
+    """Every command loads its code when it starts; if the source on disk gives another digest when it ends,
+    it fails (Snakemake deletes a failed job's outputs, DVC does not record them)."""
+    from noisymlt.cli import main
+
+    assert main(["code-deps", "--command", "evaluate"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(codedeps, "fresh_digest", lambda *entries: "5555555555555555")
+    assert main(["code-deps", "--command", "evaluate"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("noisymlt code-deps: error: noisymlt code-deps: the package source changed while this job "
+                          "ran (it ran code ") and "the files on disk now give 5555555555555555" in err

@@ -22,7 +22,8 @@ def fake_run(root, method, gamma, seed, maps, heads=("main",)):
     run = root / "runs" / "toy" / f"g{gamma:g}" / f"s{seed}" / method
     run.mkdir(parents=True)
     (run / "noisy.parquet").write_bytes(f"{gamma}-{seed}".encode())
-    (run / "predictions.npz").write_bytes(f"{method}-{gamma}-{seed}".encode())
+    # predictions as `noisymlt train` writes them, down to the code that trained their checkpoint
+    np.savez(run / "predictions.npz", run=np.array(f"{method}-{gamma}-{seed}"), code_digest=np.array("d1"))
 
     def rec(name):
         return {"path": str(run / name), "sha256": file_sha256(run / name)}
@@ -124,7 +125,7 @@ def test_trace_names_a_missing_run_and_notices_predictions_of_another_checkpoint
     cells = str(out.with_suffix(".cells.json"))
     runs = [f.parent for f in files]
     # predictions and manifest rewritten from another checkpoint than the one the manifest records
-    np.savez(runs[1] / "predictions.npz", checkpoint_sha256=np.array("b" * 64))
+    np.savez(runs[1] / "predictions.npz", checkpoint_sha256=np.array("b" * 64), code_digest=np.array("d1"))
     manifest = json.loads((runs[1] / "manifest.json").read_text())
     manifest["checkpoint_content_sha256"] = "a" * 64
     manifest["outputs"]["predictions"]["sha256"] = file_sha256(runs[1] / "predictions.npz")
@@ -141,6 +142,49 @@ def test_trace_names_a_missing_run_and_notices_predictions_of_another_checkpoint
     assert f"CHECKPOINT: {runs[1] / 'predictions.npz'} was made from checkpoint {'b' * 16}, the manifest records " \
            f"checkpoint {'a' * 16}" in text
     assert text.count("PROBLEM") == 2
+
+
+def test_trace_fails_a_result_not_made_by_the_code_its_manifest_names(tmp_path, capsys):
+    """Predictions from a checkpoint trained by other code, and a manifest whose code the source no longer gives
+    (edited since, or edited and reverted while the job ran)."""
+    from noisymlt import codedeps
+    from noisymlt.provenance import file_sha256
+
+    files = [fake_run(tmp_path, "db", 0.5, seed, [0.7]) for seed in (0, 1)]
+    out = tmp_path / "table.tex"
+    write_table(aggregate(files), out, {"db": "DB"})
+    cells = str(out.with_suffix(".cells.json"))
+    runs = [f.parent for f in files]
+    entries = ["noisymlt.train", "noisymlt.methods.single", "noisymlt.losses.db"]
+    now = codedeps.fresh_digest(*entries)
+    for run in runs:  # both runs made by the code on disk: trace passes
+        np.savez(run / "predictions.npz", run=np.array(run.name), code_digest=np.array(now))
+        manifest = json.loads((run / "manifest.json").read_text())
+        manifest.update(code_digest=now, code_entries=entries)
+        manifest["outputs"]["predictions"]["sha256"] = file_sha256(run / "predictions.npz")
+        (run / "manifest.json").write_text(json.dumps(manifest))
+        evaluation = json.loads((run / "metrics.manifest.json").read_text())
+        evaluation["inputs"]["predictions"]["sha256"] = manifest["outputs"]["predictions"]["sha256"]
+        (run / "metrics.manifest.json").write_text(json.dumps(evaluation))
+    assert main(["trace", "db/main/toy/0.5", "--sidecar", cells]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    # seed 0: the predictions came from a checkpoint of other code; seed 1: its manifest names code the source
+    # no longer gives
+    np.savez(runs[0] / "predictions.npz", run=np.array("0"), code_digest=np.array("0123456789abcdef"))
+    for run in runs:
+        manifest = json.loads((run / "manifest.json").read_text())
+        manifest["outputs"]["predictions"]["sha256"] = file_sha256(run / "predictions.npz")
+        if run == runs[1]:
+            manifest["code_digest"] = "fedcba9876543210"
+            np.savez(run / "predictions.npz", run=np.array("1"), code_digest=np.array("fedcba9876543210"))
+            manifest["outputs"]["predictions"]["sha256"] = file_sha256(run / "predictions.npz")
+        (run / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["trace", "db/main/toy/0.5", "--sidecar", cells]) == 1
+    text = capsys.readouterr().out
+    assert f"CODE: {runs[0] / 'predictions.npz'} came from a checkpoint trained by code 0123456789abcdef; the " \
+           f"manifest records code {now}" in text
+    assert f"CODE: the train step ran code fedcba9876543210; the source now gives {now} (edited since: rerun the " \
+           "workflow)" in text
 
 
 METHODS = {"erm": "ERM", "rs_focal": "RS-Focal", "ours": "Ours"}  # keys as in params.yaml, labels as in the tables

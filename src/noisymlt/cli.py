@@ -59,6 +59,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _load_step_code(command: str) -> tuple[tuple[str, ...], str] | None:
+    """The step's code (noisymlt.step_code), loaded now with its digest: the digest its manifest records is
+    the code that ran, and a source edited while it ran fails the step (Snakemake then deletes its outputs,
+    DVC does not record them) instead of crediting its outputs to other code."""
+    from noisymlt.codedeps import load_code
+    from noisymlt.step_code import step_entries
+
+    if command == "train":  # the Trainer loads and checks a run's own code: its trainer, family and losses
+        return None
+    try:
+        entries = step_entries(command)
+    except ValueError:
+        return None
+    return entries, load_code(*entries)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -70,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        code = _load_step_code(args.subcommand)
         result = args.func(args)
+        if code is not None:  # what it wrote is the work of the code it loaded, or it is not recorded
+            from noisymlt.codedeps import check_unchanged
+
+            check_unchanged(code[1], *code[0], what=f"noisymlt {args.subcommand}")
     except NoisyMLTError as exc:
         print(f"noisymlt {args.subcommand}: error: {exc}", file=sys.stderr)
         return 2
