@@ -133,13 +133,14 @@ def test_an_edit_changes_exactly_the_results_it_can_reach(tmp_path, capsys):
 def _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, dvc) -> None:
     """Code unchanged, a longer ERM schedule: DVC trains it through; Snakemake is stopped as Ctrl-C stops it
     (checkpoints every epoch), then run again: the run resumes its own checkpoint and ends with DVC's bytes."""
+    import os
     import signal
     import subprocess
     import time
 
     from test_dvc import _env
 
-    epochs = 30
+    epochs = 60
     for root in (smk, dvc):
         params = yaml.safe_load((root / "params.yaml").read_text())
         params["methods"]["erm"]["train"] = {**params["methods"]["erm"].get("train", {}), "epochs": epochs,
@@ -150,14 +151,15 @@ def _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, dvc) -> None:
 
     run = smk / RUN.format("erm")
     env = {**_env(smk), "NOISYMLT_CHECKPOINT_SECONDS": "0"}
+    # its own process group, which Ctrl-C in a terminal signals as a whole: Snakemake, the job, the trainer
     proc = subprocess.Popen([str(SNAKEMAKE), "--cores", "2"], cwd=smk, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
         records = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()[:-1]] \
             if (run / "train_log.jsonl").exists() else []
         if records and records[0].get("event") == "restart" and len(records) >= 3:  # epochs 1 and 2 done
-            proc.send_signal(signal.SIGINT)
+            os.killpg(proc.pid, signal.SIGINT)
             break
         time.sleep(0.02)
     out, _ = proc.communicate(timeout=300)

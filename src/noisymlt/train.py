@@ -6,7 +6,7 @@ sigmoid scores per head) and ``manifest.json``; given the clean labels (``--clea
 also ``noise_level.jsonl`` (noisymlt.noise_monitor).
 
 A checkpoint is this run's, and is resumed, only when its run id (the resolved configuration), its inputs
-(train labels and class split) and its code (the digest of the code that trained it: the trainer, the
+(train labels, class split, decoded training images, backbone weights) and its code (the digest of the code that trained it: the trainer, the
 method's family and its losses, ``noisymlt.codedeps.run_entries``) are all this job's. Any other checkpoint
 is refused (a direct call) or, in the workflow (``--keep-stale``), moved to ``previous/`` while the run trains
 from epoch 0; a run of this exact configuration, inputs and code kept there is brought back instead.
@@ -211,14 +211,13 @@ class Trainer:
                  test_cache: Path | None = None, cores: int | None = None, expect_code: str | None = None):
         import torch
 
+        from noisymlt.codedeps import TRAINER, digest, load_code, run_entries
         from noisymlt.config import run_id
         from noisymlt.dataset import resolve_workers
         from noisymlt.devices import select_device
         from noisymlt.labels import read_class_split, read_labels
         from noisymlt.methods import FAMILY_MODULES, load_family
         from noisymlt.methods.base import TrainContext
-
-        from noisymlt.codedeps import TRAINER, digest, load_code, run_entries
 
         self.cfg = resolved
         self.run_id = run_id(resolved)
