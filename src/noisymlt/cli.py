@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import sys
+from functools import lru_cache
 
 from noisymlt import __version__
 from noisymlt.errors import NoisyMLTError, describe_os_error
@@ -59,19 +60,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_step_code(command: str) -> tuple[tuple[str, ...], str] | None:
-    """The step's code (noisymlt.step_code), loaded now with its digest: the digest its manifest records is
-    the code that ran, and a source edited while it ran fails the step (Snakemake then deletes its outputs,
-    DVC does not record them) instead of crediting its outputs to other code."""
-    from noisymlt.codedeps import load_code
-    from noisymlt.step_code import step_entries
+@lru_cache(maxsize=None)
+def command_modules() -> dict[str, str]:
+    """Pipeline command -> the module that registers it (each command module's ``add_cli``, run here)."""
+    out = {}
+    for name in COMMAND_MODULES:
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(name).add_cli(sub)
+        out.update({command: name for command in sub.choices})
+    return out
 
-    if command == "train":  # the Trainer loads and checks a run's own code: its trainer, family and losses
+
+def _load_step_code(command: str) -> tuple[tuple[str, ...], str] | None:
+    """The step's code (the CLI and its command's module: noisymlt.step_code), loaded now with its digest: the
+    digest its manifest records is the code that ran, and a source edited while it ran fails the step
+    (Snakemake then deletes its outputs, DVC does not record them) instead of crediting them to other code."""
+    from noisymlt.codedeps import CLI, load_code
+
+    if command == "train" or command not in command_modules():  # the Trainer loads and checks a run's own code
         return None
-    try:
-        entries = step_entries(command)
-    except ValueError:
-        return None
+    entries = (*CLI, command_modules()[command])
     return entries, load_code(*entries)
 
 

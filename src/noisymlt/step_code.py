@@ -7,11 +7,10 @@ registers its command; a training run's is its trainer, family and losses (``cod
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-from functools import lru_cache
 from pathlib import Path
 
+from noisymlt.cli import command_modules
 from noisymlt.codedeps import CLI, closure, data_files, digest, imports_of, modules, run_entries
 from noisymlt.errors import NoisyMLTError
 
@@ -26,19 +25,6 @@ def warm() -> None:
         data_files(name)
 
 
-
-
-@lru_cache(maxsize=None)
-def command_modules() -> dict[str, str]:
-    """Pipeline command -> the module that registers it (each command module's ``add_cli``, run here)."""
-    from noisymlt.cli import COMMAND_MODULES
-
-    out = {}
-    for name in COMMAND_MODULES:
-        sub = argparse.ArgumentParser().add_subparsers()
-        importlib.import_module(name).add_cli(sub)
-        out.update({command: name for command in sub.choices})
-    return out
 
 
 def step_entries(command: str) -> tuple[str, ...]:
