@@ -125,11 +125,30 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
 
 def code_text(path: Path) -> bytes:
     """What of a package file can change a result: a module's syntax tree without comments, docstrings,
-    layout or line numbers (so rewording or reflowing retrains nothing); a data file's bytes."""
-    if path.suffix != ".py":
-        return path.read_bytes()
-    tree = _strip_docstrings(ast.parse(path.read_text(), filename=str(path)))
-    return ast.dump(tree, annotate_fields=False, include_attributes=False).encode()
+    layout or line numbers (so rewording or reflowing retrains nothing); a data file's bytes. Read again
+    whenever the file's size or modification time differ from the last reading."""
+    st = Path(path).stat()
+    return _code_text(str(path), st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=1024)
+def _code_text(path: str, size: int, mtime_ns: int) -> bytes:
+    if not path.endswith(".py"):
+        return Path(path).read_bytes()
+    tree = _strip_docstrings(ast.parse(Path(path).read_text(), filename=path))
+    return _canonical(tree).encode()
+
+
+def _canonical(node) -> str:
+    """A syntax tree as text: node types and their non-empty fields, without positions. Empty fields are left
+    out so that a Python release that adds one (3.12's type_params) does not change every digest."""
+    if isinstance(node, ast.AST):
+        fields = [f"{name}={_canonical(value)}" for name in node._fields
+                  if (value := getattr(node, name, None)) is not None and value != []]
+        return f"{type(node).__name__}({' '.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(item) for item in node) + "]"
+    return repr(node)
 
 
 def fresh_digest(*entries: str) -> str:
