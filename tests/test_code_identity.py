@@ -81,3 +81,19 @@ def test_a_step_whose_source_changed_while_it_ran_fails_instead_of_recording(mon
     err = capsys.readouterr().err
     assert err.startswith("noisymlt code-deps: error: noisymlt code-deps: the package source changed while this job "
                           "ran (it ran code ") and "the files on disk now give 5555555555555555" in err
+
+
+def test_a_preloaded_job_refuses_code_edited_since_the_server_imported_it(monkeypatch):
+    """In a job forked by the preload server the modules were imported before the job read its digest: once it
+    has, the server's check must find the source as it was imported, or the job stops."""
+    import types
+
+    from noisymlt import preload
+    from noisymlt.errors import NoisyMLTError
+
+    server = types.SimpleNamespace(fingerprint=preload.source_fingerprint())
+    monkeypatch.setattr(codedeps, "loaded_check", lambda: preload.Server._check_source(server))
+    assert codedeps.load_code("noisymlt.losses.db") == codedeps.digest("noisymlt.losses.db")  # unchanged: runs
+    server.fingerprint = {**server.fingerprint, "losses/db.py": [0, 0]}  # as imported before an edit
+    with pytest.raises(NoisyMLTError, match="source changed since the preload server imported it"):
+        codedeps.load_code("noisymlt.losses.db")

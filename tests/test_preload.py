@@ -62,6 +62,15 @@ def wait_for_child(proc, client) -> psutil.Process:
     return children[0]
 
 
+def wait_on_fifo(child: psutil.Process, timeout: float = 60.0) -> None:
+    """Until ``child`` is blocked opening a fifo (the kernel's wait channel says so)."""
+    deadline = time.monotonic() + timeout
+    wchan = Path(f"/proc/{child.pid}/wchan")
+    while "partner" not in (wchan.read_text() if wchan.exists() else ""):
+        assert time.monotonic() < deadline, f"child {child.pid} never waited on its fifo"
+        time.sleep(0.02)
+
+
 def code_deps_on_fifo(tmp_path) -> tuple[list[str], Path]:
     """A served command that waits until the test writes its params (as JSON) into a fifo, then succeeds."""
     fifo = tmp_path / "params.json"
@@ -159,6 +168,7 @@ def test_an_edited_source_lets_running_jobs_finish_and_refuses_new_ones(tmp_path
         args, fifo = code_deps_on_fifo(tmp_path)
         running = served_client(str(sock), args)
         child = wait_for_child(proc, running)
+        wait_on_fifo(child)  # its code loaded and checked, it waits for its params
         edited.touch()  # the source changes while a job runs
         later = cli(["--version"], {preload.ENV: str(sock)})
         assert later.returncode == 0 and later.stdout.startswith("noisymlt ")  # refused: ran in its own process

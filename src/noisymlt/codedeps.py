@@ -167,6 +167,11 @@ def digest(*entries: str) -> str:
     return fresh_digest(*entries)
 
 
+# Set by the preload server in the jobs it forks (noisymlt.preload), whose modules the server imported before the
+# job read its digest: raises if the source has changed since that import, so the digest names what runs.
+loaded_check = None
+
+
 def load_code(*entries: str) -> str:
     """Import every module of the closure of ``entries`` now and return their digest: from here on the job
     runs the code this digest names, whatever is edited on disk later (imports deferred into functions
@@ -175,6 +180,8 @@ def load_code(*entries: str) -> str:
     value = digest(*entries)
     for name in closure(*entries):
         importlib.import_module(name)
+    if loaded_check is not None:
+        loaded_check()
     return value
 
 

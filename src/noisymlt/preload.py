@@ -248,6 +248,15 @@ class Server:
             return "the package's source changed since the server started"
         return None
 
+    def _check_source(self) -> None:
+        """In a child, once its command has read its code digest: the source must still be what this server
+        imported (it was when the request came; an edit since would make the digest name other code)."""
+        if source_fingerprint() != self.fingerprint:
+            from noisymlt.errors import NoisyMLTError
+
+            raise NoisyMLTError("the package's source changed since the preload server imported it; run the "
+                                "command again (it then runs in its own process, with the code on disk)")
+
     def _child(self, request: dict, fds: list[int], conn: socket.socket, server_pid: int) -> None:
         code = 1
         try:
@@ -270,8 +279,10 @@ class Server:
             os.environ.clear()
             os.environ.update(request["env"])
             sys.argv = [sys.argv[0], *request["argv"]]
+            from noisymlt import codedeps
             from noisymlt.cli import main
 
+            codedeps.loaded_check = self._check_source  # the digest a job takes must name the code imported here
             code = main(request["argv"])
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
