@@ -21,7 +21,7 @@ import pytest
 from noisymlt import codedeps
 from noisymlt.data import archive, download
 from noisymlt.data.archive import safe_extract
-from noisymlt.data.download import DATASETS, RemoteFile, fetch, mirror_url
+from noisymlt.data.download import DATASETS, RemoteFile, download_dataset, fetch, mirror_url
 from noisymlt.errors import NoisyMLTError
 from noisymlt.labels import LabelTable, write_labels
 
@@ -130,6 +130,30 @@ def test_fetch_gives_up_after_retries_and_names_url(http_server, tmp_path):
         fetch(url, tmp_path / "blob.bin", retries=2, **FAST)
     assert len(_requests(http_server, "/blob.bin")) == 3
     assert not (tmp_path / "blob.bin").exists()
+    # nothing arrived: the message says so, and claims no partial file
+    with pytest.raises(NoisyMLTError, match=r"HTTP 503 try again; nothing was received$"):
+        fetch(url, tmp_path / "blob.bin", retries=0, **FAST)
+    assert not (tmp_path / "blob.bin.part").exists()
+    # some bytes arrived before the connection broke: they are kept, and the message says how many and where
+    http_server.state["fail_first"] = {}
+    http_server.state["truncate"] = {"/blob.bin": 20_000}
+    with pytest.raises(NoisyMLTError, match=rf"the 20000 bytes received are kept in {tmp_path / 'blob.bin.part'} "
+                                            "and a rerun resumes from them$"):
+        fetch(url, tmp_path / "blob.bin", retries=0, **FAST)
+    assert (tmp_path / "blob.bin.part").stat().st_size == 20_000
+
+
+def test_a_failed_dataset_download_names_the_mirror_and_the_manual_place(http_server, tmp_path, monkeypatch):
+    official = DATASETS["voc"][0]
+    monkeypatch.setitem(DATASETS, "voc", [RemoteFile(f"{http_server.url}/gone/{official.filename}",
+                                                     official.filename, md5=official.md5)])
+    root = tmp_path / "raw" / "voc"
+    with pytest.raises(NoisyMLTError) as failed:
+        download_dataset("voc", root, retries=0, progress=False)
+    message = str(failed.value)
+    assert "HTTP 404" in message and "set download.mirror in params.yaml" in message
+    assert f"place it yourself at {root / 'archives' / official.filename}" in message
+    assert "kept in" not in message  # no partial file to speak of
 
 
 def test_fetch_does_not_retry_404(http_server, tmp_path):

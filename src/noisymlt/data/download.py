@@ -134,9 +134,11 @@ def fetch(
         except _Retryable as exc:
             error = str(exc)
     else:
+        kept = part.exists() and part.stat().st_size > 0
         raise NoisyMLTError(
-            f"{url}: download failed after {retries + 1} attempt(s): {error}. "
-            f"Partial data is kept in {part}; run again to resume."
+            f"{url}: download failed after {retries + 1} attempt(s): {error}"
+            + (f"; the {part.stat().st_size} bytes received are kept in {part} and a rerun resumes from them"
+               if kept else "; nothing was received")
         )
 
     bad = _mismatches(part, expected)
@@ -253,16 +255,24 @@ def download_dataset(
     root = Path(root)
     files = []
     for item in DATASETS[name]:
-        path = fetch(
-            mirror_url(item.url, mirror),
-            root / "archives" / item.filename,
-            md5=item.md5,
-            sha256=item.sha256,
-            retries=retries,
-            backoff=backoff,
-            timeout=timeout,
-            progress=progress,
-        )
+        try:
+            path = fetch(
+                mirror_url(item.url, mirror),
+                root / "archives" / item.filename,
+                md5=item.md5,
+                sha256=item.sha256,
+                retries=retries,
+                backoff=backoff,
+                timeout=timeout,
+                progress=progress,
+            )
+        except NoisyMLTError as exc:
+            if "checksum mismatch" in str(exc):
+                raise
+            raise NoisyMLTError(
+                f"{exc}. Other ways to get {item.filename}: set download.mirror in params.yaml to a URL or local "
+                f"folder that holds it under that name, or place it yourself at {root / 'archives' / item.filename} "
+                "(its checksum is verified before use)") from exc
         if item.extract:
             safe_extract(path, root)
         # Content only (no time stamps, no mirror): the manifest's own hash is a provenance input.

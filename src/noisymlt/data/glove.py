@@ -137,7 +137,7 @@ def load_glove(kind: str, classes: list[str], data_dir: str | Path, *, base_url:
         arr = fetch_array(f"{base_url.rstrip('/')}/{spec.path}", dest, spec.sha256, retries=retries, backoff=backoff)
     except NoisyMLTError as exc:
         raise NoisyMLTError(
-            f"ML-GCN GloVe class embeddings for {kind}: {exc}. Offline? Put the file at {dest} (sha256 "
+            f"ML-GCN GloVe class embeddings for {kind}: {str(exc).rstrip('.')}. Offline? Put the file at {dest} (sha256 "
             f"{spec.sha256}), or set `embeddings: random` in the ML-GCN method block (pseudo-embeddings from the "
             "class names: keeps the label-graph prior, loses the semantic word prior)."
         ) from exc
