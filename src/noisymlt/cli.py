@@ -71,15 +71,25 @@ def command_modules() -> dict[str, str]:
     return out
 
 
+def step_entries(command: str) -> tuple[str, ...]:
+    """What `python -m noisymlt COMMAND` runs: the CLI and the command's module."""
+    from noisymlt.codedeps import CLI
+
+    modules_of = command_modules()
+    if command not in modules_of:
+        raise ValueError(f"unknown command {command!r}; known: {', '.join(sorted(modules_of))}")
+    return (*CLI, modules_of[command])
+
+
 def _load_step_code(command: str) -> tuple[tuple[str, ...], str] | None:
     """The step's code (the CLI and its command's module: noisymlt.step_code), loaded now with its digest: the
     digest its manifest records is the code that ran, and a source edited while it ran fails the step
     (Snakemake then deletes its outputs, DVC does not record them) instead of crediting them to other code."""
-    from noisymlt.codedeps import CLI, load_code
+    from noisymlt.codedeps import load_code
 
     if command == "train" or command not in command_modules():  # the Trainer loads and checks a run's own code
         return None
-    entries = (*CLI, command_modules()[command])
+    entries = step_entries(command)
     return entries, load_code(*entries)
 
 

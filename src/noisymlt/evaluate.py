@@ -125,7 +125,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         tmp.replace(outputs["map"])
     write_manifest(out.with_name(out.stem + ".manifest.json"), step="evaluate", started=started,
                    inputs={"predictions": args.predictions, "test_labels": args.test_labels, "split": args.split},
-                   outputs=outputs, code=(*CLI, "noisymlt.evaluate"))
+                   outputs=outputs, code=(*CLI, __name__))
     for head, rec in result["heads"].items():
         m = rec["map"]
         print(f"{head:>10}: mAP {100 * m['total']:.2f} (head {100 * m['head']:.2f}, "

@@ -134,7 +134,7 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     index = build_cache(args.labels, args.images, args.size, out, progress=not args.no_progress)
     write_manifest(out.with_name(out.stem + ".manifest.json"), step="cache-images", started=started,
                    inputs={"labels": Path(args.labels)}, outputs={"array": out, "index": index_path(out)},
-                   code=(*CLI, "noisymlt.imagecache"), extra={"size": args.size, "count": index["count"]})
+                   code=(*CLI, __name__), extra={"size": args.size, "count": index["count"]})
     log.info("%s: %d images at %d px", out, index["count"], args.size)
     return 0
 

@@ -10,8 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
-from noisymlt.cli import command_modules
-from noisymlt.codedeps import CLI, closure, data_files, digest, imports_of, modules, run_entries
+from noisymlt.cli import command_modules, step_entries
+from noisymlt.codedeps import closure, data_files, digest, imports_of, modules, run_entries
 from noisymlt.errors import NoisyMLTError
 
 
@@ -23,16 +23,6 @@ def warm() -> None:
     for name in modules():
         imports_of(name)
         data_files(name)
-
-
-
-
-def step_entries(command: str) -> tuple[str, ...]:
-    """What `python -m noisymlt COMMAND` runs: the CLI and the command's module."""
-    modules_of = command_modules()
-    if command not in modules_of:
-        raise ValueError(f"unknown command {command!r}; known: {', '.join(sorted(modules_of))}")
-    return (*CLI, modules_of[command])
 
 
 def step_digest(command: str) -> str:

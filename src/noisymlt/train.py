@@ -298,7 +298,6 @@ class Trainer:
         self.trunk_memo: str | None = None
         self.saved_noise_log: str | None = None  # the noise log as the loaded checkpoint holds it
         self.checkpoint_sha256: str | None = None  # content hash of the checkpoint saved or resumed last
-        self.checkpoint_code: str | None = None  # the code that trained it (this job's: see load_checkpoint)
         if clean_labels is not None:
             # Analysis only: the monitor alone holds the clean labels; the method merely publishes the
             # targets it has computed (noisymlt.noise_monitor). The run id does not depend on it.
@@ -492,15 +491,10 @@ class Trainer:
         if self.noise_monitor is not None:  # the log travels with the weights: a resume rewrites it from here
             state["noise_log"] = self.noise_monitor.snapshot()
         state["content_sha256"] = self.checkpoint_sha256 = content_sha256(state)
-        self.checkpoint_code = self.code_digest
         tmp = self.ckpt_path.with_name("checkpoint.pt.tmp")
-        try:
+        with _unlinked_on_failure(tmp):  # torch reports a full disk as a RuntimeError ("unexpected pos")
             torch.save(state, tmp)
-        except (OSError, RuntimeError) as exc:  # torch reports a full disk as a RuntimeError ("unexpected pos")
-            error = _write_failed(tmp, exc)
-            tmp.unlink(missing_ok=True)  # the last complete checkpoint stays in place
-            raise error from exc
-        tmp.replace(self.ckpt_path)
+        tmp.replace(self.ckpt_path)  # the last complete checkpoint stays in place until here
 
     @property
     def identity(self) -> str:
@@ -555,7 +549,6 @@ class Trainer:
         self.method.load_state_dict(state["method"])
         torch.set_rng_state(state["torch_rng"].cpu())
         self.saved_noise_log = state.get("noise_log")
-        self.checkpoint_code = state["code"]
         log.info("resumed %s from epoch %d", self.ckpt_path, state["epoch"])
         return int(state["epoch"]), json.loads(state["history"])
 
@@ -735,10 +728,9 @@ class Trainer:
         path = self.out / "train_log.jsonl"
         if not path.exists():
             return
-        records = read_records(path)  # a cut-off last line (killed mid-append, disk full) is dropped
-        kept = [r for r in records if r.get("epoch", 0) <= epochs_done]
-        if kept != records or len(path.read_text().splitlines()) != len(kept):
-            write_records(path, kept)
+        # rewritten whole: a cut-off last line (killed mid-append, disk full), which read_records drops,
+        # would otherwise be joined by the next append
+        write_records(path, [r for r in read_records(path) if r.get("epoch", 0) <= epochs_done])
 
     def iterate_train_eval(self):
         """Yield (row indices, images on device) over the whole train set with the test transform:
@@ -821,7 +813,8 @@ class Trainer:
         with _unlinked_on_failure(tmp):
             np.savez_compressed(tmp, image_ids=np.array(self.test_table.image_ids), heads=np.array(list(scores)),
                                 checkpoint_sha256=np.array(self.checkpoint_sha256 or ""),  # the weights they came from
-                                code_digest=np.array(self.checkpoint_code or ""),  # the code that trained those weights
+                                # the code that trained those weights: this job's, as a resume requires
+                                code_digest=np.array(self.code_digest),
                                 **{f"scores_{k}": v for k, v in scores.items()})
         tmp.replace(pred_path)
         (self.out / "run_config.json").write_text(json.dumps(self.cfg, indent=1, sort_keys=True) + "\n")

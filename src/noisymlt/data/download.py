@@ -85,6 +85,10 @@ def mirror_url(url: str, mirror: str | None) -> str:
     return mirror.rstrip("/") + "/" + posixpath.basename(urlsplit(url).path)
 
 
+class DownloadFailed(NoisyMLTError):
+    """The file could not be fetched from its URL (refused, or retries spent): another source may have it."""
+
+
 class _Retryable(Exception):
     """A failure worth another attempt: connection trouble, 5xx, a short body."""
 
@@ -135,7 +139,7 @@ def fetch(
             error = str(exc)
     else:
         kept = part.exists() and part.stat().st_size > 0
-        raise NoisyMLTError(
+        raise DownloadFailed(
             f"{url}: download failed after {retries + 1} attempt(s): {error}"
             + (f"; the {part.stat().st_size} bytes received are kept in {part} and a rerun resumes from them"
                if kept else "; nothing was received")
@@ -169,7 +173,7 @@ def _download_once(url: str, part: Path, *, timeout: float, progress: bool) -> N
             raise _Retryable("server refused to resume the partial file; restarting") from exc
         if exc.code >= 500 or exc.code in _RETRY_STATUS:
             raise _Retryable(f"HTTP {exc.code} {exc.reason}") from exc
-        raise NoisyMLTError(f"{url}: HTTP {exc.code} {exc.reason}") from exc
+        raise DownloadFailed(f"{url}: HTTP {exc.code} {exc.reason}") from exc
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         raise _Retryable(f"cannot connect ({exc})") from exc
 
@@ -266,10 +270,8 @@ def download_dataset(
                 timeout=timeout,
                 progress=progress,
             )
-        except NoisyMLTError as exc:
-            if "checksum mismatch" in str(exc):
-                raise
-            raise NoisyMLTError(
+        except DownloadFailed as exc:
+            raise DownloadFailed(
                 f"{exc}. Other ways to get {item.filename}: set download.mirror in params.yaml to a URL or local "
                 f"folder that holds it under that name, or place it yourself at {root / 'archives' / item.filename} "
                 "(its checksum is verified before use)") from exc
