@@ -2,11 +2,11 @@
 """CPU seconds of one demo training run, phase by phase, trained in-process as a training job runs it.
 
 Trains one (method, gamma, seed) run of the demo configuration on its image caches with
-``noisymlt.train.Trainer`` (the phases of ``Trainer.run``: set-up, training, test prediction, the fit
+``noisymlt.training.trainer.Trainer`` (the phases of ``Trainer.run``: set-up, training, test prediction, the fit
 record's train-set prediction, outputs) and prints the process CPU time of each phase, the median over
 ``--repeat`` runs. The modules a job imports are imported first, as the demo's preloaded jobs find them
 (workflow.preload). CPU time, not wall time, so that other jobs on a shared machine do not inflate it.
-The frozen-trunk views' outputs are memoised on disk (noisymlt.trunkcache): a run finds them when an earlier
+The frozen-trunk views' outputs are memoised on disk (noisymlt.training.trunkcache): a run finds them when an earlier
 run of the same seed and recipe saved them, as most of the demo's jobs do; ``--cold-memo`` deletes the memo
 folder before each run, so every run computes them (as the first job of each key does). Each run's line says
 which it did. ``--keep DIR`` keeps the last run folder (its predictions.npz compares runs before and after a change
@@ -34,9 +34,9 @@ PHASES = ("setup", "fit", "predict", "fit_record", "outputs")
 
 
 def one_run(cfg: dict, params: dict, out: Path, profile: Path | None) -> dict[str, float]:
-    from noisymlt.provenance import now
-    from noisymlt.steps import image_root
-    from noisymlt.train import Trainer
+    from noisymlt.pipeline.manifest import now
+    from noisymlt.pipeline.paths import image_root
+    from noisymlt.training.trainer import Trainer
 
     data = REPO / "data" / cfg["dataset"]
     images = REPO / image_root(params, cfg["dataset"], "train")
@@ -72,7 +72,7 @@ def one_run(cfg: dict, params: dict, out: Path, profile: Path | None) -> dict[st
     trainer._write_outputs(started, history, scores, fit)
     lap("outputs")
     seconds["iterations"] = trainer.iters * cfg["train"]["epochs"]
-    seconds["memo"] = trainer.trunk_memo or "no trunk cache"
+    seconds["memo"] = trainer.images.trunk_memo or "no trunk cache"
     return seconds
 
 
@@ -93,8 +93,8 @@ def main() -> int:
     sys.path.insert(0, str(REPO / "src"))
     import importlib
 
-    from noisymlt.config import load_params, resolve_run
-    from noisymlt.preload import PRELOAD_MODULES
+    from noisymlt.pipeline.config import load_params, resolve_run
+    from noisymlt.pipeline.preload import PRELOAD_MODULES
 
     for name in PRELOAD_MODULES:  # imported before the clock starts, as a preloaded job finds them
         importlib.import_module(name)

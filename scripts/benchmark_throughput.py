@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from noisymlt.config import load_params, resolve_run
-from noisymlt.devices import select_device
+from noisymlt.pipeline.config import load_params, resolve_run
+from noisymlt.training.devices import select_device
 from noisymlt.methods import FAMILIES, TrainContext
 
 

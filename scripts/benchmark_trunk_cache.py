@@ -41,12 +41,12 @@ def main() -> int:
     import numpy as np
     import torch
 
-    from noisymlt.config import load_params, resolve_run
-    from noisymlt.dataset import CacheRows, EpochPlan, stream_loader
+    from noisymlt.pipeline.config import load_params, resolve_run
+    from noisymlt.training.loaders import CacheRows, EpochPlan, stream_loader
     from noisymlt.models.twobranch import TwoBranch
-    from noisymlt.steps import image_root
-    from noisymlt.tensoraug import augment, draw_train_params
-    from noisymlt.train import Trainer
+    from noisymlt.pipeline.paths import image_root
+    from noisymlt.training.augment import augment, draw_train_params
+    from noisymlt.training.trainer import Trainer
 
     params = load_params(REPO / "params.yaml", REPO / "workflow" / "profiles" / "demo" / "params.yaml")
     cfg = resolve_run(params, "toy", args.method, args.gamma, args.seed)

@@ -22,7 +22,7 @@ is missing, or that the time budget no longer allows, is skipped with a line say
   end_to_end   the demo profile's `ours` at gamma 0.5, seed 0 through the pipeline's own steps (`noisymlt
                step ...`, as DVC runs them, in this process): data, pretraining, then train + evaluate +
                trace on the CPU and on CUDA; wall times and the mAP difference (quick: a smaller toy set).
-  grid         the paper grid's runs and iterations (noisymlt.gridplan: every run the workflow plans,
+  grid         the paper grid's runs and iterations (noisymlt.pipeline.gridplan: every run the workflow plans,
                iterations from the trainer's own planning code); with CUDA, GPU-hours at the measured
                step costs, unpacked and packed, packing measured with 2 and 4 concurrent runs as memory
                and time allow.
@@ -445,8 +445,8 @@ def packing(ctx: dict, per_run_mib: float | None) -> dict:
 
 
 def grid(ctx: dict) -> dict:
-    from noisymlt import gridplan
-    from noisymlt.config import load_params
+    from noisymlt.pipeline import gridplan
+    from noisymlt.pipeline.config import load_params
 
     params = load_params(REPO / "params.yaml")
     jobs = gridplan.plan_grid(params, data_root=REPO / "data")

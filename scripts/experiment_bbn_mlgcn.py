@@ -3,7 +3,7 @@
 
 Trains BBN, ML-GCN and ERM on one noisy set of the demo (its configuration, its caches), each variant
 changing ONE thing against the demo's run, and prints test mAP (total / head / medium / tail), the
-training BCE against the noisy labels beside the prior-only BCE (noisymlt.fit_diagnostics) and the
+training BCE against the noisy labels beside the prior-only BCE (noisymlt.training.fit_diagnostics) and the
 training mAP against the noisy labels. Every variant says what it is: ``ref`` = what the reference code
 does, ``regime`` = what the toy regime could lack, ``probe`` = neither, a control that isolates a part,
 ``fix`` = the demo's setting this experiment led to. "before" is the demo before it: BBN and ML-GCN trained every
@@ -183,7 +183,7 @@ def rebuild_optimizer(trainer, mults: dict | None = None):
     """A fresh SGD over the (edited) model's trainable parameters, grouped by the method's lr factors and
     ``mults`` (parameter-name prefix -> factor, taking precedence)."""
     torch, nn = _nn()
-    from noisymlt.train import lr_groups
+    from noisymlt.training.schedule import lr_groups
 
     tcfg = trainer.cfg["train"]
     groups = lr_groups(trainer.model, {**(mults or {}), **trainer.method.lr_multipliers()},
@@ -316,11 +316,11 @@ def main() -> int:
     sys.path.insert(0, str(REPO / "src"))
     import torch
 
-    from noisymlt.config import load_params, resolve_run
-    from noisymlt.evaluate import average_precisions
-    from noisymlt.labels import read_class_split, read_labels
-    from noisymlt.steps import image_root
-    from noisymlt.train import Trainer
+    from noisymlt.pipeline.config import load_params, resolve_run
+    from noisymlt.evaluation.metrics import average_precisions
+    from noisymlt.data.labels import read_class_split, read_labels
+    from noisymlt.pipeline.paths import image_root
+    from noisymlt.training.trainer import Trainer
 
     params = load_params(REPO / "params.yaml", REPO / "workflow" / "profiles" / "demo" / "params.yaml")
     data = REPO / "data" / "toy"

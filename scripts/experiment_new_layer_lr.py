@@ -6,7 +6,7 @@ through its head bias; at lr 0.02, SGD momentum 0.9 and a loss averaged over 20 
 ~0.005 a step, far too little in 176 steps to reach the class-prior logits (about -3). This trains each method on
 one noisy set of the demo (its configuration, its caches) with the layers that are not in the pretrained backbone
 (neck, head, partner BatchNorms, BBN's classifier, ML-GCN's GCN) at 1x (as configured), and at the factors given,
-the backbone always at the recipe's lr, and prints per variant the fit diagnostics (noisymlt.fit_diagnostics: the
+the backbone always at the recipe's lr, and prints per variant the fit diagnostics (noisymlt.training.fit_diagnostics: the
 training BCE against the prior-only BCE, the test outputs' spread, and for the co-learning family the targets the
 pseudo labels changed in each branch with their precision) and the test mAP.
 
@@ -38,12 +38,12 @@ def main() -> int:
     ap.add_argument("--mults", type=float, nargs="+", default=[1.0, 10.0],
                     help="lr factors of the layers outside the pretrained backbone (train.new_layers_lr_mult)")
     ap.add_argument("--new-layers", nargs="+", metavar="NAME",
-                    help="the name components that count as new layers (default: noisymlt.train.NEW_LAYERS)")
+                    help="the name components that count as new layers (default: noisymlt.training.schedule.NEW_LAYERS)")
     ap.add_argument("--tag", default="", help="suffix of this run's variant names in the JSON")
     ap.add_argument("--clean-train", action="store_true",
                     help="train on the clean labels of the subset (the fit the toy allows; analysis only)")
     ap.add_argument("--values", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="selection values applied as a choice file would (noisymlt.selection.apply_values), "
+                    help="selection values applied as a choice file would (noisymlt.pipeline.selection.apply_values), "
                          "e.g. alpha=0.9 beta=0.1")
     ap.add_argument("--method-set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="method-block values (YAML, dotted keys merged into the block), e.g. "
@@ -55,17 +55,17 @@ def main() -> int:
     sys.path.insert(0, str(REPO / "src"))
     import yaml
 
-    from noisymlt.config import load_params, resolve_run
-    from noisymlt.evaluate import average_precisions
-    from noisymlt.labels import read_labels
-    from noisymlt.steps import image_root
-    from noisymlt.selection import apply_values
-    from noisymlt.train import Trainer
+    from noisymlt.pipeline.config import load_params, resolve_run
+    from noisymlt.evaluation.metrics import average_precisions
+    from noisymlt.data.labels import read_labels
+    from noisymlt.pipeline.paths import image_root
+    from noisymlt.pipeline.selection import apply_values
+    from noisymlt.training.trainer import Trainer
 
-    import noisymlt.train
+    import noisymlt.training.schedule
 
     if args.new_layers:
-        noisymlt.train.NEW_LAYERS = frozenset(args.new_layers)
+        noisymlt.training.schedule.NEW_LAYERS = frozenset(args.new_layers)
     params = load_params(REPO / "params.yaml", REPO / "workflow" / "profiles" / "demo" / "params.yaml")
     params.setdefault("selection", {})["enabled"] = False  # the demo's fixed values: this is not a selection
     data = REPO / "data" / "toy"
@@ -123,7 +123,7 @@ def main() -> int:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     record = {"methods": args.methods, "gamma": args.gamma, "seed": args.seed, "set": args.set, "values": args.values,
               "method_set": args.method_set,
-              "new_layers": sorted(noisymlt.train.NEW_LAYERS), "runs": out}
+              "new_layers": sorted(noisymlt.training.schedule.NEW_LAYERS), "runs": out}
     Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     return 0
 

@@ -86,11 +86,11 @@ def main() -> int:
     sys.path.insert(0, str(REPO / "src"))
     import pandas as pd
 
-    from noisymlt.config import load_params, resolve_run
-    from noisymlt.evaluate import average_precisions
-    from noisymlt.labels import read_labels
-    from noisymlt.steps import image_root
-    from noisymlt.train import Trainer
+    from noisymlt.pipeline.config import load_params, resolve_run
+    from noisymlt.evaluation.metrics import average_precisions
+    from noisymlt.data.labels import read_labels
+    from noisymlt.pipeline.paths import image_root
+    from noisymlt.training.trainer import Trainer
 
     params = load_params(*[REPO / p for p in args.params])
     noisy_path = REPO / "data" / args.dataset / "noisy" / f"g{args.gamma:g}_s{args.seed}.parquet"

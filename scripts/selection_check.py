@@ -6,7 +6,7 @@ selection sets (what the selection ranked), and within each set (pooling the set
 levels: a set whose held-out part scores higher is not the one whose models test higher).
 
 This reads the test set, which is why it is a script for the note and never a pipeline step: selection itself
-never does (noisymlt.selection). It loads each candidate's final checkpoint and predicts the test images; nothing
+never does (noisymlt.pipeline.selection). It loads each candidate's final checkpoint and predicts the test images; nothing
 is trained or written inside the project folder.
 
     python scripts/selection_check.py --root . --dataset toy --method ours --json docs/demo_selection_check.json
@@ -47,10 +47,10 @@ def per_set_spearman(rows: list[dict]) -> dict[str, float | None]:
 
 def candidate_test_map(root: Path, run: Path, dataset: str) -> float:
     """Total mAP (%) on the test set of a candidate's trained model (its ranked head)."""
-    from noisymlt.evaluate import average_precisions
-    from noisymlt.labels import read_labels
-    from noisymlt.steps import image_root
-    from noisymlt.train import Trainer
+    from noisymlt.evaluation.metrics import average_precisions
+    from noisymlt.data.labels import read_labels
+    from noisymlt.pipeline.paths import image_root
+    from noisymlt.training.trainer import Trainer
 
     cfg = json.loads((run / "run_config.json").read_text())
     inputs = json.loads((run / "manifest.json").read_text())["inputs"]
@@ -82,7 +82,7 @@ def main() -> int:
     import os
 
     os.chdir(root)  # recorded paths are relative to the project folder
-    from noisymlt import selection as S
+    from noisymlt.pipeline import selection as S
 
     out = {"dataset": args.dataset, "method": args.method, "stages": []}
     k = 1

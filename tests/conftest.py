@@ -20,9 +20,9 @@ def checkpoint_every_epoch(request, monkeypatch):
     checkpoint-interval test uses the default."""
     if "default_checkpoint_interval" in request.keywords:
         return
-    import noisymlt.train
+    import noisymlt.training.trainer
 
-    monkeypatch.setattr(noisymlt.train.Trainer, "checkpoint_seconds", 0.0)
+    monkeypatch.setattr(noisymlt.training.trainer.Trainer, "checkpoint_seconds", 0.0)
 
 
 class _RangeHandler(http.server.SimpleHTTPRequestHandler):
@@ -130,8 +130,8 @@ def tiny_toy(tmp_path_factory):
     from noisymlt.data.longtail import pareto_subsample
     from noisymlt.data.toy import make_toy
     from noisymlt.data.voc import parse_voc
-    from noisymlt.labels import split_from_counts, write_class_split, write_labels
-    from noisymlt.noise import make_noisy_table
+    from noisymlt.data.labels import split_from_counts, write_class_split, write_labels
+    from noisymlt.data.noise import make_noisy_table
 
     base = tmp_path_factory.mktemp("tiny_toy")
     root = make_toy(base / "raw", seed=0, n_trainval=TINY_TOY["n_trainval"], n_test=TINY_TOY["n_test"],
@@ -147,7 +147,7 @@ def tiny_toy(tmp_path_factory):
     write_labels(train, paths["train"])
     write_class_split(split_from_counts(train.labels.sum(0)), paths["split"])
     make_noisy_table(paths["train"], 0.5, 0, paths["noisy"])
-    from noisymlt.imagecache import build_cache
+    from noisymlt.data.imagecache import build_cache
 
     for part, table in (("train", paths["train"]), ("test", paths["test"])):
         paths[f"{part}_cache"] = base / "cache" / f"{part}.npy"
@@ -172,7 +172,7 @@ def interrupt_training(monkeypatch, trainer, at_call: int) -> None:
 
 def tiny_params(method: str = "erm", **train_overrides) -> dict:
     """params.yaml + the demo layer, shrunk to seconds-long CPU runs on ``tiny_toy``."""
-    from noisymlt.config import deep_merge, load_params
+    from noisymlt.pipeline.config import deep_merge, load_params
 
     repo = Path(__file__).resolve().parents[1]
     params = load_params(repo / "params.yaml", repo / "workflow" / "profiles" / "demo" / "params.yaml")
@@ -192,7 +192,7 @@ def tiny_params(method: str = "erm", **train_overrides) -> dict:
 def toy_trainer(tiny_toy: dict, resolved: dict, out_dir, **kwargs):
     """A Trainer over the ``tiny_toy`` files, on the CPU unless ``device`` says otherwise (kwargs:
     train_labels override, limit_iters, keep_stale...)."""
-    from noisymlt.train import Trainer
+    from noisymlt.training.trainer import Trainer
 
     kwargs.setdefault("train_labels", tiny_toy["noisy"])
     kwargs.setdefault("device", "cpu")

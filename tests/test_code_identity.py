@@ -1,4 +1,4 @@
-"""What a job's code digest covers (noisymlt.codedeps): the code that can change its result, and no more."""
+"""What a job's code digest covers (noisymlt.pipeline.codedeps): the code that can change its result, and no more."""
 
 from __future__ import annotations
 
@@ -7,25 +7,29 @@ from pathlib import Path
 
 import pytest
 
-from noisymlt import codedeps
-from noisymlt.config import load_params, method_options
+from noisymlt.pipeline import codedeps
+from noisymlt.pipeline.config import load_params, method_options
 from noisymlt.losses import LOSSES
 from noisymlt.methods.options import losses_used
-from noisymlt.step_code import method_entries
+from noisymlt.pipeline.step_code import method_entries
 
 REPO = Path(__file__).resolve().parents[1]
 # Infrastructure that cannot change a result: the CLI and its dispatch, the preload server (its runs equal plain
 # runs byte for byte: test_preload), the `train` command (it only resolves the configuration, hashed into the run
 # id), the per-step digests and `trace`.
-NEVER_IN_A_RUN = {"noisymlt.__main__", "noisymlt.cli", "noisymlt.preload", "noisymlt.train_command",
-                  "noisymlt.step_code", "noisymlt.trace", "noisymlt.selection"}
-ERM = ["noisymlt", "noisymlt.codedeps", "noisymlt.config", "noisymlt.dataset", "noisymlt.devices", "noisymlt.errors",
-       "noisymlt.evaluate", "noisymlt.fit_diagnostics", "noisymlt.imagecache", "noisymlt.jsonlog", "noisymlt.labels",
-       "noisymlt.locks", "noisymlt.losses", "noisymlt.losses.base", "noisymlt.losses.bce", "noisymlt.methods",
-       "noisymlt.methods.base", "noisymlt.methods.options", "noisymlt.methods.single", "noisymlt.models",
-       "noisymlt.models.backbones", "noisymlt.models.branch", "noisymlt.models.heads", "noisymlt.noise_monitor",
-       "noisymlt.provenance", "noisymlt.sampling", "noisymlt.schema", "noisymlt.tensoraug", "noisymlt.train",
-       "noisymlt.transforms", "noisymlt.trunkcache"]
+NEVER_IN_A_RUN = {"noisymlt.__main__", "noisymlt.cli", "noisymlt.pipeline.preload", "noisymlt.training.command",
+                  "noisymlt.pipeline.step_code", "noisymlt.pipeline.trace", "noisymlt.pipeline.selection"}
+ERM = ["noisymlt", "noisymlt.data", "noisymlt.data.imagecache", "noisymlt.data.labels", "noisymlt.errors",
+       "noisymlt.evaluation", "noisymlt.evaluation.metrics", "noisymlt.losses", "noisymlt.losses.base",
+       "noisymlt.losses.bce", "noisymlt.methods", "noisymlt.methods.base", "noisymlt.methods.options",
+       "noisymlt.methods.single", "noisymlt.models", "noisymlt.models.backbones", "noisymlt.models.branch",
+       "noisymlt.models.heads", "noisymlt.pipeline", "noisymlt.pipeline.codedeps", "noisymlt.pipeline.config",
+       "noisymlt.pipeline.files", "noisymlt.pipeline.jsonlog", "noisymlt.pipeline.locks",
+       "noisymlt.pipeline.manifest", "noisymlt.pipeline.schema", "noisymlt.training", "noisymlt.training.augment",
+       "noisymlt.training.checkpoint", "noisymlt.training.devices", "noisymlt.training.fit_diagnostics",
+       "noisymlt.training.inputs", "noisymlt.training.loaders", "noisymlt.training.noise_monitor",
+       "noisymlt.training.sampling", "noisymlt.training.schedule", "noisymlt.training.trainer",
+       "noisymlt.training.transforms", "noisymlt.training.trunkcache"]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +51,7 @@ def test_each_methods_train_job_holds_its_own_code_and_no_infrastructure(params)
         modules = set(codedeps.closure(*method_entries(params, method)))
         assert not modules & NEVER_IN_A_RUN, (method, sorted(modules & NEVER_IN_A_RUN))
         family = params["methods"][method]["family"]
-        assert ("noisymlt.colearning" in modules) == (family == "colearning"), method
+        assert ("noisymlt.methods.pseudo_labels" in modules) == (family == "colearning"), method
         used = {LOSSES[name] for name in losses_used(family, method_options(params["methods"][method]))}
         assert {m for m in modules if m.startswith("noisymlt.losses.") and m != "noisymlt.losses.base"} == used, method
 
@@ -88,7 +92,7 @@ def test_a_preloaded_job_refuses_code_edited_since_the_server_imported_it(monkey
     has, the server's check must find the source as it was imported, or the job stops."""
     import types
 
-    from noisymlt import preload
+    from noisymlt.pipeline import preload
     from noisymlt.errors import NoisyMLTError
 
     server = types.SimpleNamespace(fingerprint=preload.source_fingerprint())

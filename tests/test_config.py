@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from noisymlt.config import deep_merge, load_params, resolve_run, run_id, validate_params
+from noisymlt.pipeline.config import deep_merge, load_params, resolve_run, run_id, validate_params
 from noisymlt.errors import NoisyMLTError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from conftest import tiny_params, toy_trainer
-from noisymlt.config import load_params, resolve_run
+from noisymlt.pipeline.config import load_params, resolve_run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -50,7 +50,7 @@ def test_one_bf16_training_step_of_every_family_on_cuda(tiny_toy, tmp_path, fami
 def test_shared_frozen_trunk_equals_the_unshared_path_at_bf16_on_cuda(tmp_path):
     """Both branches' frozen stages run once per stream (shared) or per branch (unshared): the same
     function, so the same loss and gradients up to bf16 rounding."""
-    from noisymlt.dataset import EpochPlan
+    from noisymlt.training.loaders import EpochPlan
     from noisymlt.methods import FAMILIES, TrainContext
     from noisymlt.models.backbones import TinyResNet
 
@@ -97,7 +97,7 @@ def test_shared_frozen_trunk_equals_the_unshared_path_at_bf16_on_cuda(tmp_path):
 def test_checkpoint_trained_on_cuda_predicts_the_same_on_cpu(tiny_toy, tmp_path):
     """A run trained on the GPU (bf16) reopened from its folder on the CPU (fp32) scores the test set as
     the GPU did, up to bf16 rounding."""
-    from noisymlt.train import Trainer
+    from noisymlt.training.trainer import Trainer
 
     cfg = bf16_config("erm", epochs=1)
     out = tmp_path / "run"
@@ -115,7 +115,7 @@ def test_checkpoint_trained_on_cuda_predicts_the_same_on_cpu(tiny_toy, tmp_path)
 
 def test_two_train_jobs_under_resources_gpu_2_on_one_gpu(tmp_path, monkeypatch):
     """`--resources gpu=2` lets two train jobs run at once; with one card the second finds every GPU lock
-    taken and shares cuda:0 (noisymlt.devices), saying so in its log."""
+    taken and shares cuda:0 (noisymlt.training.devices), saying so in its log."""
     pytest.importorskip("snakemake", reason="needs Snakemake (not installed here)")
     if torch.cuda.device_count() != 1:
         pytest.skip("needs exactly one CUDA device")

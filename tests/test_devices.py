@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-from noisymlt.devices import acquire_gpu, select_device
+from noisymlt.training.devices import acquire_gpu, select_device
 
-PROBE = "import sys; from noisymlt.devices import acquire_gpu; print(acquire_gpu(int(sys.argv[1]), __import__('pathlib').Path(sys.argv[2])))"
+PROBE = "import sys; from noisymlt.training.devices import acquire_gpu; print(acquire_gpu(int(sys.argv[1]), __import__('pathlib').Path(sys.argv[2])))"
 
 
 def other_process_gets(num_gpus: int, lock_dir) -> str:

@@ -48,8 +48,8 @@ def _commands(cmd: str) -> list[str]:
 def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_source_file():
     """No hand-kept list of modules: each stage's code dependency is the digest file of the commands it
     runs (data/code/COMMAND.json, training: data/code/train/METHOD.json), written by `code_digests` from
-    the static import closures (noisymlt.codedeps), the same digests Snakemake passes its jobs."""
-    from noisymlt import step_code
+    the static import closures (noisymlt.pipeline.codedeps), the same digests Snakemake passes its jobs."""
+    from noisymlt.pipeline import step_code
 
     commands = step_code.command_modules()
     for name, stage in _dvc_yaml().items():
@@ -74,8 +74,8 @@ def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_sourc
 
 
 def test_code_digest_files_change_only_for_the_steps_an_edit_touches(tmp_path):
-    from noisymlt import step_code
-    from noisymlt.config import load_params
+    from noisymlt.pipeline import step_code
+    from noisymlt.pipeline.config import load_params
 
     params = load_params(REPO / "params.yaml")
     before = step_code.digests(params)
@@ -91,8 +91,8 @@ def test_code_digest_files_change_only_for_the_steps_an_edit_touches(tmp_path):
 def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp_path, monkeypatch):
     """dvc.params.yaml = what Snakemake's --configfile layering gives, plus the lists dvc.yaml expands over;
     once a layer changes, every step refuses it and names the command that rewrites it."""
-    from noisymlt.config import load_params, resolve_run, run_id
-    from noisymlt.dvcparams import write
+    from noisymlt.pipeline.config import load_params, resolve_run, run_id
+    from noisymlt.pipeline.params import write
     from noisymlt.errors import NoisyMLTError
 
     shutil.copy2(REPO / "params.yaml", tmp_path / "params.yaml")
@@ -182,7 +182,7 @@ def _project_copy(root: Path, params: dict, workflow: bool = False) -> Path:
 
 
 def _needs_tools() -> None:
-    pytest.importorskip("noisymlt.steps", reason="dvc.yaml needs `noisymlt step` (noisymlt/steps.py)")
+    pytest.importorskip("noisymlt.pipeline.paths", reason="dvc.yaml needs `noisymlt step` (noisymlt/pipeline/paths.py)")
     if not DVC.exists():
         pytest.skip(f"dvc is not installed next to {sys.executable}")
 
@@ -268,7 +268,7 @@ def test_dvc_plans_the_jobs_snakemake_plans(tmp_path):
 
 def _tiny_params() -> dict:
     """A toy-only params.yaml (no voc/coco blocks, no download block) sized for a seconds-long run."""
-    from noisymlt.config import deep_merge, load_params
+    from noisymlt.pipeline.config import deep_merge, load_params
 
     params = load_params(REPO / "params.yaml", REPO / "workflow" / "profiles" / "demo" / "params.yaml")
     toy = params["datasets"]["toy"]

@@ -25,7 +25,7 @@ RUN = "runs/toy/g0.5/s0/{}"
 
 
 def _params() -> dict:
-    from noisymlt.config import load_params
+    from noisymlt.pipeline.config import load_params
 
     params = _tiny_params()
     full = load_params(REPO / "params.yaml")
@@ -184,7 +184,7 @@ def test_make_demo_dvc_says_when_it_cannot_record_an_unfinished_demo(origin, tmp
 
 def test_params_rewrite_changes_the_run_ids_a_change_reaches_and_warns_about_the_rest(tmp_path, monkeypatch, capsys):
     """What `dvc exp run` reruns is decided here: a train stage's one param is its run id."""
-    from noisymlt.dvcparams import write
+    from noisymlt.pipeline.params import write
 
     shutil.copy2(REPO / "params.yaml", tmp_path / "params.yaml")
     shutil.copy2(REPO / "workflow" / "profiles" / "demo" / "params.yaml", tmp_path / "demo.yaml")
@@ -214,7 +214,7 @@ def test_params_rewrite_changes_the_run_ids_a_change_reaches_and_warns_about_the
 
 
 def test_params_refuses_more_layers_than_the_params_stage_lists(tmp_path, monkeypatch):
-    from noisymlt.dvcparams import LAYER_SLOTS, write
+    from noisymlt.pipeline.params import LAYER_SLOTS, write
     from noisymlt.errors import NoisyMLTError
 
     shutil.copy2(REPO / "params.yaml", tmp_path / "params.yaml")

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.evaluate import average_precisions, evaluate_predictions, summarise
-from noisymlt.labels import LabelTable, write_class_split, write_labels
+from noisymlt.evaluation.evaluate import evaluate_predictions
+from noisymlt.evaluation.metrics import average_precisions, summarise
+from noisymlt.data.labels import LabelTable, write_class_split, write_labels
 
 
 def ap_by_hand(y: np.ndarray, s: np.ndarray) -> float:
@@ -133,7 +134,7 @@ def test_damaged_or_incomplete_predictions_name_the_file(tmp_path, capsys):
 def test_a_label_table_that_lost_columns_is_refused_naming_them(tmp_path):
     import pyarrow.parquet as pq
 
-    from noisymlt.labels import read_labels
+    from noisymlt.data.labels import read_labels
 
     table = LabelTable(["1", "2"], ["a", "b", "c"], np.eye(3, dtype=np.uint8)[:2], paths=["1.jpg", "2.jpg"])
     write_labels(table, tmp_path / "t.parquet")

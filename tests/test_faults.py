@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_params, toy_trainer
-from noisymlt.config import resolve_run
+from noisymlt.pipeline.config import resolve_run
 
 
 @pytest.fixture
@@ -80,13 +80,13 @@ def test_a_full_disk_stops_with_one_line_and_the_rerun_resumes_to_the_same_resul
 def test_a_folder_it_may_not_write_gives_one_line(tiny_toy, tmp_path, capsys, monkeypatch):
     """(The tests run as root, whom permissions do not stop: the denial is the operating system's error,
     raised where the trainer opens its lock file.)"""
-    import noisymlt.locks
+    import noisymlt.pipeline.locks
     from noisymlt.cli import main
 
     def denied(path):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(noisymlt.locks, "try_lock", denied)
+    monkeypatch.setattr(noisymlt.pipeline.locks, "try_lock", denied)
     resolved = resolve_run(tiny_params("erm", epochs=1), "toy", "erm", 0.5, 0)
     run = tmp_path / "run"
     assert main(_train_cli(tiny_toy, resolved, run, tmp_path)) == 2

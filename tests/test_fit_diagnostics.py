@@ -1,4 +1,4 @@
-"""Fit diagnostics (noisymlt.fit_diagnostics), the warm-up check, pseudo-label change counts, and the two
+"""Fit diagnostics (noisymlt.training.fit_diagnostics), the warm-up check, pseudo-label change counts, and the two
 report tables that read them (fit, paired differences)."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from conftest import tiny_params, toy_trainer
-from noisymlt.aggregate import aggregate
-from noisymlt.config import resolve_run
+from noisymlt.report.aggregate import aggregate
+from noisymlt.pipeline.config import resolve_run
 from noisymlt.errors import NoisyMLTError
-from noisymlt.fit_diagnostics import bce, diagnose, noisy_map, prior_bce, pseudo_label_changes
+from noisymlt.training.fit_diagnostics import bce, diagnose, noisy_map, prior_bce, pseudo_label_changes
 from noisymlt.methods.base import PublishedTargets
-from noisymlt.noise_monitor import NoiseMonitor
+from noisymlt.training.noise_monitor import NoiseMonitor
 from noisymlt.report.fit import fit_summary, paired_differences, write_fit_table, write_paired_table
-from noisymlt.train import check_warmup, lr_at
+from noisymlt.training.schedule import check_warmup, lr_at
 
 
 def test_bce_and_prior_bce_follow_their_formulas():
@@ -82,7 +82,7 @@ def paper_iterations(resolved: dict, n: int, largest: int, classes: int) -> int:
     ``epoch_iterations``) on a label matrix of the dataset's size and largest class count."""
     from noisymlt.methods import load_family
     from noisymlt.methods.base import TrainContext
-    from noisymlt.train import epoch_iterations
+    from noisymlt.training.schedule import epoch_iterations
 
     labels = torch.zeros(n, classes)
     labels[torch.arange(n), 1 + torch.arange(n) % (classes - 1)] = 1  # every other class has positives
@@ -99,7 +99,7 @@ def paper_iterations(resolved: dict, n: int, largest: int, classes: int) -> int:
 def paper():
     from pathlib import Path
 
-    from noisymlt.config import load_params
+    from noisymlt.pipeline.config import load_params
 
     return load_params(Path(__file__).resolve().parents[1] / "params.yaml")
 

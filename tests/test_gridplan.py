@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from noisymlt import gridplan, steps
-from noisymlt.config import load_params, resolve_run
+from noisymlt.pipeline import gridplan, paths
+from noisymlt.pipeline.config import load_params, resolve_run
 from noisymlt.errors import NoisyMLTError
-from noisymlt.labels import LabelTable, write_class_split, write_labels
+from noisymlt.data.labels import LabelTable, write_class_split, write_labels
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -31,12 +31,12 @@ def test_synthetic_labels_have_the_published_counts_and_no_empty_image():
 
 
 def test_all_runs_are_the_main_grid_then_each_ablation_once(paper_params):
-    runs = steps.all_runs(paper_params)
-    main = steps.grid_runs(paper_params)
+    runs = paths.all_runs(paper_params)
+    main = paths.grid_runs(paper_params)
     assert runs[:len(main)] == main and len(main) == 2 * 4 * 5 * 11
     assert len(runs) == len(set(runs))
     for name in paper_params["grid"]["ablations"]:
-        assert set(steps.ablation_runs(paper_params, name)) <= set(runs)
+        assert set(paths.ablation_runs(paper_params, name)) <= set(runs)
     # ours at gamma 0.5 is in the main grid and in ab_components: planned once
     assert runs.count(("voc", 0.5, 0, "ours")) == 1
 
@@ -52,7 +52,7 @@ def small_model(params: dict) -> dict:
 @pytest.mark.parametrize("method", ["db_focal", "ours"])
 def test_planned_iterations_are_the_trainers_own_for_a_voc_run(paper_params, tmp_path, method):
     """db_focal: [DB]'s class-aware epoch (reads the noisy class counts); ours: [CL]'s floor(N / 32)."""
-    from noisymlt.train import Trainer
+    from noisymlt.training.trainer import Trainer
 
     params = small_model(paper_params)
     noisy, split, source = gridplan.planned_noisy_labels(params, "voc", 0.5, 0, data_root=tmp_path / "none")
@@ -109,7 +109,7 @@ def test_the_plan_counts_the_model_selection_candidates(paper_params):
     jobs = gridplan.plan_grid(small_model(paper_params), data_root="no-data-here")
     candidates = [j for j in jobs if "candidate" in j]
     assert len(candidates) == 2 * (10 * 4 + 4 + 12) == gridplan.summarise(jobs)["candidates"]
-    assert len(jobs) - len(candidates) == len(steps.all_runs(paper_params))
+    assert len(jobs) - len(candidates) == len(paths.all_runs(paper_params))
     final = {(j["dataset"], j["method"]): j for j in jobs if "candidate" not in j and j["gamma"] == 0.5 and j["seed"] == 0}
     for job in candidates:
         assert job["iterations"] < final[job["dataset"], job["method"]]["iterations"], job

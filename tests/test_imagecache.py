@@ -12,13 +12,13 @@ import torch
 from PIL import Image
 
 from conftest import TINY_CACHE_SIZE, tiny_params, toy_trainer
-from noisymlt.config import resolve_run
-from noisymlt.dataset import CachedEvalImages, CachedTrainImages, CacheRows, EpochPlan, StreamSpec, stream_loader
+from noisymlt.pipeline.config import resolve_run
+from noisymlt.training.loaders import CachedEvalImages, CachedTrainImages, CacheRows, EpochPlan, StreamSpec, stream_loader
 from noisymlt.errors import NoisyMLTError
-from noisymlt.imagecache import build_cache, index_path, open_cache
-from noisymlt.labels import read_labels, write_labels
-from noisymlt.tensoraug import augment, draw_train_params, eval_resize
-from noisymlt.transforms import eval_transform, random_crop_box, to_tensor, train_transform
+from noisymlt.data.imagecache import build_cache, index_path, open_cache
+from noisymlt.data.labels import read_labels, write_labels
+from noisymlt.training.augment import augment, draw_train_params, eval_resize
+from noisymlt.training.transforms import eval_transform, random_crop_box, to_tensor, train_transform
 
 GREY = float(np.mean(np.array([0.229, 0.224, 0.225]) * 255))  # one grey level in normalised units ~ 1 / GREY
 
@@ -159,7 +159,7 @@ def test_loader_cache_requires_its_caches(tiny_toy, tmp_path):
 
 
 def test_short_runs_with_cache_and_pil_loaders_learn_alike(tiny_toy, tmp_path):
-    from noisymlt.evaluate import evaluate_predictions
+    from noisymlt.evaluation.evaluate import evaluate_predictions
 
     maps, ids = {}, set()
     for loader in ("cache", "pil"):

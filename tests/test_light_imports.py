@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from noisymlt import codedeps
+from noisymlt.pipeline import codedeps
 
 HEAVY = ("torch", "torchvision", "sklearn")
 
@@ -27,8 +27,8 @@ def _imports_heavy_at_top(name: str) -> bool:
 
 
 def test_data_steps_and_params_validation_reach_no_torch_module():
-    for entry in ("noisymlt.config", "noisymlt.steps", "noisymlt.noise", "noisymlt.data.parse",
-                  "noisymlt.data.longtail", "noisymlt.data.toy", "noisymlt.aggregate", "noisymlt.report.tables",
+    for entry in ("noisymlt.pipeline.config", "noisymlt.pipeline.paths", "noisymlt.data.noise", "noisymlt.data.parse",
+                  "noisymlt.data.longtail", "noisymlt.data.toy", "noisymlt.report.aggregate", "noisymlt.report.tables",
                   "noisymlt.report.noise_level"):
         heavy = [m for m in codedeps.closure(entry) if _imports_heavy_at_top(m)]
         assert heavy == [], (entry, heavy)
@@ -40,7 +40,7 @@ def test_a_noise_step_and_params_validation_run_without_importing_torch(tiny_toy
     script = f"""
 import json, sys
 from noisymlt.cli import main
-from noisymlt.config import load_params
+from noisymlt.pipeline.config import load_params
 load_params("params.yaml", "workflow/profiles/demo/params.yaml")
 rc = main(["noise", "--labels", {str(tiny_toy["train"])!r}, "--gamma", "0.5", "--seed", "1",
            "--out", {str(tmp_path / "n.parquet")!r}, "--stats", {str(tmp_path / "n.json")!r}])

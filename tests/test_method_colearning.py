@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from noisymlt import cli
-from noisymlt.config import load_params, resolve_run, validate_params
-from noisymlt.dataset import EpochPlan
+from noisymlt.pipeline.config import load_params, resolve_run, validate_params
+from noisymlt.training.loaders import EpochPlan
 from noisymlt.errors import NoisyMLTError
-from noisymlt.labels import read_labels, write_class_split
+from noisymlt.data.labels import read_labels, write_class_split
 from noisymlt.methods import FAMILIES, TrainContext
-from noisymlt.methods import colearning_family as family
+from noisymlt.methods import colearning as family
 from noisymlt.models.twobranch import ensemble_logits
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -451,7 +451,7 @@ TOY_TRAIN = {"epochs": 1, "batch_size": 16, "balanced_batch_size": 16, "image_si
 
 
 def train_run(base_params, toy, name: str, out: str):
-    from noisymlt.train import Trainer
+    from noisymlt.training.trainer import Trainer
 
     cfg = resolve_run(params_with(base_params, {name: BLOCKS[name]}), "toy", name, 0.5, 0)
     cfg["train"].update(TOY_TRAIN)

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from conftest import tiny_params, toy_trainer
-from noisymlt.config import resolve_run, validate_params
-from noisymlt.labels import read_labels
+from noisymlt.pipeline.config import resolve_run, validate_params
+from noisymlt.data.labels import read_labels
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import TrainContext
 from noisymlt.methods.dividemix import (
@@ -27,7 +27,7 @@ from noisymlt.methods.dividemix import (
     resolve_options,
     sharpen,
 )
-from noisymlt.train import Trainer
+from noisymlt.training.trainer import Trainer
 
 BLOCK = {
     "family": "dividemix",

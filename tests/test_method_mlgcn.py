@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import tiny_params, toy_trainer
-from noisymlt.config import resolve_run, validate_params
+from noisymlt.pipeline.config import resolve_run, validate_params
 from noisymlt.data import glove
 from noisymlt.data.classes import VOC_CLASSES
 from noisymlt.errors import NoisyMLTError
@@ -189,7 +189,7 @@ def test_schema_rejects_bad_options():
 
 
 def test_trainer_run_on_tiny_toy(tiny_toy, tmp_path):
-    from noisymlt.labels import read_labels
+    from noisymlt.data.labels import read_labels
     resolved = resolve_run(mlgcn_params(epochs=2, lr_steps=[2], image_size=16), "toy", "mlgcn", 0.5, 0)
     trainer = toy_trainer(tiny_toy, resolved, tmp_path / "run")
     model = trainer.model

@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from conftest import tiny_params, toy_trainer
-from noisymlt.config import resolve_run
+from noisymlt.pipeline.config import resolve_run
 
 ALL_METHODS = sorted(tiny_params()["methods"])
 
 
 def test_every_grid_method_is_defined():
     params = tiny_params()
-    from noisymlt.config import load_params
+    from noisymlt.pipeline.config import load_params
     from pathlib import Path
 
     paper = load_params(Path(__file__).resolve().parents[1] / "params.yaml")

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 from scipy.stats import chisquare
 
-from noisymlt import noise
+from noisymlt.data import noise
 from noisymlt.errors import NoisyMLTError
-from noisymlt.labels import LabelTable, read_labels, write_labels
-from noisymlt.noise import inject_noise, noise_stats, transition_matrix
+from noisymlt.data.labels import LabelTable, read_labels, write_labels
+from noisymlt.data.noise import inject_noise, noise_stats, transition_matrix
 
 
 def synthetic_labels(n: int = 4000, C: int = 8, seed: int = 123) -> np.ndarray:

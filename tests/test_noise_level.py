@@ -1,4 +1,4 @@
-"""Noise level of the training targets (noisymlt.noise_monitor), its figure, and the pseudo-label figure."""
+"""Noise level of the training targets (noisymlt.training.noise_monitor), its figure, and the pseudo-label figure."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import torch
 
 from conftest import interrupt_training, tiny_params, toy_trainer
 from noisymlt.cli import main
-from noisymlt.config import resolve_run
-from noisymlt.dataset import EpochPlan
+from noisymlt.pipeline.config import resolve_run
+from noisymlt.training.loaders import EpochPlan
 from noisymlt.errors import NoisyMLTError
-from noisymlt.labels import read_labels, write_labels
+from noisymlt.data.labels import read_labels, write_labels
 from noisymlt.methods.base import PublishedTargets
-from noisymlt.noise_monitor import NoiseMonitor, align_clean_labels
-from noisymlt.stitchup import stitched_noise_level
+from noisymlt.training.noise_monitor import NoiseMonitor, align_clean_labels
+from noisymlt.methods.stitchup import stitched_noise_level
 
 EPOCHS, ITERS = 2, 3
 
@@ -281,7 +281,7 @@ def check_pseudo_label_figure(scored: dict, clean: np.ndarray, root) -> None:
     from matplotlib.colors import to_hex
 
     from figure_checks import check_layout, strings
-    from noisymlt.dataset import load_image
+    from noisymlt.training.loaders import load_image
     from noisymlt.report.pseudo_labels import pick_examples, pseudo_label_figure
     from noisymlt.report.style import BLUE, VERMILLION
 
@@ -336,7 +336,7 @@ def test_pseudo_label_figure_of_a_short_run(runs, tiny_toy, tmp_path):
                                                                                       "balanced": "random"}
     assert scored["scores"].shape == (n, 20) and scored["probs"]["random"].shape == (n, 20)
     # Eq. 3 with the method's thresholds on the source's outputs
-    from noisymlt.colearning import pseudo_labels
+    from noisymlt.methods.pseudo_labels import pseudo_labels
 
     alpha, beta = scored["trainer"].method.thresholds["balanced"]
     expected = pseudo_labels(scored["noisy"].astype(np.float32), scored["probs"]["balanced"], alpha, beta)

@@ -1,4 +1,4 @@
-"""noisymlt.preload: commands run in children of a preloaded server behave as fresh processes do."""
+"""noisymlt.pipeline.preload: commands run in children of a preloaded server behave as fresh processes do."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import psutil
 import pytest
 from conftest import tiny_params
 
-from noisymlt import preload
+from noisymlt.pipeline import preload
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,7 +80,7 @@ def code_deps_on_fifo(tmp_path) -> tuple[list[str], Path]:
 
 def feed(fifo: Path, timeout: float = 30.0) -> None:
     """Write the params into the fifo; fails, rather than waits for ever, when no job is there to read them."""
-    from noisymlt.config import load_params
+    from noisymlt.pipeline.config import load_params
 
     deadline = time.monotonic() + timeout
     while True:
@@ -111,7 +111,7 @@ def test_streams_and_exit_status_are_the_commands(server, tmp_path):
 
 
 def test_a_training_run_through_the_server_equals_a_plain_run(server, tiny_toy, tmp_path):
-    from noisymlt.config import resolve_run
+    from noisymlt.pipeline.config import resolve_run
 
     path, _ = server
     cfg = tmp_path / "run.json"
@@ -152,7 +152,7 @@ def test_an_edited_source_lets_running_jobs_finish_and_refuses_new_ones(tmp_path
     sock, edited, starter = tmp_path / "s", tmp_path / "edited", tmp_path / "starter.py"
     starter.write_text(
         "import argparse, pathlib, sys\n"
-        "from noisymlt import preload\n"
+        "from noisymlt.pipeline import preload\n"
         "real = preload.source_fingerprint\n"
         "preload.source_fingerprint = lambda: {**real(), 'edit': [pathlib.Path(sys.argv[2]).exists(), 0]}\n"
         "raise SystemExit(preload._cmd_preload(argparse.Namespace(socket=sys.argv[1], idle_timeout=300.0,\n"
@@ -176,7 +176,7 @@ def test_an_edited_source_lets_running_jobs_finish_and_refuses_new_ones(tmp_path
         feed(fifo)
         out, err = running.communicate(timeout=60)
         assert running.returncode == 0, err
-        assert "noisymlt.train\n" in out  # the job finished with its result
+        assert "noisymlt.training.trainer\n" in out  # the job finished with its result
         assert proc.wait(timeout=30) == 0 and not sock.exists()  # then the stale server exits by itself
         assert "source changed: refusing new commands, finishing 1 running" in log.read_text()
     finally:
@@ -220,7 +220,7 @@ def test_a_job_that_finished_is_not_reported_failed_when_the_server_dies(own_ser
     proc.kill()  # and the server dies before it reaped the child
     out, err = client.communicate(timeout=30)
     assert client.returncode == 0, err  # the child reported its own status
-    assert "noisymlt.train\n" in out
+    assert "noisymlt.training.trainer\n" in out
 
 
 def test_ctrl_c_gives_a_message_not_a_traceback(server, tmp_path):
@@ -288,7 +288,7 @@ def test_the_server_exits_with_the_workflow_that_started_it(tmp_path):
 def test_manifests_record_the_same_environment_in_a_preloaded_process():
     """A step's manifest lists the installed library versions, not what its process happened to import:
     a light step run in the server (torch already imported) records what a fresh process records."""
-    code = "import json; from noisymlt.provenance import environment; print(json.dumps(environment()))"
+    code = "import json; from noisymlt.pipeline.manifest import environment; print(json.dumps(environment()))"
     fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = subprocess.run([sys.executable, "-c", "import torch, torchvision, sklearn; " + code],
                             capture_output=True, text=True, check=True).stdout

@@ -14,7 +14,7 @@ from noisymlt.data.toy import GLYPHS
 from noisymlt.errors import NoisyMLTError
 from noisymlt.models.backbones import build_backbone
 from noisymlt.models.branch import Branch
-from noisymlt.pretrain import make_source_set, pretrain, source_glyphs
+from noisymlt.training.pretrain import make_source_set, pretrain, source_glyphs
 
 SMALL = {"epochs": 3, "batch_size": 32, "lr": 0.1, "cpu_threads": 1,
          "source": {"seed": 0, "classes": 6, "images_per_class": 40, "held_out_per_class": 10, "size": 64}}

@@ -34,7 +34,7 @@ def test_readme_block_is_the_rendering_of_the_committed_numbers(tmp_path, capsys
 def test_demo_numbers_are_the_mean_and_t_interval_over_seeds(tmp_path):
     from test_report import fake_run
 
-    from noisymlt.aggregate import aggregate
+    from noisymlt.report.aggregate import aggregate
 
     files = []
     for seed, v in enumerate((0.50, 0.52, 0.54)):
@@ -60,7 +60,7 @@ def test_the_readme_shows_every_number_as_the_table_does(tmp_path):
 
     from test_report import fake_run
 
-    from noisymlt.aggregate import aggregate
+    from noisymlt.report.aggregate import aggregate
     from noisymlt.report.tables import write_table
 
     files = []

@@ -30,11 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from noisymlt.config import load_params, resolve_run
+from noisymlt.pipeline.config import load_params, resolve_run
 from noisymlt.methods import FAMILIES, TrainContext
-from noisymlt.methods import colearning_family as family
-from noisymlt.stitchup import union_targets
-from noisymlt.train import lr_at
+from noisymlt.methods import colearning as family
+from noisymlt.methods.stitchup import union_targets
+from noisymlt.training.schedule import lr_at
 
 PROJECT = Path(__file__).resolve().parents[1]
 C = 6
@@ -570,7 +570,7 @@ def test_trainer_steps_are_mmcv_optimizer_hook_with_warmup(tiny_toy, tmp_path):
     """The Trainer's SGD steps (clip at 35, momentum, weight decay, warm-up lr by global iteration, on top
     of the epoch's step lr) replayed with mmcv's hooks on a copy of the initial weights. The loss itself is
     the project's (its equivalence with [CL] is tested above), on the same batches and dropout masks."""
-    from noisymlt.train import Trainer
+    from noisymlt.training.trainer import Trainer
 
     params = load_params(PROJECT / "params.yaml", PROJECT / "workflow" / "profiles" / "demo" / "params.yaml")
     cfg = resolve_run(params, "toy", "ours", 0.5, 0)

@@ -10,14 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from noisymlt.aggregate import aggregate
+from noisymlt.report.aggregate import aggregate
 from noisymlt.cli import main
 from noisymlt.report.tables import mean_ci, write_table
 
 
 def fake_run(root, method, gamma, seed, maps, heads=("main",)):
     """A run folder as train + evaluate leave it: files and the manifests that record their hashes."""
-    from noisymlt.provenance import file_sha256
+    from noisymlt.pipeline.manifest import file_sha256
 
     run = root / "runs" / "toy" / f"g{gamma:g}" / f"s{seed}" / method
     run.mkdir(parents=True)
@@ -117,7 +117,7 @@ def test_trace_flags_every_kind_of_mismatch(tmp_path, capsys):
 
 
 def test_trace_names_a_missing_run_and_notices_predictions_of_another_checkpoint(tmp_path, capsys):
-    from noisymlt.provenance import file_sha256
+    from noisymlt.pipeline.manifest import file_sha256
 
     files = [fake_run(tmp_path, "db", 0.5, seed, [0.7 + seed / 100]) for seed in (0, 1)]
     out = tmp_path / "table.tex"
@@ -147,15 +147,15 @@ def test_trace_names_a_missing_run_and_notices_predictions_of_another_checkpoint
 def test_trace_fails_a_result_not_made_by_the_code_its_manifest_names(tmp_path, capsys):
     """Predictions from a checkpoint trained by other code, and a manifest whose code the source no longer gives
     (edited since, or edited and reverted while the job ran)."""
-    from noisymlt import codedeps
-    from noisymlt.provenance import file_sha256
+    from noisymlt.pipeline import codedeps
+    from noisymlt.pipeline.manifest import file_sha256
 
     files = [fake_run(tmp_path, "db", 0.5, seed, [0.7]) for seed in (0, 1)]
     out = tmp_path / "table.tex"
     write_table(aggregate(files), out, {"db": "DB"})
     cells = str(out.with_suffix(".cells.json"))
     runs = [f.parent for f in files]
-    entries = ["noisymlt.train", "noisymlt.methods.single", "noisymlt.losses.db"]
+    entries = ["noisymlt.training.trainer", "noisymlt.methods.single", "noisymlt.losses.db"]
     now = codedeps.fresh_digest(*entries)
     for run in runs:  # both runs made by the code on disk: trace passes
         np.savez(run / "predictions.npz", run=np.array(run.name), code_digest=np.array(now))

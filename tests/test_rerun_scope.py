@@ -45,7 +45,7 @@ EDITS = {
 
 
 def _params() -> dict:
-    from noisymlt.config import load_params
+    from noisymlt.pipeline.config import load_params
     from test_dvc import REPO
 
     params = _tiny_params()

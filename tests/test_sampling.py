@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.sampling import (
+from noisymlt.training.sampling import (
     SAMPLERS,
     ClassAwareSampler,
     RandomSampler,

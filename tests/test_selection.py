@@ -1,4 +1,4 @@
-"""Model selection (noisymlt.selection): the held-out split, the noisy-only parts, the choice, how a choice enters
+"""Model selection (noisymlt.pipeline.selection): the held-out split, the noisy-only parts, the choice, how a choice enters
 a final run's config, and that no selection path reads the test set or a clean label."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from noisymlt import selection as S
-from noisymlt.config import load_params, resolve_run, run_id, validate_params
+from noisymlt.pipeline import selection as S
+from noisymlt.pipeline.config import load_params, resolve_run, run_id, validate_params
 from noisymlt.errors import NoisyMLTError
-from noisymlt.labels import CLEAN_PREFIX, LabelTable, read_labels, write_labels
-from noisymlt.noise import make_noisy_table
-from noisymlt.schema import ParamsError
+from noisymlt.data.labels import CLEAN_PREFIX, LabelTable, read_labels, write_labels
+from noisymlt.data.noise import make_noisy_table
+from noisymlt.pipeline.schema import ParamsError
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -210,8 +210,8 @@ def test_a_choice_enters_the_final_config_and_its_run_id():
 def test_the_selected_thresholds_are_the_ones_the_method_applies(tiny_toy):
     """The pseudo-label vectors Ours builds from a chosen alpha / beta: alpha on head classes, beta on tail ones."""
     from conftest import tiny_params
-    from noisymlt.colearning import ALPHA_OFF, BETA_OFF
-    from noisymlt.labels import read_class_split
+    from noisymlt.methods.pseudo_labels import ALPHA_OFF, BETA_OFF
+    from noisymlt.data.labels import read_class_split
     from noisymlt.methods import load_family
     from noisymlt.methods.base import TrainContext
 
@@ -239,7 +239,7 @@ def test_the_selected_thresholds_are_the_ones_the_method_applies(tiny_toy):
     ({"methods": {"erm": [["momentum"]]}}, "selection.methods.erm", ""),
 ])
 def test_bad_selection_settings_name_their_key(layer, key, message):
-    from noisymlt.config import deep_merge
+    from noisymlt.pipeline.config import deep_merge
 
     params = deep_merge(load_params(REPO / "params.yaml"), {"selection": layer})
     with pytest.raises(ParamsError) as err:
@@ -248,7 +248,7 @@ def test_bad_selection_settings_name_their_key(layer, key, message):
 
 
 def test_a_variant_of_a_method_that_selects_nothing_keeps_its_fixed_values():
-    from noisymlt.config import deep_merge
+    from noisymlt.pipeline.config import deep_merge
 
     params = deep_merge(load_params(REPO / "params.yaml"), {"selection": {"methods": {"ours": None}}})
     validate_params(params)

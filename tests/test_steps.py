@@ -1,4 +1,4 @@
-"""noisymlt.steps: the arguments each step gets from params files, and the `noisymlt step` wrappers."""
+"""noisymlt.pipeline.paths: the arguments each step gets from params files, and the `noisymlt step` wrappers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from noisymlt.cli import main
 from noisymlt.errors import NoisyMLTError
-from noisymlt.steps import (grid_runs, image_root, longtail_argv, parse_argv, raw_argv, raw_marker, run_dir,
+from noisymlt.pipeline.paths import (grid_runs, image_root, longtail_argv, parse_argv, raw_argv, raw_marker, run_dir,
                             train_images_argv)
 
 PARAMS = {
@@ -76,7 +76,7 @@ def test_grid_runs_follow_snakemakes_order_and_paths():
 def _demo_params_file(tmp_path) -> str:
     import yaml
 
-    from noisymlt.config import load_params
+    from noisymlt.pipeline.config import load_params
 
     repo = Path(__file__).resolve().parents[1]
     params = load_params(repo / "params.yaml", repo / "workflow" / "profiles" / "demo" / "params.yaml")

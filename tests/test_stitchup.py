@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.stitchup import (
+from noisymlt.methods.stitchup import (
     PartnerIndex,
     apply_mask,
     mixup,

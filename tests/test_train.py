@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from conftest import interrupt_training, tiny_params, toy_trainer
-from noisymlt.config import resolve_run
+from noisymlt.pipeline.config import resolve_run
 from noisymlt.errors import NoisyMLTError
-from noisymlt.labels import read_labels
-from noisymlt.train import Trainer, content_sha256, lr_at
+from noisymlt.data.labels import read_labels
+from noisymlt.training.checkpoint import content_sha256
+from noisymlt.training.schedule import lr_at
+from noisymlt.training.trainer import Trainer
 
 
 def make_trainer(tiny_toy, out, method="erm", **overrides):
@@ -82,7 +84,7 @@ def test_checkpoint_of_another_config_is_refused_and_kept(tiny_toy, tmp_path):
 def test_corrupt_image_names_the_file(tiny_toy, tmp_path):
     import shutil
 
-    from noisymlt.labels import read_labels
+    from noisymlt.data.labels import read_labels
 
     root = tmp_path / "images"
     shutil.copytree(tiny_toy["root"], root)
@@ -210,7 +212,7 @@ def test_restart_keeps_the_old_run_and_starts_a_marked_log(tiny_toy, tmp_path):
 def test_checkpoint_trained_on_other_inputs_is_not_resumed(tiny_toy, tmp_path):
     import shutil
 
-    from noisymlt.noise import make_noisy_table
+    from noisymlt.data.noise import make_noisy_table
 
     make_trainer(tiny_toy, tmp_path / "run", epochs=1).fit()
     other = tmp_path / "other_noisy.parquet"
@@ -275,9 +277,9 @@ def test_db_schedule_gives_db_iterations_on_voc_mlt(reference_dir):
     """[DB]'s class-aware epoch on the published VOC-MLT subset: int(775 * 20 / 4) images, 121 batches of 32."""
     import pandas as pd
 
-    from noisymlt.dataset import StreamSpec
-    from noisymlt.sampling import build_sampler
-    from noisymlt.train import epoch_iterations
+    from noisymlt.training.loaders import StreamSpec
+    from noisymlt.training.sampling import build_sampler
+    from noisymlt.training.schedule import epoch_iterations
 
     labels = pd.read_csv(reference_dir / "voc_mlt_train_labels.csv", dtype={"image_id": str}).drop(
         columns="image_id").to_numpy()
@@ -305,7 +307,7 @@ def test_inference_time_table_times_the_finished_run(tiny_toy, tmp_path):
     and writes the paper's layout with the device named."""
     import torch
 
-    from noisymlt.inference_time import load_trained, time_predictions, write_table
+    from noisymlt.evaluation.inference_time import load_trained, time_predictions, write_table
 
     trainer = toy_trainer(tiny_toy, resolve_run(tiny_params("erm"), "toy", "erm", 0.5, 0), tmp_path / "run")
     trainer.run()
@@ -335,7 +337,7 @@ def test_new_layers_train_at_their_factor_and_a_methods_own_factor_comes_first()
     its reference (ML-GCN's GCN) takes precedence; at 1 every parameter is in one group."""
     from torch import nn
 
-    from noisymlt.train import lr_groups
+    from noisymlt.training.schedule import lr_groups
 
     class Net(nn.Module):
         def __init__(self):
@@ -361,7 +363,7 @@ def test_new_layers_train_at_their_factor_and_a_methods_own_factor_comes_first()
 
 
 def test_new_layers_lr_mult_is_validated():
-    from noisymlt.config import load_params, validate_params
+    from noisymlt.pipeline.config import load_params, validate_params
     from noisymlt.errors import NoisyMLTError
 
     params = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
@@ -462,7 +464,7 @@ def test_a_kept_run_of_this_code_comes_back_and_one_of_other_code_does_not(tiny_
     # the first configuration again, under other code: its kept run does not come back, it retrains
     again = make_trainer(tiny_toy, run, epochs=1)
     again.keep_stale = True
-    import noisymlt.codedeps as codedeps
+    import noisymlt.pipeline.codedeps as codedeps
 
     monkeypatch.setattr(again, "code_digest", "fedcba9876543210")  # as if the source had been edited
     monkeypatch.setattr(codedeps, "fresh_digest", lambda *entries: "fedcba9876543210")
@@ -482,7 +484,7 @@ def test_a_job_whose_code_changed_since_it_was_planned_stops_before_training(tin
 def test_a_result_is_not_recorded_under_code_that_changed_while_it_ran(tiny_toy, tmp_path, monkeypatch):
     """The package source moves on during the job: nothing is recorded under either code; the checkpoint
     names the code that trained it, so the rerun retrains under the code on disk."""
-    import noisymlt.codedeps as codedeps
+    import noisymlt.pipeline.codedeps as codedeps
 
     trainer = make_trainer(tiny_toy, tmp_path / "run", epochs=1)
     monkeypatch.setattr(codedeps, "fresh_digest", lambda *entries: "5555555555555555")  # the disk, at the end
@@ -513,7 +515,7 @@ def test_a_cut_off_last_log_line_is_dropped_on_resume(tiny_toy, tmp_path, monkey
 
 
 def test_a_damaged_log_line_before_the_last_is_reported_not_dropped(tmp_path):
-    from noisymlt.jsonlog import read_records
+    from noisymlt.pipeline.jsonlog import read_records
 
     path = tmp_path / "train_log.jsonl"
     path.write_text('{"epoch": 1}\n{"epoch": 2, "lr"\n{"epoch": 3}\n')

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from conftest import interrupt_training, tiny_params, toy_trainer
-from noisymlt.config import resolve_run, validate_params
+from noisymlt.pipeline.config import resolve_run, validate_params
 from noisymlt.errors import NoisyMLTError
-from noisymlt.tensoraug import augment
-from noisymlt.trunkcache import TrunkCache, check_fixed, frozen_parts, frozen_parts_skipped
+from noisymlt.training.augment import augment
+from noisymlt.training.trunkcache import TrunkCache, check_fixed, frozen_parts, frozen_parts_skipped
 
 # The demo's backbone path: resnet_tiny from a weights file (random here), layer4 and the new layers train,
 # BatchNorm frozen; fp32, so that the two paths agree to rounding.
@@ -63,15 +63,15 @@ STATUS = re.compile(r"(\d+) views \(memo ([0-9a-f]{20})\)")
 
 def memo_file(trainer):
     """The memo file the trainer's trunk cache was loaded from or saved to (its status names the key)."""
-    return trainer.caches["train"].parent / "trunk" / f"{STATUS.fullmatch(trainer.trunk_status).group(2)}.pt"
+    return trainer.caches["train"].parent / "trunk" / f"{STATUS.fullmatch(trainer.images.trunk_status).group(2)}.pt"
 
 
 def first_batches(trainer):
     """The first iteration's batches of every stream, on the device, as the training loop builds them."""
-    from noisymlt.dataset import EpochPlan
+    from noisymlt.training.loaders import EpochPlan
 
-    trainer.trunk = trainer.trunk_cache()
-    dataset = trainer.train_dataset()
+    trainer.open_trunk()
+    dataset = trainer.images.train_dataset()
     raw = {}
     for stream in trainer.streams:
         slots = EpochPlan(stream, trainer.cfg["seed"], trainer.iters).batches(0)[0]
@@ -83,8 +83,8 @@ def image_batch(trainer, raw):
     """The same batch with the views' images instead of their trunk outputs."""
     tcfg = trainer.cfg["train"]
     index, view = raw["index"], raw["view"]
-    rows = torch.from_numpy(trainer.trunk.rows.array[index.flatten().numpy()]).permute(0, 3, 1, 2)
-    params = torch.from_numpy(np.stack([trainer.trunk.image_views(i)[v]
+    rows = torch.from_numpy(trainer.images.trunk.rows.array[index.flatten().numpy()]).permute(0, 3, 1, 2)
+    params = torch.from_numpy(np.stack([trainer.images.trunk.image_views(i)[v]
                                         for i, v in zip(index.flatten().tolist(), view.flatten().tolist())]))
     images = augment(rows, params, tcfg["image_size"], tcfg["photometric"])
     return {"images": images.view(*index.shape, *images.shape[1:]), "index": index, "stitched": raw["stitched"]}
@@ -94,19 +94,19 @@ def image_batch(trainer, raw):
 def test_a_step_on_cached_trunk_outputs_equals_the_step_on_the_views(tiny_toy, tmp_path, method):
     trainer = trunk_trainer(tiny_toy, tmp_path / "run", method)
     raw = first_batches(trainer)
-    assert trainer.trunk is not None and STATUS.fullmatch(trainer.trunk_status).group(1) == "3"
+    assert trainer.images.trunk is not None and STATUS.fullmatch(trainer.images.trunk_status).group(1) == "3"
 
     def step(batches, cached):
         trainer.model.zero_grad(set_to_none=True)
-        with trainer.frozen_inputs() if cached else contextlib.nullcontext():
+        with trainer.images.frozen_inputs(trainer.model) if cached else contextlib.nullcontext():
             loss, _ = trainer.method.training_loss(trainer.model, batches, 0, 0)
         loss.backward()
         return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
 
     torch.manual_seed(0)
-    fresh_loss, fresh_grads = step({n: trainer.to_device(image_batch(trainer, b)) for n, b in raw.items()}, False)
+    fresh_loss, fresh_grads = step({n: trainer.images.to_device(image_batch(trainer, b)) for n, b in raw.items()}, False)
     torch.manual_seed(0)
-    cached_loss, cached_grads = step({n: trainer.to_device(b) for n, b in raw.items()}, True)
+    cached_loss, cached_grads = step({n: trainer.images.to_device(b) for n, b in raw.items()}, True)
     assert torch.allclose(cached_loss, fresh_loss, rtol=1e-5, atol=1e-6)
     assert cached_grads.keys() == fresh_grads.keys() and cached_grads
     for name in fresh_grads:
@@ -118,7 +118,7 @@ def test_a_step_on_cached_trunk_outputs_equals_the_step_on_the_views(tiny_toy, t
 def test_views_are_fixed_per_image_and_the_cache_is_rebuilt_identically(tiny_toy, tmp_path):
     a = trunk_trainer(tiny_toy, tmp_path / "a", views=2)
     b = trunk_trainer(tiny_toy, tmp_path / "b", views=2)
-    cache_a, cache_b = a.trunk_cache(), b.trunk_cache()
+    cache_a, cache_b = a.open_trunk(), b.open_trunk()
     assert torch.equal(cache_a.store, cache_b.store)  # what a resumed run rebuilds
     n = len(cache_a.rows)
     assert cache_a.store.shape[:2] == (n, 2)
@@ -140,9 +140,9 @@ def test_a_run_on_the_trunk_cache_trains_and_resumes_bit_identically(tiny_toy, t
     interrupt_training(monkeypatch, broken, broken.iters + 2)
     resumed = trunk_trainer(toy, tmp_path / "resumed", views=2)
     resumed.run()
-    assert (broken.trunk_memo, resumed.trunk_memo) == ("computed", "loaded")
+    assert (broken.images.trunk_memo, resumed.images.trunk_memo) == ("computed", "loaded")
     manifest = json.loads((tmp_path / "resumed" / "manifest.json").read_text())
-    assert manifest["trunk_cache"] == full.trunk_status and STATUS.fullmatch(manifest["trunk_cache"])
+    assert manifest["trunk_cache"] == full.images.trunk_status and STATUS.fullmatch(manifest["trunk_cache"])
     np.testing.assert_array_equal(np.load(tmp_path / "resumed" / "predictions.npz")["scores_main"], reference)
     fresh = trunk_trainer(tiny_toy, tmp_path / "fresh", views=0)
     fresh.run()
@@ -160,7 +160,7 @@ def test_a_second_run_loads_the_memo_and_trains_bit_identically(tiny_toy, tmp_pa
         trainer = trunk_trainer(toy, tmp_path / name, views=2)
         trainer.run()
         timing = json.loads((tmp_path / name / "manifest.timing.json").read_text())
-        assert timing["trunk_cache"] == trainer.trunk_memo == ("loaded" if name == "loaded" else "computed")
+        assert timing["trunk_cache"] == trainer.images.trunk_memo == ("loaded" if name == "loaded" else "computed")
         manifest = json.loads((tmp_path / name / "manifest.json").read_text())
         runs[name] = manifest, np.load(tmp_path / name / "predictions.npz")["scores_main"]
         assert memo_file(trainer).is_file()
@@ -186,8 +186,8 @@ def test_the_memo_key_covers_what_the_views_depend_on(tiny_toy, tmp_path):
         trainer = trunk_trainer(toy, tmp_path / "run", **{"views": 2, **options})
         if code:  # as if the trainer's closure (trunk cache, augmentation, backbones) had been edited
             trainer.trunk_code = code
-        trainer.trunk_cache()
-        return STATUS.fullmatch(trainer.trunk_status).group(2), trainer.trunk_memo
+        trainer.open_trunk()
+        return STATUS.fullmatch(trainer.images.trunk_status).group(2), trainer.images.trunk_memo
 
     base, how = key()
     assert how == "computed" and key(lr=0.123) == (base, "loaded")
@@ -219,21 +219,21 @@ def test_a_damaged_memo_is_reported_computed_again_and_replaced(tiny_toy, tmp_pa
         data[len(data) // 2] ^= 1
     else:  # the memo of another configuration under this name
         other = trunk_trainer(toy, tmp_path / "other", views=3)
-        other.trunk_cache()
+        other.open_trunk()
         data = bytearray(memo_file(other).read_bytes())
     path.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="noisymlt.trunkcache"):
+    with caplog.at_level(logging.WARNING, logger="noisymlt.training.trunkcache"):
         again = trunk_trainer(toy, tmp_path / "again", views=2)
         again.run()
-    assert again.trunk_memo == "computed" and f"{path}: unusable trunk-cache memo, " in caplog.text
+    assert again.images.trunk_memo == "computed" and f"{path}: unusable trunk-cache memo, " in caplog.text
     assert why in caplog.text
-    assert again.trunk_status == clean.trunk_status
+    assert again.images.trunk_status == clean.images.trunk_status
     np.testing.assert_array_equal(np.load(tmp_path / "again" / "predictions.npz")["scores_main"],
                                   np.load(tmp_path / "clean" / "predictions.npz")["scores_main"])
     caplog.clear()
     replaced = trunk_trainer(toy, tmp_path / "replaced", views=2)
-    assert torch.equal(replaced.trunk_cache().store, again.trunk.store)
-    assert replaced.trunk_memo == "loaded" and "unusable" not in caplog.text
+    assert torch.equal(replaced.open_trunk().store, again.images.trunk.store)
+    assert replaced.images.trunk_memo == "loaded" and "unusable" not in caplog.text
 
 
 @pytest.mark.parametrize("method, options, why", [
@@ -248,8 +248,8 @@ def test_runs_that_cannot_use_it_draw_fresh_views_and_say_why(tiny_toy, tmp_path
     params = tiny_params(method, **frozen(tiny_toy, trunk_cache_views=2, **train))
     params["methods"][method] = {**params["methods"][method], **options}
     trainer = toy_trainer(tiny_toy, resolve_run(params, "toy", method, 0.5, 0), tmp_path / "run")
-    assert trainer.trunk_cache() is None
-    assert trainer.trunk_status.startswith("not used") and why in trainer.trunk_status
+    assert trainer.open_trunk() is None
+    assert trainer.images.trunk_status.startswith("not used") and why in trainer.images.trunk_status
 
 
 def test_the_frozen_parts_must_be_one_fixed_function(tiny_toy, tmp_path):
@@ -266,11 +266,11 @@ def test_the_frozen_parts_must_be_one_fixed_function(tiny_toy, tmp_path):
 
 
 def test_a_cache_too_large_is_refused_with_the_key(tiny_toy, tmp_path, monkeypatch):
-    import noisymlt.trunkcache as tc
+    import noisymlt.training.trunkcache as tc
 
     monkeypatch.setattr(tc, "MAX_BYTES", 1000)
     with pytest.raises(NoisyMLTError, match="train.trunk_cache_views: 3 views of .* would hold"):
-        trunk_trainer(tiny_toy, tmp_path / "run").trunk_cache()
+        trunk_trainer(tiny_toy, tmp_path / "run").open_trunk()
     with pytest.raises(NoisyMLTError, match="at least 1"):
         TrunkCache(None, 0, 0, True, None, None, "cpu")
 
@@ -286,7 +286,7 @@ def test_the_demo_profiles_views_were_measured_against_fresh_views():
     its V is among the measured ones, beside fresh views (V 0) on the same seeds, and it makes Ours' run cheaper."""
     from pathlib import Path
 
-    from noisymlt.config import load_params, resolve_run
+    from noisymlt.pipeline.config import load_params, resolve_run
 
     repo = Path(__file__).resolve().parents[1]
     record = json.loads((repo / "docs" / "demo_trunk_cache.json").read_text())

@@ -5,13 +5,13 @@ import sys
 
 
 def entry() -> int:
-    """A preload server (noisymlt.preload) runs the command when the environment names one; else, or when
+    """A preload server (noisymlt.pipeline.preload) runs the command when the environment names one; else, or when
     it cannot, this process does. (The server's children call ``cli.main`` itself, so a command never goes
     round to the server twice.)"""
     try:
-        # noisymlt.preload.ENV, spelled out: importing that module costs ~40 ms a command when there is no server
+        # noisymlt.pipeline.preload.ENV, spelled out: importing that module costs ~40 ms a command when there is no server
         if os.environ.get("NOISYMLT_PRELOAD") and sys.argv[1:2] != ["preload"]:
-            from noisymlt.preload import run_via_server
+            from noisymlt.pipeline.preload import run_via_server
 
             code = run_via_server(sys.argv[1:])
             if code is not None:

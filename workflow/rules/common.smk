@@ -1,5 +1,5 @@
 # Helpers shared by every phase file: the grid, file layout per dataset kind, resolved run configs.
-# The file layout per dataset kind lives in noisymlt.steps, which dvc.yaml's commands use too.
+# The file layout per dataset kind lives in noisymlt.pipeline.paths, which dvc.yaml's commands use too.
 import functools
 import json
 import os
@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from noisymlt import codedeps, step_code, steps
-from noisymlt import selection as S
-from noisymlt.config import check_layered, resolve_run
+from noisymlt.pipeline import codedeps, paths, step_code
+from noisymlt.pipeline import selection as S
+from noisymlt.pipeline.config import check_layered, resolve_run
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.options import stitchup_option
 from noisymlt.report.style import dataset_title
@@ -47,7 +47,7 @@ NOISYMLT = _cli()
 
 def code(command):
     """Digest of the package modules `noisymlt COMMAND` runs (its static import closure): a rule's code
-    param, so a job reruns when, and only when, code it runs changes (noisymlt.codedeps)."""
+    param, so a job reruns when, and only when, code it runs changes (noisymlt.pipeline.codedeps)."""
     return step_code.step_digest(command)
 
 
@@ -58,7 +58,7 @@ GRID = config["grid"]
 
 
 def gtag(gamma):
-    return steps.gtag(gamma)
+    return paths.gtag(gamma)
 
 
 def kind(dataset):
@@ -71,26 +71,26 @@ def dataset_of_kind(k):
 
 
 def raw_dir(dataset):
-    return steps.raw_dir(config, dataset)
+    return paths.raw_dir(config, dataset)
 
 
 def raw_marker(dataset):
-    return steps.raw_marker(config, dataset)
+    return paths.raw_marker(config, dataset)
 
 
 def image_root(dataset, part):
-    return steps.image_root(config, dataset, part)
+    return paths.image_root(config, dataset, part)
 
 
 def argv(args):
-    """A step's argument list (from noisymlt.steps, shared with dvc.yaml) as shell words."""
+    """A step's argument list (from noisymlt.pipeline.paths, shared with dvc.yaml) as shell words."""
     return shlex.join(args)
 
 
 def train_images_ready(dataset):
     """COCO train images are fetched one by one for the subset only, after the long-tail step."""
     if kind(dataset) == "coco":
-        return f"{steps.train_images_dir(dataset)}/train2017/manifest.json"
+        return f"{paths.train_images_dir(dataset)}/train2017/manifest.json"
     return raw_marker(dataset)
 
 
@@ -125,12 +125,12 @@ def train_threads(w):
 
 def run_caches(w):
     """The decoded-image caches a run reads (train.loader: cache), as inputs; none for the PIL loader."""
-    args = steps.cache_args(w.dataset, resolved(w)["train"].get("loader", "pil"))
+    args = paths.cache_args(w.dataset, resolved(w)["train"].get("loader", "pil"))
     return args[1::2]
 
 
 def cache_args(w):
-    return argv(steps.cache_args(w.dataset, resolved(w)["train"].get("loader", "pil")))
+    return argv(paths.cache_args(w.dataset, resolved(w)["train"].get("loader", "pil")))
 
 
 def backbone_weights(w):
@@ -140,7 +140,7 @@ def backbone_weights(w):
 
 
 def pretrain_args(w, output):
-    return argv(steps.pretrain_argv(config, w.name, output.weights))
+    return argv(paths.pretrain_argv(config, w.name, output.weights))
 
 
 def selected_ablations():
@@ -148,8 +148,8 @@ def selected_ablations():
 
 
 def all_runs(pattern):
-    """Main grid and selected ablations (noisymlt.steps.all_runs); a run shared by both is trained once."""
-    runs = (pattern.format(dataset=d, gamma=gtag(g), seed=s, method=m) for d, g, s, m in steps.all_runs(config))
+    """Main grid and selected ablations (noisymlt.pipeline.paths.all_runs); a run shared by both is trained once."""
+    runs = (pattern.format(dataset=d, gamma=gtag(g), seed=s, method=m) for d, g, s, m in paths.all_runs(config))
     return list(dict.fromkeys(runs))
 
 
@@ -249,7 +249,7 @@ def finished_work():
     return list(dict.fromkeys(files))
 
 
-# Model selection (workflow/rules/select.smk, noisymlt.selection): what its rules and the final runs read.
+# Model selection (workflow/rules/select.smk, noisymlt.pipeline.selection): what its rules and the final runs read.
 
 
 def previous_choice(w):
@@ -327,9 +327,9 @@ def readme_selection():
 
 
 # workflow.preload (the demo): on a local run, one server process imports torch once and every noisymlt
-# job runs in a child forked from it (noisymlt.preload), which saves ~3.5 s of start-up per job.
+# job runs in a child forked from it (noisymlt.pipeline.preload), which saves ~3.5 s of start-up per job.
 if config.get("workflow", {}).get("preload") and workflow.local_exec:
-    from noisymlt import preload as _preload
+    from noisymlt.pipeline import preload as _preload
 
     _PRELOAD = []
 

@@ -1,5 +1,5 @@
 # Raw data -> label tables -> long-tailed training subset and class split.
-# Each command's arguments come from noisymlt.steps (the layout per dataset kind), which dvc.yaml uses too.
+# Each command's arguments come from noisymlt.pipeline.paths (the layout per dataset kind), which dvc.yaml uses too.
 
 
 rule make_toy:
@@ -7,7 +7,7 @@ rule make_toy:
         "data/raw/toy/VOCdevkit/TOY/toy_manifest.json",
     params:
         cli=NOISYMLT,
-        args=lambda w: argv(steps.raw_argv(config, dataset_of_kind("toy"))),
+        args=lambda w: argv(paths.raw_argv(config, dataset_of_kind("toy"))),
         code=code("make-toy"),
     conda:
         "../envs/noisymlt.yaml"
@@ -26,7 +26,7 @@ rule download:
         kind="voc|coco",
     params:
         cli=NOISYMLT,
-        args=lambda w: argv(steps.raw_argv(config, dataset_of_kind(w.kind))),
+        args=lambda w: argv(paths.raw_argv(config, dataset_of_kind(w.kind))),
     conda:
         "../envs/noisymlt.yaml"
     log:
@@ -46,7 +46,7 @@ rule parse_labels:
         part="train_source|test",
     params:
         cli=NOISYMLT,
-        args=lambda w, output: argv(steps.parse_argv(config, w.dataset, w.part, output[0])),
+        args=lambda w, output: argv(paths.parse_argv(config, w.dataset, w.part, output[0])),
         code=code("parse"),
     conda:
         "../envs/noisymlt.yaml"
@@ -67,7 +67,7 @@ rule longtail:
     params:
         cli=NOISYMLT,
         args=lambda w, input, output: argv(
-            steps.longtail_argv(config, w.dataset, input[0], output.labels, output.split)
+            paths.longtail_argv(config, w.dataset, input[0], output.labels, output.split)
         ),
         code=code("longtail"),
     conda:
@@ -89,7 +89,7 @@ rule fetch_coco_train_images:
     params:
         cli=NOISYMLT,
         args=lambda w, input: argv(
-            steps.train_images_argv(config, w.dataset, input.labels, steps.train_images_dir(w.dataset))
+            paths.train_images_argv(config, w.dataset, input.labels, paths.train_images_dir(w.dataset))
         ),
     conda:
         "../envs/noisymlt.yaml"
@@ -108,7 +108,7 @@ rule fetch_coco_train_images:
 
 rule cache_train_images:
     input:
-        labels=lambda w: steps.cache_labels(w.dataset, w.part),
+        labels=lambda w: paths.cache_labels(w.dataset, w.part),
         images=lambda w: train_images_ready(w.dataset),
     output:
         array="data/{dataset}/cache/{part}.npy",
@@ -118,7 +118,7 @@ rule cache_train_images:
         part="train",
     params:
         cli=NOISYMLT,
-        args=lambda w, output: argv(steps.cache_argv(config, w.dataset, w.part, output.array)),
+        args=lambda w, output: argv(paths.cache_argv(config, w.dataset, w.part, output.array)),
         code=code("cache-images"),
     conda:
         "../envs/noisymlt.yaml"
@@ -132,7 +132,7 @@ rule cache_train_images:
 
 use rule cache_train_images as cache_test_images with:
     input:
-        labels=lambda w: steps.cache_labels(w.dataset, w.part),
+        labels=lambda w: paths.cache_labels(w.dataset, w.part),
         images=lambda w: raw_marker(w.dataset),
     wildcard_constraints:
         part="test",

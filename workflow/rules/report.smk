@@ -47,7 +47,7 @@ rule table_total:
 
 
 # Whether the regime is the paper's: the runs fit their training labels, reach their learning rate, and
-# Ours' pseudo labels fire (noisymlt.fit_diagnostics); and Ours minus each method, paired by seed.
+# Ours' pseudo labels fire (noisymlt.training.fit_diagnostics); and Ours minus each method, paired by seed.
 
 
 rule table_fit:

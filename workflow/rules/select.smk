@@ -1,4 +1,4 @@
-# Model selection (params `selection`, noisymlt.selection): a held-out share of the training images, candidate
+# Model selection (params `selection`, noisymlt.pipeline.selection): a held-out share of the training images, candidate
 # runs on the rest scored against the held-out *noisy* labels, one choice per dataset, method and stage. Nothing
 # here reads the test set or a clean label: the parts hold noisy labels only and the candidates' "test" set is
 # the validation part.
@@ -20,7 +20,7 @@ rule select_split:
         "data/{dataset}/select/split.json",
     params:
         cli=NOISYMLT,
-        args=lambda w, output: argv(steps.select_split_argv(config, w.dataset, output[0])),
+        args=lambda w, output: argv(paths.select_split_argv(config, w.dataset, output[0])),
         code=code("select"),
     conda:
         "../envs/noisymlt.yaml"
@@ -51,7 +51,7 @@ rule select_parts:
 
 rule cache_select_images:
     input:
-        labels=lambda w: steps.select_cache_argv(config, w.dataset, w.part, "")[2],
+        labels=lambda w: paths.select_cache_argv(config, w.dataset, w.part, "")[2],
         images=lambda w: train_images_ready(w.dataset),
     output:
         array="data/{dataset}/cache/select_{part}.npy",
@@ -61,7 +61,7 @@ rule cache_select_images:
         part="fit|val",
     params:
         cli=NOISYMLT,
-        args=lambda w, output: argv(steps.select_cache_argv(config, w.dataset, w.part, output.array)),
+        args=lambda w, output: argv(paths.select_cache_argv(config, w.dataset, w.part, output.array)),
         code=code("cache-images"),
     conda:
         "../envs/noisymlt.yaml"

@@ -21,8 +21,9 @@ import zipfile
 from functools import lru_cache
 from pathlib import Path
 
-from noisymlt import codedeps
+from noisymlt.pipeline import codedeps
 from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline.files import write_text
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +98,7 @@ def safe_extract(archive: str | Path, target: str | Path) -> list[Path]:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
-    tmp = marker.with_name(marker.name + ".tmp")
-    tmp.write_text(json.dumps({"archive": archive.name, "sha256": digest, "code": code, "members": members}))
-    tmp.replace(marker)
+    write_text(marker, json.dumps({"archive": archive.name, "sha256": digest, "code": code, "members": members}))
     return [target / name for name in members]
 
 

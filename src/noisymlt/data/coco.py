@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.labels import LabelTable
+from noisymlt.data.labels import LabelTable
 
 _REQUIRED = {
     "images": ("id", "file_name"),

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from noisymlt import __version__
 from noisymlt.data.archive import file_digests, safe_extract
 from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline.files import write_json
 
 log = logging.getLogger(__name__)
 
@@ -235,13 +236,6 @@ def _set_aside(path: Path, dest: Path) -> Path:
     return aside
 
 
-def _write_json(path: Path, obj: dict) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
-    return path
-
-
 def download_dataset(
     name: str,
     root: str | Path,
@@ -288,7 +282,7 @@ def download_dataset(
                 "extracted": item.extract,
             }
         )
-    return _write_json(root / "manifest.json", {"dataset": name, "files": files})
+    return write_json(root / "manifest.json", {"dataset": name, "files": files}, sort_keys=True)
 
 
 def read_image_ids(path: str | Path) -> list[int]:
@@ -296,7 +290,7 @@ def read_image_ids(path: str | Path) -> list[int]:
     with one id per line (blank lines and ``#`` comments ignored)."""
     path = Path(path)
     if path.suffix.lower() in (".parquet", ".csv"):
-        from noisymlt.labels import read_labels
+        from noisymlt.data.labels import read_labels
 
         rows = list(enumerate(read_labels(path).image_ids, start=2))  # row 1 is the header
         where = "row"
@@ -433,7 +427,7 @@ def download_coco_images(
          "sha256": file_digests(paths[i])["sha256"]}
         for i in sorted(wanted)
     ]
-    _write_json(out_dir / "manifest.json", {"annotations": annotation_json.name, "images": images})
+    write_json(out_dir / "manifest.json", {"annotations": annotation_json.name, "images": images}, sort_keys=True)
     return [paths[i] for i in wanted]
 
 

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.labels import write_labels
+from noisymlt.data.labels import write_labels
 
 
 def _coco_image_dir(annotation_json: Path) -> str:

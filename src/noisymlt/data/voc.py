@@ -15,7 +15,7 @@ import numpy as np
 
 from noisymlt.data.classes import VOC_CLASSES
 from noisymlt.errors import NoisyMLTError
-from noisymlt.labels import LabelTable
+from noisymlt.data.labels import LabelTable
 
 CLASS_LIST_FILE = "classes.txt"
 

@@ -1,7 +1,7 @@
 """Multi-label losses of the paper and its baselines (SPEC sections 3 and 4), one module per loss.
 
 This package is the registry: a loss name maps to the module that implements it, imported when a loss
-is built. A run therefore depends on the code of the losses it uses and on no other (noisymlt.codedeps
+is built. A run therefore depends on the code of the losses it uses and on no other (noisymlt.pipeline.codedeps
 follows imports, not names), and importing the registry imports no torch. The loss classes stay
 importable from here (``from noisymlt.losses import DistributionBalancedLoss``).
 """

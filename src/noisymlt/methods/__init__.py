@@ -18,7 +18,7 @@ FAMILY_MODULES = {
     "bbn": "noisymlt.methods.bbn",
     "mlgcn": "noisymlt.methods.mlgcn",
     "dividemix": "noisymlt.methods.dividemix",
-    "colearning": "noisymlt.methods.colearning_family",
+    "colearning": "noisymlt.methods.colearning",
 }
 _BASE_NAMES = ("FAMILIES", "Method", "TrainContext", "register_family", "eval_mode")
 

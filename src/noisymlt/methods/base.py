@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from noisymlt.config import method_options
-from noisymlt.dataset import StreamSpec
+from noisymlt.pipeline.config import method_options
+from noisymlt.training.loaders import StreamSpec
 from noisymlt.methods import options as family_options
 
 @contextlib.contextmanager
@@ -36,7 +36,7 @@ def eval_mode(*modules: nn.Module):
 @dataclass(frozen=True)
 class PublishedTargets:
     """The targets a method trained one branch on in one step, published after they were computed
-    (detached) for the trainer's label-noise log (noisymlt.noise_monitor); nothing comes back.
+    (detached) for the trainer's label-noise log (noisymlt.training.noise_monitor); nothing comes back.
 
     ``noisy`` and ``corrected`` are (B*K, C), view-major like ``index.flatten()``; ``corrected`` is None
     when the method corrects nothing.
@@ -65,7 +65,7 @@ def register_family(name: str):
 
 @dataclass
 class TrainContext:
-    cfg: dict  # the resolved run config (noisymlt.config.resolve_run)
+    cfg: dict  # the resolved run config (noisymlt.pipeline.config.resolve_run)
     noisy: torch.Tensor  # (N, C) float noisy train labels: the only labels training may read
     split: dict[str, list[int]]
     device: torch.device
@@ -100,7 +100,7 @@ class Method:
     @property
     def needs_pixels(self) -> bool:
         """Whether training transforms the images themselves (mixing, stitching pixels), so that the frozen
-        trunk's output of each view cannot stand in for the view (``noisymlt.trunkcache``)."""
+        trunk's output of each view cannot stand in for the view (``noisymlt.training.trunkcache``)."""
         return False
 
     def __init__(self, ctx: TrainContext):

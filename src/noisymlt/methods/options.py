@@ -7,8 +7,8 @@ without importing any training code. The method modules read their schemas and d
 from __future__ import annotations
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.labels import GROUPS
-from noisymlt.schema import ParamsError, check_schema
+from noisymlt.data.labels import GROUPS
+from noisymlt.pipeline.schema import ParamsError, check_schema
 
 # ------------------------------------------------------------------ shared fragments
 SAMPLER_NAMES = ["random", "class_aware", "reversed"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from noisymlt.dataset import StreamSpec
+from noisymlt.training.loaders import StreamSpec
 from noisymlt.losses import build_loss
 from noisymlt.methods.base import Method, register_family
 from noisymlt.models.branch import build_branch
-from noisymlt.sampling import build_sampler
+from noisymlt.training.sampling import build_sampler
 
 
 def loss_for(ctx, name: str, params: dict | None) -> nn.Module:

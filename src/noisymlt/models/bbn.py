@@ -63,7 +63,7 @@ class BBNNet(nn.Module):
         super().__init__()
         apply_trainable(backbone, trainable)
         self.shared, self.stage_c = split_last_stage(backbone, split_at)
-        # the trunk whose stages these are, unregistered (its parameters are the ones above): noisymlt.trunkcache
+        # the trunk whose stages these are, unregistered (its parameters are the ones above): noisymlt.training.trunkcache
         # finds the frozen stages through it
         self.source_trunks = (backbone,) if isinstance(backbone, ResNetTrunk) else ()
         self.stage_r = copy.deepcopy(self.stage_c)

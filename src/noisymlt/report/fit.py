@@ -1,6 +1,6 @@
 """Two report tables that say whether the comparison tables can be trusted.
 
-* ``noisymlt fit-table``: the fit diagnostics of every method (noisymlt.fit_diagnostics), mean over seeds
+* ``noisymlt fit-table``: the fit diagnostics of every method (noisymlt.training.fit_diagnostics), mean over seeds
   per noise rate: the method's final training loss and the BCE of its reported head on the training
   images, both against the prior-only BCE of the same labels; the training-image mAP against the noisy
   labels; the spread of the test outputs; the peak learning rate against the nominal one; and, for the

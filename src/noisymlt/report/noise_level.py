@@ -3,7 +3,7 @@
 Reads the ``noise_level.jsonl`` logs of one method's runs (one per seed; Ours at gamma 0.5 in the
 paper) and draws three panels stacked in one column, the two branches pooled, the random branch, the
 balanced branch: the noise level (wrong positives / positives of the training targets, see
-noisymlt.noise_monitor) of every iteration, placed on an epoch axis, one line per kind of target: the
+noisymlt.training.noise_monitor) of every iteration, placed on an epoch axis, one line per kind of target: the
 noisy labels as given, after Stitch-Up (union over the stitched images), after Co-Learning (pseudo
 labels), and both. Each line is the mean over
 seeds with a band of +- one standard deviation (from two seeds on). Rates are pooled counts (sums of
@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.labels import GROUPS
+from noisymlt.data.labels import GROUPS
 from noisymlt.report.style import BLACK, BLUE, COLUMN_WIDTH, ORANGE, paper_style, save_figure
 
 LINES = {"noisy": "noisy labels", "noisy_stitched": "Stitch-Up", "corrected": "Co-Learning",

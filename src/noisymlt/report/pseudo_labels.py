@@ -45,9 +45,9 @@ def score_train_set(run: Path, train_labels: Path, split: Path, train_images: Pa
     import torch
 
     # the family module, imported by name so that this command's code digest covers it
-    from noisymlt.colearning import pseudo_labels
-    from noisymlt.methods.colearning_family import CoLearning
-    from noisymlt.train import Trainer
+    from noisymlt.methods.pseudo_labels import pseudo_labels
+    from noisymlt.methods.colearning import CoLearning
+    from noisymlt.training.trainer import Trainer
 
     config = Path(run) / "run_config.json"
     if not config.is_file():
@@ -176,7 +176,7 @@ def pseudo_label_figure(scored: dict, clean: np.ndarray, picks: list[tuple[int, 
     explains the marks that appear."""
     import matplotlib.pyplot as plt
 
-    from noisymlt.dataset import load_image
+    from noisymlt.training.loaders import load_image
 
     classes = scored["classes"]
     names = lambda row: [classes[j] for j in np.flatnonzero(row)]  # noqa: E731
@@ -246,7 +246,7 @@ def _caption(scored: dict, marks: dict, top: int) -> str:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from noisymlt.noise_monitor import align_clean_labels
+    from noisymlt.training.noise_monitor import align_clean_labels
 
     scored = score_train_set(Path(args.run), Path(args.train_labels), Path(args.split), Path(args.train_images),
                              args.device)

@@ -32,7 +32,7 @@ SPOTLIGHT = ("erm", "db_focal", "ours")
 
 
 def selection_summary(stage_files: list[str | Path], labels: dict[str, str]) -> list[dict]:
-    """What each method's model selection chose, from the last stage file of each (noisymlt.selection): per
+    """What each method's model selection chose, from the last stage file of each (noisymlt.pipeline.selection): per
     stage the candidates' validation mAP and the winner."""
     out = []
     for path in stage_files:

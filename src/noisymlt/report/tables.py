@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.labels import GROUPS
+from noisymlt.data.labels import GROUPS
 from noisymlt.report.style import dataset_title
 
 BRANCH_TITLES = {"random": "random", "balanced": "balance"}
@@ -252,7 +252,7 @@ def method_choice(args: argparse.Namespace) -> tuple[dict[str, str], list[str] |
     labels = json.loads(args.labels) if args.labels else {}
     params = None
     if args.params:
-        from noisymlt.config import load_params
+        from noisymlt.pipeline.config import load_params
 
         params = load_params(*args.params)
         labels = {name: block.get("label", name) for name, block in params["methods"].items()}

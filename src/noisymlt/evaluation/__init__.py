@@ -1,0 +1,1 @@
+"""Scoring a finished run: average precision (metrics), the evaluate step and the inference-time table."""

@@ -1,0 +1,252 @@
+"""Which package code a pipeline step runs: the static import closure of its entry module, and a digest.
+
+Every ``import noisymlt...`` / ``from noisymlt... import ...`` statement of a module counts, also the ones
+inside functions (the package defers heavy imports into the functions that need them). Importing
+``noisymlt.a.b`` also runs ``noisymlt/__init__.py`` and ``noisymlt/a/__init__.py``. Non-Python files of the
+package (the params schema) belong to the modules that name them in a string constant. Modules loaded by
+name at run time (a method family, a loss) are not followed: a training run adds them itself, so a run
+depends on its own family and losses and on no other.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+from functools import lru_cache
+from pathlib import Path
+
+from noisymlt.errors import NoisyMLTError
+
+PACKAGE = "noisymlt"
+ROOT = Path(__file__).resolve().parents[1]  # the package: this module is in noisymlt/pipeline
+# What `python -m noisymlt <command>` always runs before the command's own module.
+CLI = ("noisymlt", "noisymlt.__main__", "noisymlt.cli", "noisymlt.errors")
+# The module that turns a training run's resolved configuration and inputs into its result (the Trainer).
+TRAINER = "noisymlt.training.trainer"
+
+
+@lru_cache(maxsize=None)
+def modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package (a package is its __init__.py)."""
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = (PACKAGE, *path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+@lru_cache(maxsize=None)
+def _tree(name: str) -> ast.Module:
+    """Module ``name``'s syntax tree, parsed once per process (imports and data files both read it)."""
+    path = modules()[name]
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+@lru_cache(maxsize=None)
+def imports_of(name: str) -> frozenset[str]:
+    """The package modules that module ``name`` imports anywhere in its code (and their parent packages)."""
+    known = modules()
+    tree = _tree(name)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from noisymlt.a import b`: b may be a submodule or a name defined in noisymlt.a
+            targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for target in targets:
+            if target.split(".")[0] == PACKAGE and target in known:
+                found.add(target)
+                found.update(p for p in _parents(target) if p in known)
+    found.discard(name)
+    return frozenset(found)
+
+
+@lru_cache(maxsize=None)
+def _package_data() -> tuple[Path, ...]:
+    """The package's non-Python files (the params schema), listed once."""
+    return tuple(p for p in sorted(ROOT.rglob("*")) if p.is_file() and p.suffix not in (".py", ".pyc")
+                 and "__pycache__" not in p.parts)
+
+
+@lru_cache(maxsize=None)
+def data_files(name: str) -> tuple[Path, ...]:
+    """Non-Python package files named (by file name) in a string constant of module ``name``."""
+    strings = {n.value for n in ast.walk(_tree(name)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return tuple(p for p in _package_data() if p.name in strings)
+
+
+def closure(*entries: str) -> list[str]:
+    """Sorted module names reachable from ``entries`` (included) through imports."""
+    known = modules()
+    unknown = [e for e in entries if e not in known]
+    if unknown:
+        raise ValueError(f"not modules of {PACKAGE}: {unknown}")
+    seen: set[str] = set()
+    todo = [*entries, *(p for e in entries for p in _parents(e) if p in known)]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(imports_of(name) - seen)
+    return sorted(seen)
+
+
+def files(*entries: str) -> list[Path]:
+    """The source and data files of the closure of ``entries``."""
+    out = set()
+    for name in closure(*entries):
+        out.add(modules()[name])
+        out.update(data_files(name))
+    return sorted(out)
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    """``tree`` without its docstrings (the first statement of a module, class or function body when it is
+    a string): text for readers, which no result reads."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def code_text(path: Path) -> bytes:
+    """What of a package file can change a result: a module's syntax tree without comments, docstrings,
+    layout or line numbers (so rewording or reflowing retrains nothing); a data file's bytes. Read again
+    whenever the file's size or modification time differ from the last reading."""
+    st = Path(path).stat()
+    return _code_text(str(path), st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=1024)
+def _code_text(path: str, size: int, mtime_ns: int) -> bytes:
+    if not path.endswith(".py"):
+        return Path(path).read_bytes()
+    tree = _strip_docstrings(ast.parse(Path(path).read_text(), filename=path))
+    return _canonical(tree).encode()
+
+
+def _canonical(node) -> str:
+    """A syntax tree as text: node types and their non-empty fields, without positions. Empty fields are left
+    out so that a Python release that adds one (3.12's type_params) does not change every digest."""
+    if isinstance(node, ast.AST):
+        fields = [f"{name}={_canonical(value)}" for name in node._fields
+                  if (value := getattr(node, name, None)) is not None and value != []]
+        return f"{type(node).__name__}({' '.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(item) for item in node) + "]"
+    return repr(node)
+
+
+def fresh_digest(*entries: str) -> str:
+    """sha256 (16 hex digits) over the relative paths and ``code_text`` of ``files(*entries)``, read from
+    disk now. The import graph is the process's (its structure rarely changes; a new import changes the
+    importing module's text, so the digest still moves)."""
+    h = hashlib.sha256()
+    for path in files(*entries):
+        h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + code_text(path) + b"\0")
+    return h.hexdigest()[:16]
+
+
+@lru_cache(maxsize=None)  # read once per process: what a job records is the code it loaded (see load_code)
+def digest(*entries: str) -> str:
+    """``fresh_digest(*entries)``, taken the first time a process asks: a job asks when it starts."""
+    return fresh_digest(*entries)
+
+
+# Set by the preload server in the jobs it forks (noisymlt.pipeline.preload), whose modules the server imported before the
+# job read its digest: raises if the source has changed since that import, so the digest names what runs.
+loaded_check = None
+
+
+def load_code(*entries: str) -> str:
+    """Import every module of the closure of ``entries`` now and return their digest: from here on the job
+    runs the code this digest names, whatever is edited on disk later (imports deferred into functions
+    would otherwise load a later version). ``check_unchanged`` tells, at the end, whether the disk still
+    holds it."""
+    value = digest(*entries)
+    for name in closure(*entries):
+        importlib.import_module(name)
+    if loaded_check is not None:
+        loaded_check()
+    return value
+
+
+def check_unchanged(ran: str, *entries: str, what: str) -> None:
+    """Raise when the package source of ``entries`` on disk no longer gives ``ran``, the digest of the code
+    the job loaded: its result would be recorded under code that did not make it."""
+    now = fresh_digest(*entries)
+    if now != ran:
+        raise NoisyMLTError(
+            f"{what}: the package source changed while this job ran (it ran code {ran}, the files on disk now "
+            f"give {now}); its result is not recorded. Run it again: it trains with the code on disk")
+
+
+def cycles() -> list[list[str]]:
+    """Import cycles among the package's modules (each as a list of module names), for the tests."""
+    graph = {name: imports_of(name) - set(_parents(name)) for name in modules()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return found
+
+
+# ---------------------------------------------------------------------------------------- a training run
+
+def run_entries(resolved: dict) -> tuple[str, ...]:
+    """The code of a training run's result: the trainer, its method's family module and the modules of the
+    losses it trains with (both loaded by name at run time, hence not in the trainer's own closure). Not the
+    `train` command around it, which only turns arguments into the resolved configuration (whose hash is the
+    run id) and the input files (whose hashes the checkpoint and manifest hold)."""
+    from noisymlt.pipeline.config import method_options
+    from noisymlt.losses import LOSSES
+    from noisymlt.methods import FAMILY_MODULES
+    from noisymlt.methods.options import losses_used
+
+    family = resolved["method_cfg"]["family"]
+    losses = losses_used(family, method_options(resolved["method_cfg"]))
+    return (TRAINER, FAMILY_MODULES[family], *sorted({LOSSES[name] for name in losses}))
+
+
+def run_digest(resolved: dict) -> str:
+    return digest(*run_entries(resolved))

@@ -1,0 +1,284 @@
+"""params.yaml: loading, layering, validation, and the resolved configuration of one run.
+
+The resolved run config is the single thing a training run depends on besides its input files;
+its hash is the run id that every manifest, result row and table cell refers to.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import hashlib
+import json
+from pathlib import Path
+
+import yaml
+
+from noisymlt.errors import NoisyMLTError
+from noisymlt.methods.options import SCHEMAS, check_options
+from noisymlt.pipeline.schema import ParamsError, check_schema
+
+SCHEMA_PATH = Path(__file__).with_name("params.schema.yaml")
+METHOD_COMMON_KEYS = ("family", "label", "description", "schedule", "train")
+DEFAULT_SCHEDULE = "cl"
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """Recursive dict update (lists and scalars replace), as Snakemake layers --configfile."""
+    out = copy.deepcopy(base)
+    for key, value in (override or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load_params(*files: str | Path) -> dict:
+    params: dict = {}
+    layers = []
+    for f in files:
+        path = Path(f)
+        try:
+            layer = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise NoisyMLTError(f"{path}: cannot read parameters ({exc})") from exc
+        if not isinstance(layer, dict):
+            raise NoisyMLTError(f"{path}: top level must be a mapping")
+        if "dvc" in layer:  # dvc.params.yaml (noisymlt.pipeline.params): checked against its layers, not a setting
+            check_layers(path, layer.pop("dvc"))
+        layers.append((str(path), layer))
+        params = deep_merge(params, layer)
+    check_layered(params, layers)
+    return params
+
+
+def layer_of(layers: list[tuple[str, dict]], key: str) -> str:
+    """The params file that set ``key`` (a dotted path): the last layer holding it, else the last one
+    holding the longest part of it; all files when none does (a key that is missing everywhere)."""
+    best, depth = None, 0
+    for name, layer in layers:
+        node, found = layer, 0
+        for part in key.split(".") if key else []:
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                break
+            found += 1
+        if found and found >= depth:  # a later layer overrides an earlier one
+            best, depth = name, found
+    return best or " + ".join(name for name, _ in layers)
+
+
+def check_layered(params: dict, layers: list[tuple[str, dict]]) -> None:
+    """validate_params on params merged from ``layers`` ((file, its settings), first to last): an error
+    names the file that set the offending key, then the key."""
+    try:
+        validate_params(params)
+    except ParamsError as exc:
+        raise ParamsError(layer_of(layers, exc.key), exc.key, exc.detail) from None
+
+
+def check_layers(path: str | Path, block: dict) -> None:
+    """The ``dvc`` block of a file written by `noisymlt params` names the layers it merged, with their sha256:
+    refuse the file once one of them changed, so that DVC never runs on a stale merge."""
+    layers = block.get("layers") if isinstance(block, dict) else None
+    if not isinstance(layers, list):
+        raise NoisyMLTError(f"{path}: key `dvc` is reserved for files written by `noisymlt params` (no dvc.layers)")
+    for layer in layers:
+        src = Path(layer["path"])
+        if not src.is_file() or hashlib.sha256(src.read_bytes()).hexdigest() != layer["sha256"]:
+            names = " ".join(item["path"] for item in layers)
+            raise NoisyMLTError(f"{path} is stale: {src} changed since it was merged; rerun "
+                                f"`noisymlt params {names} --out {path}`")
+
+
+def json_object_arg(value: str, option: str) -> dict:
+    """A command-line JSON object given as the text itself (starting with '{') or as a file."""
+    try:
+        obj = json.loads(value if value.lstrip().startswith("{") else Path(value).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise NoisyMLTError(f"{option} {value[:80]}: cannot read it as JSON ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise NoisyMLTError(f"{option} {value[:80]}: expected a JSON object")
+    return obj
+
+
+def method_options(block: dict) -> dict:
+    """A method block's family options: everything but family, label, description and train."""
+    return {k: v for k, v in block.items() if k not in METHOD_COMMON_KEYS}
+
+
+def validate_params(params: dict, source: str | None = None) -> None:
+    """JSON-schema validation (unknown keys, types, ranges) plus the cross-references a schema
+    cannot express: grid entries must name configured datasets and registered methods. Errors are
+    ParamsError: ``source`` (the file), the dotted key, what is wrong."""
+    check_schema(params, yaml.safe_load(SCHEMA_PATH.read_text()), "", source)
+
+    for name in params["grid"]["datasets"]:
+        if name not in params["datasets"]:
+            raise ParamsError(source, "grid.datasets", f"{name!r} has no block under datasets")
+    gamma_lists = {"grid.gammas": params["grid"]["gammas"],
+                   **{f"ablations.{n}.gammas": a["gammas"] for n, a in params.get("ablations", {}).items()}}
+    for key, gammas in gamma_lists.items():
+        for g in gammas:
+            if not isinstance(g, float):  # DVC writes the YAML text into paths; Snakemake writes str(float)
+                raise ParamsError(source, key, f"write the noise rate {g!r} as {float(g)!r}, so that "
+                                               "Snakemake and DVC name its folders alike")
+    for name in params["grid"].get("ablations", []):
+        if name not in params.get("ablations", {}):
+            raise ParamsError(source, "grid.ablations", f"{name!r} has no block under ablations")
+        if params["ablations"][name]["dataset"] not in params["datasets"]:
+            raise ParamsError(source, f"ablations.{name}.dataset",
+                              f"unknown dataset {params['ablations'][name]['dataset']!r}")
+    for name in (params.get("timing") or {}).get("methods", []):
+        if name not in params["methods"]:
+            raise ParamsError(source, "timing.methods", f"unknown method {name!r} (no block under methods)")
+    method_lists = {"grid.methods": params["grid"]["methods"],
+                    **{f"ablations.{n}.methods": a["methods"] for n, a in params.get("ablations", {}).items()}}
+    for key, names in method_lists.items():
+        for name in names:
+            if name not in params["methods"]:
+                raise ParamsError(source, key, f"unknown method {name!r} (no block under methods)")
+    for name, block in params["methods"].items():
+        schedule = block.get("schedule", DEFAULT_SCHEDULE)
+        if schedule not in params.get("schedules", {}):
+            known = ", ".join(sorted(params.get("schedules", {}))) or "none"
+            raise ParamsError(source, f"methods.{name}.schedule",
+                              f"unknown schedule {schedule!r}; schedules defined in params: {known}")
+        if block["family"] not in SCHEMAS:
+            raise ParamsError(source, f"methods.{name}.family",
+                              f"unknown family {block['family']!r}; known: {', '.join(sorted(SCHEMAS))}")
+        check_options(block["family"], method_options(block), f"methods.{name}", source)
+    validate_selection(params, source)
+    check_batch_sizes(params, source)
+
+
+# The most training images a dataset kind can give a run: its trainval pool (VOC2012 trainval, COCO 2017 train;
+# the toy's own size), and no more than classes x the long-tail profile's largest class count.
+TRAIN_POOL = {"voc": 11540, "coco": 118287}
+CLASS_COUNT = {"voc": 20, "coco": 80, "toy": 20}
+
+
+def training_images_bound(block: dict) -> int:
+    """An upper bound on the training images of the dataset ``block`` (its long-tail subset)."""
+    kind = block["kind"]
+    pool = block["toy"]["n_trainval"] if kind == "toy" else TRAIN_POOL[kind]
+    return min(pool, CLASS_COUNT[kind] * block["longtail"]["max"])
+
+
+def check_batch_sizes(params: dict, source: str | None = None) -> None:
+    """A run whose batch is larger than its training set would have no full batch: refused here, before any
+    job starts, naming the key that sets it (the trainer checks the exact count when it starts)."""
+    for dataset in params["grid"]["datasets"]:
+        bound = training_images_bound(params["datasets"][dataset])
+        for method in params["grid"]["methods"]:
+            size = resolve_run(params, dataset, method, params["grid"]["gammas"][0], 0)["train"]["batch_size"]
+            if size > bound:
+                key = layer_key(params, dataset, method, "batch_size")
+                raise ParamsError(source, key, f"{size} exceeds the training images of dataset {dataset!r} (at most "
+                                               f"{bound}) for method {method!r}: an epoch would have no full batch")
+
+
+def layer_key(params: dict, dataset: str, method: str, name: str) -> str:
+    """The dotted key whose value a run's ``train.NAME`` takes (the most specific block that sets it)."""
+    block = params["methods"][method]
+    schedule = block.get("schedule", DEFAULT_SCHEDULE)
+    for key, where in ((f"methods.{method}.train", block.get("train") or {}),
+                       (f"schedules.{schedule}.train", params.get("schedules", {}).get(schedule, {}).get("train") or {}),
+                       (f"datasets.{dataset}.train", params["datasets"][dataset].get("train") or {})):
+        if name in where:
+            return f"{key}.{name}"
+    return f"train.{name}"
+
+
+# Model selection (noisymlt.pipeline.selection): which methods select what, checked with the rest of the params.
+PSEUDO_KEYS = ("alpha", "beta")  # the hyper-parameters that only methods with pseudo labels have
+
+
+def method_entry(params: dict, method: str):
+    """A method's entry under selection.methods: exact name first, then the first glob pattern matching it."""
+    methods = (params.get("selection") or {}).get("methods") or {}
+    if method in methods:
+        return methods[method]
+    for pattern, entry in methods.items():
+        if any(ch in pattern for ch in "*?[") and fnmatch.fnmatchcase(method, pattern):
+            return entry
+    return None
+
+
+def uses_pseudo_labels(params: dict, method: str) -> bool:
+    block = params["methods"][method]
+    return block["family"] == "colearning" and (block.get("pseudo") or {}).get("source", "cross") != "none"
+
+
+def validate_selection(params: dict, source: str | None = None) -> None:
+    """The selection block's cross-references the schema cannot express (noisymlt.pipeline.selection); errors name the key."""
+    block = params.get("selection")
+    if not block:
+        return
+    methods = params["methods"]
+    for key, entry in (block.get("methods") or {}).items():
+        where = f"selection.methods.{key}"
+        names = [m for m in methods if fnmatch.fnmatchcase(m, key)]
+        if not names and not any(ch in key for ch in "*?["):  # a pattern may match none (a layer's subset)
+            raise ParamsError(source, where, f"no method is called {key!r} (no block under methods)")
+        if entry is None:
+            continue
+        if isinstance(entry, dict):
+            target = entry["same_as"]
+            if target not in methods:
+                raise ParamsError(source, f"{where}.same_as", f"unknown method {target!r}")
+            if isinstance(method_entry(params, target), dict):
+                raise ParamsError(source, f"{where}.same_as", f"{target!r} takes another method's values itself; "
+                                                              "name that method")
+            continue
+        seen: set[str] = set()
+        for i, stage in enumerate(entry):
+            for name in stage:
+                if name in seen:
+                    raise ParamsError(source, f"{where}.{i}", f"{name!r} is selected in two stages")
+                seen.add(name)
+                if name not in block["grids"]:
+                    raise ParamsError(source, f"{where}.{i}", f"no grid for {name!r} under selection.grids")
+                for m in names:
+                    if name in PSEUDO_KEYS and not uses_pseudo_labels(params, m):
+                        raise ParamsError(source, f"{where}.{i}", f"{m!r} has no pseudo labels to select {name} for")
+
+
+def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int) -> dict:
+    """Everything one (dataset, gamma, seed, method) run depends on, with defaults layered:
+    global train block < dataset overrides < the method's schedule < the method's own overrides."""
+    if dataset not in params["datasets"]:
+        raise NoisyMLTError(f"unknown dataset {dataset!r}; configured: {', '.join(params['datasets'])}")
+    if method not in params["methods"]:
+        raise NoisyMLTError(f"unknown method {method!r}; configured: {', '.join(sorted(params['methods']))}")
+    ds = params["datasets"][dataset]
+    mcfg = copy.deepcopy(params["methods"][method])
+    schedule = mcfg.pop("schedule", DEFAULT_SCHEDULE)
+    schedules = params.get("schedules", {})
+    if schedule not in schedules:
+        raise NoisyMLTError(f"methods.{method}.schedule: unknown schedule {schedule!r}; "
+                            f"configured: {', '.join(sorted(schedules)) or 'none'}")
+    train = params["train"]
+    for layer in (ds.get("train", {}), schedules[schedule].get("train", {}), mcfg.pop("train", {})):
+        train = deep_merge(train, layer)
+    return {
+        "dataset": dataset,
+        "kind": ds["kind"],
+        "gamma": float(gamma),
+        "seed": int(seed),
+        "method": method,
+        "method_cfg": mcfg,
+        "schedule": schedule,
+        "train": train,
+        "db_loss": ds["db_loss"],
+        "colearning": ds.get("colearning", {}),
+    }
+
+
+def run_id(resolved: dict) -> str:
+    blob = json.dumps(resolved, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

@@ -1,0 +1,65 @@
+"""Writing a file so that no reader ever sees half of it: the one way every step writes its outputs.
+
+The bytes go to a temporary name beside the target, which one rename then puts in place; until that rename
+the previous file (a checkpoint, a manifest) stays whole. A write that fails removes its temporary file and
+raises an OSError that names the file, told apart as a full disk where it is one (torch and numpy word that
+differently, or not at all).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+
+def write_failed(path: Path, exc: BaseException) -> OSError:
+    """An OSError naming ``path`` for a failed write: the cause's errno where it has one, else a full disk
+    when its file system has no space left, else an I/O error quoting the cause."""
+    import errno
+    import shutil
+
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return OSError(exc.errno, exc.strerror, str(path))
+    free = shutil.disk_usage(path.parent).free
+    if free < 1 << 20:
+        return OSError(errno.ENOSPC, f"No space left on device ({free} bytes free)", str(path))
+    return OSError(errno.EIO, f"write failed ({str(exc).splitlines()[0][:200]})", str(path))
+
+
+@contextlib.contextmanager
+def unlinked_on_failure(path: Path):
+    """A temporary file that is removed when writing it fails (a half-written file is never left to trust)."""
+    try:
+        yield
+    except (OSError, RuntimeError, ValueError) as exc:
+        error = write_failed(Path(path), exc)  # before the unlink frees the space it filled
+        Path(path).unlink(missing_ok=True)
+        raise error from exc
+    except BaseException:
+        Path(path).unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def replacing(path: str | Path, tmp: str | Path | None = None):
+    """Yield a temporary path beside ``path`` (default ``<name>.tmp``) for the block to write; when the block
+    returns, it replaces ``path`` in one rename, and when it fails, it is removed."""
+    path = Path(path)
+    tmp = Path(tmp) if tmp is not None else path.with_name(path.name + ".tmp")
+    with unlinked_on_failure(tmp):
+        yield tmp
+    tmp.replace(path)
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Replace ``path`` with ``text``, atomically."""
+    with replacing(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def write_json(path: str | Path, obj, *, indent: int | None = 1, sort_keys: bool = False) -> Path:
+    """Replace ``path`` with ``obj`` as JSON and a final newline, atomically; its folder is made first."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")

@@ -1,0 +1,171 @@
+"""What the paper grid costs: every run the workflow plans, the training iterations of each, and the
+GPU-hours they take at measured step costs.
+
+Iterations come from the code that plans training, never from a second formula: each run's method
+builds its data streams (samplers over the run's noisy labels) and ``noisymlt.training.schedule.epoch_iterations``
+turns them into the epoch length the trainer uses. The noisy labels are the pipeline's own
+``data/<dataset>/noisy/g<gamma>_s<seed>.parquet`` when they exist; otherwise a synthetic table with the
+published subset's size and per-class counts is made noisy with the run's (gamma, seed) by
+``noisymlt.data.noise.inject_noise``. Only the class-aware epoch ([DB] recipe) reads the labels, through the
+largest noisy class count, which the synthetic co-occurrences approximate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from noisymlt.errors import NoisyMLTError
+
+# Clean per-class image counts of the published long-tailed subsets, in the project's class order
+# ([DB] appendix lists: VOC-MLT from VOC2012 trainval, COCO-MLT from COCO 2017 train).
+PUBLISHED_SUBSETS = {
+    "voc": {"images": 1142,
+            "counts": [6, 34, 8, 14, 154, 17, 249, 29, 479, 4, 240, 48, 11, 20, 775, 100, 5, 82, 7, 64]},
+    "coco": {"images": 1909,
+             "counts": [1128, 37, 276, 32, 9, 41, 18, 87, 20, 50, 11, 13, 8, 97, 19, 49, 70, 17, 7, 10, 8, 6, 7, 7,
+                        100, 39, 189, 31, 24, 11, 12, 8, 35, 10, 25, 21, 17, 10, 20, 460, 84, 498, 126, 207, 173,
+                        366, 39, 35, 44, 36, 29, 25, 14, 45, 16, 73, 585, 153, 164, 44, 624, 25, 200, 137, 70, 89,
+                        73, 127, 91, 175, 9, 237, 119, 292, 87, 113, 15, 21, 6, 11]},
+}
+
+# The measured method whose cost per training image stands for a family's runs. ML-GCN's GCN over
+# 20-80 class nodes is negligible next to the backbone, so its runs cost what ERM's do.
+FAMILY_COST_PROXY = {"single": "erm", "mlgcn": "erm", "bbn": "bbn", "dividemix": "dividemix",
+                     "colearning": "ours"}
+
+
+def synthetic_labels(images: int, counts: list[int], seed: int = 0) -> np.ndarray:
+    """An (images x C) 0/1 table with exactly ``counts`` positives per class and at least one per image;
+    which images share classes is random."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.max() > images or counts.sum() < images:
+        raise NoisyMLTError(f"class counts {counts.tolist()} cannot fill {images} images "
+                            "(each class at most once per image, each image at least one class)")
+    rng = np.random.default_rng(seed)
+    y = np.zeros((images, counts.size), dtype=np.uint8)
+    pool = rng.permutation(np.repeat(np.arange(counts.size), counts))
+    y[np.arange(images), pool[:images]] = 1  # one positive per image first
+    for c, rest in zip(*np.unique(pool[images:], return_counts=True)):
+        free = np.flatnonzero(y[:, c] == 0)
+        y[rng.choice(free, size=rest, replace=False), c] = 1
+    return y
+
+
+def planned_noisy_labels(params: dict, dataset: str, gamma: float, seed: int, data_root: str | Path = "data"
+                         ) -> tuple[np.ndarray, dict, str]:
+    """(noisy labels, class split, where they came from) for one (dataset, gamma, seed) of the grid."""
+    from noisymlt.data.labels import read_class_split, read_labels, split_from_counts
+    from noisymlt.data.noise import inject_noise
+    from noisymlt.pipeline.paths import dataset_block, gtag
+
+    folder = Path(data_root) / dataset
+    noisy_file = folder / "noisy" / f"g{gtag(gamma)}_s{int(seed)}.parquet"
+    if noisy_file.is_file() and (folder / "class_split.json").is_file():
+        return read_labels(noisy_file).labels, read_class_split(folder / "class_split.json"), str(noisy_file)
+    kind = dataset_block(params, dataset)["kind"]
+    if kind not in PUBLISHED_SUBSETS:
+        raise NoisyMLTError(f"{noisy_file}: missing, and dataset {dataset!r} (kind {kind}) has no published "
+                            f"class counts to plan from (known: {', '.join(PUBLISHED_SUBSETS)})")
+    subset = PUBLISHED_SUBSETS[kind]
+    clean = synthetic_labels(subset["images"], subset["counts"])
+    noisy, _ = inject_noise(clean, gamma, seed)
+    return noisy, split_from_counts(np.asarray(subset["counts"])), f"synthetic {kind} (published class counts)"
+
+
+def run_iterations(resolved: dict, noisy: np.ndarray, split: dict) -> dict:
+    """Training iterations of one run, planned as the trainer plans them: the method's streams over the
+    noisy labels, ``epoch_iterations`` of the run's epoch-length rule, ``train.epochs`` epochs."""
+    import torch
+
+    from noisymlt.methods import load_family
+    from noisymlt.methods.base import TrainContext
+    from noisymlt.training.schedule import epoch_iterations
+
+    tcfg = resolved["train"]
+    family = resolved["method_cfg"]["family"]
+    labels = torch.as_tensor(np.asarray(noisy), dtype=torch.float32)
+    ctx = TrainContext(resolved, labels, split, torch.device("cpu"), 0, extra={})
+    streams = load_family(family)(ctx).streams()
+    per_epoch = epoch_iterations(tcfg.get("epoch_length", "batches"), streams, labels.shape[0], tcfg["batch_size"])
+    return {"family": family, "iterations_per_epoch": per_epoch, "epochs": int(tcfg["epochs"]),
+            "iterations": per_epoch * int(tcfg["epochs"]),
+            "images_per_step": sum(s.batch_size * s.k for s in streams)}
+
+
+def plan_grid(params: dict, data_root: str | Path = "data") -> list[dict]:
+    """One record per run the workflow trains: the model-selection candidates of the methods that select
+    (params `selection`; ``candidate`` names them), then the main grid and the selected ablations. Each
+    has its key, its iterations and where its labels came from; a candidate's iterations are those of its
+    fit part (the training images less the held-out split)."""
+    from noisymlt.pipeline import selection
+    from noisymlt.pipeline.config import resolve_run
+    from noisymlt.pipeline.paths import all_runs
+
+    labels: dict[tuple, tuple] = {}
+
+    def noisy_of(dataset, gamma, seed):
+        if (dataset, gamma, seed) not in labels:
+            labels[dataset, gamma, seed] = planned_noisy_labels(params, dataset, gamma, seed, data_root)
+        return labels[dataset, gamma, seed]
+
+    runs = all_runs(params)
+    jobs = []
+    for dataset in dict.fromkeys(r[0] for r in runs):
+        owners = selection.selecting_methods(params, [m for d, _, _, m in runs if d == dataset])
+        if not owners:
+            continue
+        sets = selection.selection_sets(params)
+        block = params["selection"]
+        tables = [noisy_of(dataset, gamma, seed) for gamma, seed in sets]
+        val, _ = selection.stratified_split([t[0] for t in tables], float(block["held_out"]), int(block["split_seed"]))
+        for method in owners:
+            for stage in range(1, len(selection.stages(params, method)) + 1):
+                for tag, values in selection.candidates(params, method, stage):
+                    for (gamma, seed), (noisy, split, source) in zip(sets, tables):
+                        cfg = selection.candidate_config(params, dataset, method, gamma, seed, values)
+                        jobs.append({"dataset": dataset, "gamma": gamma, "seed": seed, "method": method,
+                                     "candidate": f"stage{stage}/{tag}", "labels": f"{source}, fit part",
+                                     **run_iterations(cfg, noisy[~val], split)})
+    for dataset, gamma, seed, method in runs:
+        noisy, split, source = noisy_of(dataset, gamma, seed)
+        cfg = resolve_run(params, dataset, method, gamma, seed)
+        jobs.append({"dataset": dataset, "gamma": gamma, "seed": seed, "method": method, "labels": source,
+                     **run_iterations(cfg, noisy, split)})
+    return jobs
+
+
+def gpu_hours(jobs: list[dict], measured: dict[str, dict], packing_speedup: float | None = None) -> dict:
+    """Device-hours of the planned steps at measured costs. ``measured``: method -> a throughput row
+    (``ms_per_step``, ``train_images_per_step``); a run costs its family proxy's time per training
+    image times its own images per step. With ``packing_speedup`` (aggregate throughput of concurrent
+    runs over one run's), also the hours with runs packed side by side. Training steps only: data
+    loading stalls, DivideMix's per-epoch co-divide passes and test-set prediction are not included."""
+    per_image = {m: r["ms_per_step"] / r["train_images_per_step"] for m, r in measured.items()}
+    hours: dict[str, float] = {}
+    unpriced = []
+    for job in jobs:
+        proxy = FAMILY_COST_PROXY.get(job["family"])
+        if proxy not in per_image:
+            unpriced.append(job["method"])
+            continue
+        ms = job["iterations"] * job["images_per_step"] * per_image[proxy]
+        hours[job["dataset"]] = hours.get(job["dataset"], 0.0) + ms / 3.6e6
+    total = sum(hours.values())
+    return {"by_dataset": hours, "total": total,
+            "packed_total": total / packing_speedup if packing_speedup else None,
+            "unpriced_methods": sorted(set(unpriced))}
+
+
+def summarise(jobs: list[dict]) -> dict:
+    """Counts of the plan: runs (model-selection candidates among them) and iterations per dataset and per
+    method."""
+    out: dict = {"runs": len(jobs), "candidates": sum("candidate" in j for j in jobs),
+                 "iterations": sum(j["iterations"] for j in jobs), "by_dataset": {}, "by_method": {}}
+    for job in jobs:
+        for group, key in (("by_dataset", job["dataset"]), ("by_method", job["method"])):
+            slot = out[group].setdefault(key, {"runs": 0, "iterations": 0})
+            slot["runs"] += 1
+            slot["iterations"] += job["iterations"]
+    return out

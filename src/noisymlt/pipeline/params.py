@@ -1,0 +1,281 @@
+"""Layered params files -> dvc.params.yaml, the one params file DVC's pipeline (dvc.yaml) reads.
+
+Snakemake layers a profile over params.yaml itself (``--configfile``). DVC cannot layer files, and its
+templating always loads params.yaml, whose keys another ``vars`` file may not redefine. So
+``noisymlt params LAYER... --out dvc.params.yaml`` writes the merged, validated params (what every
+stage's command reads and every stage's ``params:`` tracks) plus a ``dvc`` block, the only part dvc.yaml's
+templating loads (``vars: - dvc.params.yaml:dvc``):
+
+  layers        the files it was merged from, with their sha256: load_params (config.check_layers)
+                refuses the file once one of them changed, so DVC never runs on a stale merge
+  layer_args    the same paths as one command-line string, and layer_files the same paths padded to
+                LAYER_SLOTS entries: dvc.yaml's `params` stage rewrites this file from them when one
+                changes (`dvc exp run -S params.yaml:...`), and DVC's templating can neither splice a list
+                into `deps` nor vary their number
+  grid          datasets, gammas, seeds of the main grid (DVC's matrix stages expand them)
+  pretrain      the pretrain blocks some run's weights_path names (data/pretrained/NAME.pt)
+  fetch_images  datasets whose train images are fetched after the long-tail step (COCO)
+  runs          one entry per training run of the main grid, keyed DATASET-GAMMA-SEED-METHOD: dataset,
+                gamma, seed, method, the folder its train images come from, its weights file and config_key
+  run_configs   config_key (the run's key with `_` for `.`: DVC splits params keys on dots) -> the run id,
+                the hash of its resolved configuration: the one param a train stage tracks, so a change
+                reruns exactly the runs whose configuration it changes (a changed train.lr that the
+                [DB] schedule overrides reruns no [DB]-recipe run)
+
+When it rewrites an existing file, ``noisymlt params`` warns about a changed train setting that some
+grid methods never see, because their schedule (or their own train block) sets that key: e.g. the
+[DB]-recipe baselines take lr from ``schedules.db.train``, so a changed ``train.lr`` leaves them as they were.
+
+Those lists are computed here because DVC's templating can neither branch nor look a value up by
+another (a run's weights file depends on its resolved config). A run without a weights file (torchvision
+download, scratch) gets its raw-data folder instead, already one of its dependencies: DVC has no optional
+dependencies. The file is generated: git ignores it, and each route writes it from its own layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from pathlib import Path
+
+import yaml
+
+from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline.files import write_text
+
+LAYER_SLOTS = 4  # dvc.yaml's `params` stage lists this many layer files (dvc.layer_files[0..3])
+
+HEADER = ("# Written by `noisymlt params {layers} --out {out}`: DVC's view of those params files,\n"
+          "# merged. Do not edit; edit the layers and rerun the command (dvc.yaml reads `dvc` for its templating).\n")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def dvc_block(params: dict, layers: list[str]) -> dict:
+    from noisymlt.pipeline import paths, selection
+    from noisymlt.pipeline.config import resolve_run, run_id
+
+    grid = params["grid"]
+    runs, run_configs, pretrain = {}, {}, []
+    for dataset, gamma, seed, method in paths.grid_runs(params):
+        resolved = resolve_run(params, dataset, method, gamma, seed)
+        weights = resolved["train"].get("weights_path")
+        name = Path(weights).stem if weights else None
+        if weights and weights == f"data/pretrained/{name}.pt" and name in params.get("pretrain", {}):
+            pretrain.append(name)
+        raw = paths.raw_dir(params, dataset)
+        coco = params["datasets"][dataset]["kind"] == "coco"
+        key = f"{dataset}-{paths.gtag(gamma)}-{seed}-{method}"
+        runs[key] = {
+            "dataset": dataset, "gamma": gamma, "seed": seed, "method": method,
+            "images": paths.train_images_dir(dataset) if coco else raw, "weights": weights or raw,
+            "config_key": key.replace(".", "_"),
+        }
+        run_configs[key.replace(".", "_")] = run_id(resolved)
+    for key, run in runs.items():  # the choice file a final run reads (fixed values: the raw folder again)
+        run["choice"] = selection.final_choice_file(params, run["dataset"], run["method"]) or \
+            paths.raw_dir(params, run["dataset"])
+    if len(layers) > LAYER_SLOTS:
+        raise NoisyMLTError(f"noisymlt params: at most {LAYER_SLOTS} layers (dvc.yaml's `params` stage lists "
+                            f"{LAYER_SLOTS} files), got {len(layers)}: {' '.join(map(str, layers))}")
+    select = selection_block(params, runs)
+    return {
+        "layers": [{"path": str(f), "sha256": _sha256(Path(f))} for f in layers],
+        "layer_args": " ".join(str(f) for f in layers),
+        # DVC accepts a path listed twice as a dependency: unused slots repeat the first layer
+        "layer_files": [str(f) for f in layers] + [str(layers[0])] * (LAYER_SLOTS - len(layers)),
+        "grid": {"datasets": list(grid["datasets"]), "gammas": [float(g) for g in grid["gammas"]],
+                 "seeds": [int(s) for s in grid["seeds"]]},
+        "pretrain": list(dict.fromkeys(pretrain)),
+        "fetch_images": [d for d in grid["datasets"] if params["datasets"][d]["kind"] == "coco"],
+        # decoded-image caches and the stage output holding each part's images (COCO's train subset is fetched)
+        "caches": {f"{d}-{part}": {"dataset": d, "part": part, "images": paths.train_images_dir(d)
+                                   if part == "train" and params["datasets"][d]["kind"] == "coco"
+                                   else paths.raw_dir(params, d)}
+                   for d in grid["datasets"] for part in ("train", "test")},
+        "runs": runs,
+        "run_configs": run_configs,
+        **select,
+        # DATASET-GAMMA-SEED -> one noisy label set: the grid's and the selection's (a selection set may lie
+        # outside the grid, e.g. a second seed when the grid has one)
+        "noisy_sets": {f"{d}-{g}-{s}": {"dataset": d, "gamma": g, "seed": s} for d, g, s in dict.fromkeys(
+            [(d, float(g), int(s)) for d in grid["datasets"] for g in grid["gammas"] for s in grid["seeds"]]
+            + [(v["dataset"], v["gamma"], v["seed"]) for v in select["select_sets"].values()])},
+    }
+
+
+def selection_block(params: dict, runs: dict) -> dict:
+    """The model-selection stages' lists (noisymlt.pipeline.selection), for the main grid's methods:
+      select_datasets  datasets with a selection (one split each)
+      select_sets      DATASET-GAMMA-SEED -> a selection set (its fit and val parts)
+      select_caches    DATASET-PART -> the fit / val image caches, with the part table they are built from
+      candidates       DATASET-METHOD-STAGE-GAMMA-SEED-TAG -> one candidate run; `previous`: the choice file of the
+                       stage before (stage 1: the split file, a dependency anyway); config_key -> its run id in
+                       candidate_configs (a later stage's chosen values come in through `previous`)
+      selections       DATASET-METHOD-STAGE -> one select stage over the candidates under `dir`"""
+    from noisymlt.pipeline import selection as S
+    from noisymlt.pipeline import paths
+    from noisymlt.pipeline.config import run_id
+
+    out = {"select_datasets": [], "select_sets": {}, "select_caches": {}, "candidates": {}, "candidate_configs": {},
+           "selections": {}}
+    for dataset in params["grid"]["datasets"]:
+        owners = S.selecting_methods(params, [r["method"] for r in runs.values() if r["dataset"] == dataset])
+        if not owners:
+            continue
+        out["select_datasets"].append(dataset)
+        sets = S.selection_sets(params)
+        for gamma, seed in sets:
+            out["select_sets"][f"{dataset}-{gamma}-{seed}"] = {"dataset": dataset, "gamma": gamma, "seed": seed}
+        for part in ("fit", "val"):
+            out["select_caches"][f"{dataset}-{part}"] = {
+                "dataset": dataset, "part": part, "labels": S.part_path(dataset, *sets[0], part),
+                "images": next(r["images"] for r in runs.values() if r["dataset"] == dataset)}
+        for method in owners:
+            for stage in range(1, len(S.stages(params, method)) + 1):
+                previous = S.choice_file(dataset, method, stage - 1) if stage > 1 else S.split_path(dataset)
+                out["selections"][f"{dataset}-{method}-{stage}"] = {
+                    "dataset": dataset, "method": method, "stage": stage, "previous": previous,
+                    "dir": S.stage_dir(dataset, method, stage)}
+                for tag, values in S.candidates(params, method, stage):
+                    for gamma, seed in sets:
+                        key = f"{dataset}-{method}-{stage}-{gamma}-{seed}-{tag}"
+                        cfg = S.candidate_config(params, dataset, method, gamma, seed, values)
+                        out["candidates"][key] = {
+                            "dataset": dataset, "method": method, "stage": stage, "gamma": gamma, "seed": seed,
+                            "tag": tag, "dir": S.candidate_dir(dataset, method, stage, gamma, seed, tag),
+                            "previous": previous, "config_key": key.replace(".", "_"),
+                            "weights": cfg["train"].get("weights_path") or paths.raw_dir(params, dataset)}
+                        out["candidate_configs"][key.replace(".", "_")] = run_id(cfg)
+    return out
+
+
+def _leaves(tree: dict, prefix: tuple = ()) -> dict[tuple, object]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, prefix + (key,)))
+        else:
+            out[prefix + (key,)] = value
+    return out
+
+
+def _get(tree: dict, path: tuple):
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return tree
+
+
+def unreached_changes(old: dict, new: dict) -> list[str]:
+    """Changed keys of the train block (global or a dataset's) that some grid methods do not see, because
+    their schedule's or their own train block sets the same key (noisymlt.pipeline.config.resolve_run's layers):
+    one line per key, naming the methods and the key that wins for them."""
+    from noisymlt.pipeline.config import DEFAULT_SCHEDULE
+
+    old_leaves, new_leaves = _leaves(old), _leaves(new)
+    notes = []
+    for path in sorted(k for k in new_leaves.keys() | old_leaves.keys()
+                       if old_leaves.get(k) != new_leaves.get(k)):
+        if path[0] == "train":
+            key, datasets = path[1:], new["grid"]["datasets"]
+        elif path[0] == "datasets" and len(path) > 3 and path[2] == "train":
+            key, datasets = path[3:], [path[1]]
+        else:
+            continue
+        winners: dict[str, list[str]] = {}
+        for method in new["grid"]["methods"]:
+            mcfg = new["methods"][method]
+            schedule = mcfg.get("schedule", DEFAULT_SCHEDULE)
+            for where, block in ((f"methods.{method}.train", mcfg.get("train", {})),
+                                 (f"schedules.{schedule}.train", new["schedules"][schedule].get("train", {}))):
+                if _get(block, key) is not None:
+                    winners.setdefault(f"{where}.{'.'.join(key)}", []).append(method)
+                    break
+            else:
+                if path[0] == "train" and any(_get(new["datasets"][d].get("train", {}), key) is not None
+                                              for d in datasets):
+                    winners.setdefault(f"datasets.<name>.train.{'.'.join(key)}", []).append(method)
+        for where, methods in winners.items():
+            notes.append(f"{'.'.join(path)} changed ({old_leaves.get(path)!r} -> {new_leaves.get(path)!r}) but does "
+                         f"not reach {', '.join(methods)}: {where} overrides it for them (train < "
+                         f"datasets.<name>.train < schedules.<schedule>.train < methods.<name>.train); "
+                         f"change that key to reach them")
+    return notes
+
+
+def selected_changes(old: dict, new: dict) -> list[str]:
+    """Changed lr / pseudo-label threshold keys that grid methods under model selection do not see: their
+    selected values replace them (noisymlt.pipeline.selection). One line per key, naming the methods."""
+    from noisymlt.pipeline import selection
+
+    old_leaves, new_leaves = _leaves(old), _leaves(new)
+    notes = []
+    for path in sorted(k for k in new_leaves.keys() | old_leaves.keys() if old_leaves.get(k) != new_leaves.get(k)):
+        if path[-1] == "lr" and "train" in path and path[0] in ("train", "datasets", "schedules", "methods"):
+            name = "lr"
+        elif path[0] in ("methods", "datasets") and "thresholds" in path:
+            name = "alpha"
+        else:
+            continue
+        hidden = []
+        for method in new["grid"]["methods"]:
+            who = selection.owner(new, method)
+            if who is None or path[0] == "methods" and path[1] != method:
+                continue
+            keys = {k for stage in selection.stages(new, who) for k in stage}
+            if name in keys or name == "alpha" and "beta" in keys:
+                hidden.append(method)
+        if hidden:
+            notes.append(f"{'.'.join(path)} changed ({old_leaves.get(path)!r} -> {new_leaves.get(path)!r}) but does not "
+                         f"reach {', '.join(hidden)}: model selection chooses it for them (selection.methods); set "
+                         f"selection.methods.NAME: null to train them with fixed values")
+    return notes
+
+
+def _previous(out: Path) -> dict | None:
+    """The params an existing file of this kind holds (stale or not), without its dvc block."""
+    try:
+        previous = yaml.safe_load(out.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(previous, dict) or "dvc" not in previous:
+        return None
+    previous.pop("dvc")
+    return previous
+
+
+def write(layers: list[str], out: str | Path) -> Path:
+    from noisymlt.pipeline.config import load_params
+
+    params = load_params(*layers)
+    previous = _previous(Path(out))
+    if previous is not None:
+        for note in unreached_changes(previous, params) + selected_changes(previous, params):
+            print(f"warning: {note}", file=sys.stderr, flush=True)
+    text = HEADER.format(layers=" ".join(layers), out=out)
+    text += yaml.safe_dump({"dvc": dvc_block(params, layers), **params}, sort_keys=False, width=120)
+    return write_text(Path(out), text)
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    out = write(args.layers, args.out)
+    print(f"{out}: {' + '.join(args.layers)}")
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser(
+        "params", help="merge params files (params.yaml, then a profile's) into the one file DVC reads",
+        description="Layer params files left to right as Snakemake's --configfile does, validate the result and "
+                    "write it with a `dvc` block (the lists dvc.yaml's stages expand over, the layers' sha256) to "
+                    "OUT. dvc.yaml reads dvc.params.yaml: run this before `dvc repro`, and again after editing a "
+                    "layer (steps refuse a stale file).",
+    )
+    p.add_argument("layers", nargs="+", help="params files, layered left to right (params.yaml first)")
+    p.add_argument("--out", default="dvc.params.yaml", help="file to write (default: dvc.params.yaml)")
+    p.set_defaults(func=_cmd)

@@ -1,0 +1,400 @@
+"""Model selection as the paper does it: hyper-parameters cross-validated on held-out *noisy* training labels.
+
+The paper cross-validates the initial lr in {0.02, 0.08, 0.14, 0.2}, alpha in {0.7, 0.8, 0.9} and beta in
+{0.1, 0.2, 0.3, 0.4}. Here (params `selection`):
+
+1. ``split``: a seeded subset of the long-tailed training images is held out, stratified on the noisy labels of
+   every selection set (noise rate x seed) so that each class keeps positives on both sides. One file per
+   dataset (data/<dataset>/select/split.json).
+2. ``parts``: each selection set's noisy table is cut into fit and val tables holding the noisy labels only
+   (the clean_* columns are not even read).
+3. Candidates are ordinary training runs on the fit table, evaluated against the val table, one per value
+   combination of a *stage* (e.g. lr first, then alpha x beta at the chosen lr).
+4. ``choose``: a stage's candidates are ranked by their validation mAP (the method's ranked head), averaged
+   over the selection sets. The choice accumulates over the stages.
+5. The final runs train on the whole training set with the chosen values, which enter their resolved
+   configuration (so their run id): a changed choice reruns exactly the runs that read it.
+
+Nothing here opens the test set or a clean label (tests/test_selection.py holds it to that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline.config import PSEUDO_KEYS, method_entry, uses_pseudo_labels
+from noisymlt.pipeline.files import write_json
+from noisymlt.methods.options import BRANCH_NAMES
+
+log = logging.getLogger(__name__)
+
+TIE_RULE = ("scores are compared at 0.01 mAP points (the tables' precision); of tied candidates the first in the "
+            "stage's grid order wins (each grid lists its values from the most conservative: the smallest lr, "
+            "the highest alpha, the lowest beta)")
+
+
+# ------------------------------------------------------------------------------------------ layout
+
+def gtag(gamma: float) -> str:
+    return str(float(gamma))
+
+
+def split_path(dataset: str) -> str:
+    return f"data/{dataset}/select/split.json"
+
+
+def part_path(dataset: str, gamma: float, seed: int, part: str) -> str:
+    """The fit ('fit') or validation ('val') table of one selection set: noisy labels only."""
+    return f"data/{dataset}/select/g{gtag(gamma)}_s{int(seed)}_{part}.parquet"
+
+
+def cache_path(dataset: str, part: str) -> str:
+    """Decoded-image cache of the fit or val images (every selection set has the same rows)."""
+    return f"data/{dataset}/cache/select_{part}.npy"
+
+
+def stage_dir(dataset: str, method: str, stage: int) -> str:
+    return f"runs/{dataset}/select/{method}/stage{stage}"
+
+
+def candidate_dir(dataset: str, method: str, stage: int, gamma: float, seed: int, tag: str) -> str:
+    return f"{stage_dir(dataset, method, stage)}/g{gtag(gamma)}/s{int(seed)}/{tag}"
+
+
+def stage_file(dataset: str, method: str, stage: int) -> str:
+    """Every candidate's scores and the choice so far; the last stage's file holds every stage."""
+    return f"runs/{dataset}/select/{method}/stage{stage}.json"
+
+
+def choice_file(dataset: str, method: str, stage: int) -> str:
+    """The values chosen up to a stage, nothing else: what later stages and final runs read, so that a
+    rerun selection that chooses the same values leaves their inputs as they were (DVC hashes content)."""
+    return f"runs/{dataset}/select/{method}/stage{stage}.choice.json"
+
+
+# ------------------------------------------------------------------------------------------ params
+
+def enabled(params: dict) -> bool:
+    block = params.get("selection") or {}
+    return bool(block.get("enabled", False))
+
+
+def owner(params: dict, method: str) -> str | None:
+    """The method whose selection a method's final runs read: itself, its `same_as`, or None (fixed values)."""
+    if not enabled(params):
+        return None
+    entry = method_entry(params, method)
+    if entry is None:
+        return None
+    if isinstance(entry, dict):  # another method's values: none while that method selects nothing itself
+        return entry["same_as"] if isinstance(method_entry(params, entry["same_as"]), list) else None
+    return method
+
+
+def stages(params: dict, method: str) -> list[list[str]]:
+    """The stages a method selects in (lists of hyper-parameter names); [] when it selects nothing itself."""
+    if not enabled(params):
+        return []
+    entry = method_entry(params, method)
+    return [list(stage) for stage in entry] if isinstance(entry, list) else []
+
+
+def applicable(params: dict, method: str, values: dict) -> dict:
+    """The chosen values that mean something to a method: alpha/beta only where pseudo labels are on."""
+    return {k: v for k, v in values.items() if k not in PSEUDO_KEYS or uses_pseudo_labels(params, method)}
+
+
+def selection_sets(params: dict) -> list[tuple[float, int]]:
+    block = params["selection"]
+    return [(float(g), int(s)) for g in block["gammas"] for s in block["seeds"]]
+
+
+def selecting_methods(params: dict, methods: list[str]) -> list[str]:
+    """The methods that run candidates for final runs of ``methods`` (their owners), in first-seen order."""
+    owners = (owner(params, m) for m in methods)
+    return list(dict.fromkeys(o for o in owners if o is not None))
+
+
+# ------------------------------------------------------------------------------------------ candidates
+
+def stage_grid(params: dict, keys: list[str]) -> list[dict]:
+    """Every value combination of a stage, in grid order (the first key varies slowest)."""
+    grids = params["selection"]["grids"]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grids[k] for k in keys))]
+
+
+def candidate_tag(values: dict) -> str:
+    """A candidate's folder name: lr0.08, alpha0.8_beta0.2."""
+    return "_".join(f"{k}{float(v):g}" for k, v in values.items())
+
+
+def candidates(params: dict, method: str, stage: int) -> list[tuple[str, dict]]:
+    """(tag, values) of a stage's candidates (stages count from 1)."""
+    return [(candidate_tag(v), v) for v in stage_grid(params, stages(params, method)[stage - 1])]
+
+
+def apply_values(params: dict, resolved: dict, values: dict, source: str) -> dict:
+    """A resolved run config with chosen values in place, and a `selected` record (values and the file they
+    came from): part of the run id, so a changed choice makes another run."""
+    import copy
+
+    values = applicable(params, resolved["method"], values)
+    if not values:
+        return resolved
+    out = copy.deepcopy(resolved)
+    if "lr" in values:
+        out["train"]["lr"] = float(values["lr"])
+    if any(k in values for k in PSEUDO_KEYS):
+        groups = params["selection"].get("thresholds") or {"alpha": ["head"], "beta": ["tail"]}
+        per_branch = {k: {g: float(values[k]) for g in groups.get(k, [])} for k in PSEUDO_KEYS if k in values}
+        # a stage that selects alpha only keeps the reference's beta, and the other way round
+        from noisymlt.methods.pseudo_labels import reference_thresholds
+
+        base = reference_thresholds(out)
+        pseudo = out["method_cfg"].setdefault("pseudo", {})
+        pseudo["thresholds"] = {b: {**base.get(b, {}), **per_branch} for b in BRANCH_NAMES}
+    out["selected"] = {"values": {k: float(v) for k, v in values.items()}, "by": source}
+    return out
+
+
+def candidate_config(params: dict, dataset: str, method: str, gamma: float, seed: int, values: dict) -> dict:
+    """A candidate's resolved config: the method's own, the values under test, and a warm-up scaled to the fit
+    part's share of the images so that it keeps its share of the (shorter) run."""
+    from noisymlt.pipeline.config import resolve_run
+
+    cfg = apply_values(params, resolve_run(params, dataset, method, gamma, seed), values, "candidate")
+    held_out = float(params["selection"]["held_out"])
+    cfg["train"]["warmup_iters"] = max(1, round(cfg["train"]["warmup_iters"] * (1 - held_out)))
+    cfg["candidate"] = {"held_out": held_out, "split_seed": int(params["selection"]["split_seed"])}
+    return cfg
+
+
+def read_choice(path: str | Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())["chosen"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise NoisyMLTError(f"{path}: cannot read the selection's choice ({exc})") from exc
+
+
+def final_choice_file(params: dict, dataset: str, method: str) -> str | None:
+    """The choice file a final run of ``method`` reads, or None when its values are fixed."""
+    who = owner(params, method)
+    if who is None:
+        return None
+    return choice_file(dataset, who, len(stages(params, who)))
+
+
+def final_config(params: dict, resolved: dict, choice_path: str | Path | None) -> dict:
+    """A final run's resolved config with its method's chosen values (unchanged for fixed values)."""
+    if choice_path is None:
+        return resolved
+    return apply_values(params, resolved, read_choice(choice_path), str(choice_path))
+
+
+# ------------------------------------------------------------------------------------------ split
+
+def stratified_split(label_sets: list[np.ndarray], fraction: float, seed: int) -> tuple[np.ndarray, list[list[int]]]:
+    """(boolean mask of validation rows, per set the classes it could not split). Per (set, class), rarest first,
+    round(fraction x positives) rows (at least one) go to validation unless already there, so that every class
+    with two or more noisy positives keeps some on both sides; a class with fewer cannot be split, and its AP is
+    undefined on one side (left out of the validation mean, as evaluation leaves out a class without test
+    positives). Deterministic for a seed; the same rows for every set (one split per dataset)."""
+    rng = np.random.default_rng(seed)
+    val = np.zeros(len(label_sets[0]), bool)
+    unsplit: list[list[int]] = [[] for _ in label_sets]
+    order = sorted(((int(y[:, c].sum()), s, c) for s, y in enumerate(label_sets) for c in range(y.shape[1])))
+    for count, s, c in order:
+        if count < 2:
+            unsplit[s].append(c)
+            continue
+        pos = np.flatnonzero(label_sets[s][:, c])
+        want = max(1, round(fraction * count)) - int(val[pos].sum())
+        if want > 0:
+            val[rng.permutation(pos[~val[pos]])[:want]] = True
+        if val[pos].all():  # earlier, rarer classes took every positive: give one back to the fit side
+            val[rng.choice(pos)] = False
+    for s, y in enumerate(label_sets):
+        for c in set(range(y.shape[1])) - set(unsplit[s]):
+            if not (y[~val, c].any() and y[val, c].any()):
+                unsplit[s].append(c)
+    return val, [sorted(u) for u in unsplit]
+
+
+def write_split(tables: dict[str, Path], out: Path, fraction: float, seed: int) -> dict:
+    """split.json from the noisy tables of the selection sets (noisy labels only)."""
+    from noisymlt.data.labels import read_labels
+
+    read = {name: read_labels(path, noisy_only=True) for name, path in tables.items()}
+    first = next(iter(read.values()))
+    for name, table in read.items():
+        if table.image_ids != first.image_ids or table.classes != first.classes:
+            raise NoisyMLTError(f"{tables[name]}: rows or classes differ from {next(iter(tables.values()))}; the "
+                                "selection sets must be noisy copies of one training set")
+    val, unsplit = stratified_split([t.labels for t in read.values()], fraction, seed)
+    for name, classes in zip(read, unsplit):
+        if classes:
+            log.warning("%s: class(es) %s have fewer than two noisy positives (or lost them to rarer classes) and "
+                        "cannot be on both sides of the split: left out of the validation mAP", name,
+                        [first.classes[c] for c in classes])
+    record = {
+        "held_out": fraction, "seed": seed, "images": {"fit": int((~val).sum()), "val": int(val.sum())},
+        "val_image_ids": [i for i, v in zip(first.image_ids, val) if v],
+        "positives": {name: {"fit": t.labels[~val].sum(0).astype(int).tolist(),
+                             "val": t.labels[val].sum(0).astype(int).tolist()} for name, t in read.items()},
+        "classes": first.classes,
+        "unsplit_classes": {name: [first.classes[c] for c in u] for name, u in zip(read, unsplit)},
+        "stratified_on": {name: str(path) for name, path in tables.items()},
+    }
+    write_json(out, record)
+    return record
+
+
+def write_parts(noisy: Path, split: Path, fit_out: Path, val_out: Path) -> tuple[int, int]:
+    """The fit and val tables of one selection set: its noisy labels, cut by the split."""
+    from noisymlt.data.labels import LabelTable, read_labels, write_labels
+
+    table = read_labels(noisy, noisy_only=True)
+    try:
+        val_ids = set(json.loads(Path(split).read_text())["val_image_ids"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise NoisyMLTError(f"{split}: cannot read the selection split ({exc})") from exc
+    unknown = val_ids - set(table.image_ids)
+    if unknown:
+        raise NoisyMLTError(f"{split}: {len(unknown)} validation image(s) are not in {noisy}, e.g. {sorted(unknown)[0]}")
+    is_val = np.array([i in val_ids for i in table.image_ids])
+    for rows, out in ((~is_val, fit_out), (is_val, val_out)):
+        part = table.subset(np.flatnonzero(rows))
+        write_labels(LabelTable(part.image_ids, part.classes, part.labels, part.paths), out)
+    return int((~is_val).sum()), int(is_val.sum())
+
+
+# ------------------------------------------------------------------------------------------ choice
+
+def choose(scores: list[float]) -> int:
+    """Index of the winning candidate (see TIE_RULE); scores are validation mAP in percent."""
+    rounded = [round(float(s), 2) for s in scores]
+    if any(np.isnan(rounded)):
+        raise NoisyMLTError("a candidate has no validation score")
+    return rounded.index(max(rounded))
+
+
+def candidate_score(metrics_path: Path) -> tuple[float, str, str | None]:
+    """(validation mAP in percent, the head it is of, run id) from a candidate's metrics.json: the head the
+    tables rank the method by (its ensemble if it has one)."""
+    try:
+        m = json.loads(Path(metrics_path).read_text())
+        heads = m["heads"]
+        head = "ensemble" if "ensemble" in heads else sorted(heads)[0]
+        return 100 * float(heads[head]["map"]["total"]), head, m.get("run_id")
+    except (OSError, ValueError, KeyError) as exc:
+        raise NoisyMLTError(f"{metrics_path}: cannot read a candidate's validation mAP ({exc})") from exc
+
+
+def select_stage(params: dict, dataset: str, method: str, stage: int, runs: str | Path = ".",
+                 previous: Path | None = None) -> dict:
+    """Score one stage's candidates (their metrics.json files under ``runs``) and write its stage and choice
+    files. ``previous``: the choice file of the stage before, whose values every candidate carried."""
+    root = Path(runs)
+    prior = read_choice(previous) if previous else {}
+    sets = selection_sets(params)
+    rows = []
+    for tag, values in candidates(params, method, stage):
+        scores, ids, head = {}, {}, None
+        for gamma, seed in sets:
+            path = root / candidate_dir(dataset, method, stage, gamma, seed, tag) / "metrics.json"
+            score, head, run = candidate_score(path)
+            scores[f"g{gtag(gamma)}_s{seed}"], ids[f"g{gtag(gamma)}_s{seed}"] = round(score, 4), run
+        rows.append({"tag": tag, "values": values, "scores": scores, "mean": round(float(np.mean(list(scores.values()))), 4),
+                     "run_ids": ids})
+    best = choose([r["mean"] for r in rows])
+    chosen = {**prior, **rows[best]["values"]}
+    keys = stages(params, method)[stage - 1]
+    record = {
+        "dataset": dataset, "method": method, "stage": stage, "keys": keys,
+        "metric": f"mAP (%) of the {head} head against the held-out noisy labels, mean over the selection sets",
+        "sets": [{"gamma": g, "seed": s} for g, s in sets], "held_out": params["selection"]["held_out"],
+        "tie_rule": TIE_RULE, "previous": prior, "candidates": rows, "winner": rows[best]["tag"], "chosen": chosen,
+    }
+    if previous:
+        earlier = json.loads(Path(str(previous).replace(".choice.json", ".json")).read_text())
+        record["earlier_stages"] = earlier.get("earlier_stages", []) + [
+            {k: earlier[k] for k in ("stage", "keys", "candidates", "winner", "chosen")}]
+    write_json(root / stage_file(dataset, method, stage), record)
+    write_json(root / choice_file(dataset, method, stage),
+               {"dataset": dataset, "method": method, "stage": stage, "chosen": chosen})
+    return record
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+def split_tables(params: dict, dataset: str) -> dict[str, str]:
+    """The noisy tables the split is stratified on, one per selection set, by name (g0.5_s0)."""
+    return {f"g{gtag(g)}_s{s}": f"data/{dataset}/noisy/g{gtag(g)}_s{s}.parquet" for g, s in selection_sets(params)}
+
+
+def _cmd_split(args: argparse.Namespace) -> int:
+    tables = {}
+    for item in args.noisy:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise NoisyMLTError(f"--noisy {item}: expected NAME=FILE (e.g. g0.5_s0=data/voc/noisy/g0.5_s0.parquet)")
+        tables[name] = Path(path)
+    if not 0 < args.held_out <= 0.5:
+        raise NoisyMLTError(f"--held-out {args.held_out}: must lie in (0, 0.5]")
+    rec = write_split(tables, Path(args.out), args.held_out, args.seed)
+    print(f"{args.out}: {rec['images']['val']} validation and {rec['images']['fit']} fit images, stratified on "
+          f"{', '.join(tables)}")
+    return 0
+
+
+def _cmd_parts(args: argparse.Namespace) -> int:
+    fit, val = write_parts(Path(args.noisy), Path(args.split), Path(args.fit), Path(args.val))
+    print(f"{args.fit}: {fit} images; {args.val}: {val} images (noisy labels only)")
+    return 0
+
+
+def _cmd_choose(args: argparse.Namespace) -> int:
+    from noisymlt.pipeline.config import json_object_arg
+
+    params = {"selection": json_object_arg(args.selection, "--selection")}
+    rec = select_stage(params, args.dataset, args.method, args.stage, args.runs,
+                       Path(args.previous) if args.previous else None)
+    for row in rec["candidates"]:
+        mark = "  <- chosen" if row["tag"] == rec["winner"] else ""
+        print(f"{args.method} stage {args.stage} {row['tag']:>20}: validation mAP {row['mean']:.2f}{mark}")
+    print(f"{stage_file(args.dataset, args.method, args.stage)}: chosen {rec['chosen']}")
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("select", help="model selection on held-out noisy training labels (split, parts, choose)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    steps = p.add_subparsers(dest="select_step", metavar="STEP", required=True)
+    q = steps.add_parser("split", help="hold out a stratified, seeded share of the training images (one per dataset)")
+    q.add_argument("--noisy", nargs="+", required=True, metavar="NAME=FILE",
+                   help="the noisy table of each selection set (noisy labels only are read)")
+    q.add_argument("--held-out", type=float, required=True, help="validation share of the images, in (0, 0.5]")
+    q.add_argument("--seed", type=int, required=True)
+    q.add_argument("--out", required=True, help="split file to write (data/DATASET/select/split.json)")
+    q.set_defaults(func=_cmd_split)
+    q = steps.add_parser("parts", help="cut one noisy table into its fit and validation tables (noisy labels only)")
+    q.add_argument("--noisy", required=True, help="noisy label table of a selection set")
+    q.add_argument("--split", required=True, help="split.json of `noisymlt select split`")
+    q.add_argument("--fit", required=True, help="fit table to write")
+    q.add_argument("--val", required=True, help="validation table to write")
+    q.set_defaults(func=_cmd_parts)
+    q = steps.add_parser("choose", help="rank one stage's candidates by validation mAP and write the choice")
+    q.add_argument("--selection", required=True, help="the params' selection block: JSON text or a JSON file")
+    q.add_argument("--dataset", required=True)
+    q.add_argument("--method", required=True)
+    q.add_argument("--stage", type=int, required=True, help="stage number, from 1")
+    q.add_argument("--previous", help="choice file of the stage before (stages after the first)")
+    q.add_argument("--runs", default=".", help="project root the candidate folders are under (default: .)")
+    q.set_defaults(func=_cmd_choose)

@@ -1,0 +1,102 @@
+"""The code of each pipeline step (the `code-deps` command): what a job's code param and DVC's digest files hold.
+
+A step's code is the static import closure (noisymlt.pipeline.codedeps) of the `noisymlt` CLI and the module that
+registers its command; a training run's is its trainer, family and losses (``codedeps.run_entries``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from noisymlt.cli import command_modules, step_entries
+from noisymlt.pipeline.codedeps import closure, data_files, digest, imports_of, modules, run_entries
+from noisymlt.errors import NoisyMLTError
+
+
+def warm() -> None:
+    """Read the whole import graph and every command's module now (what a step's manifest needs; ~0.5 CPU s):
+    the preload server does it once, and the jobs it forks inherit it. The file contents are still read and
+    hashed by ``codedeps.digest`` in each job."""
+    command_modules()
+    for name in modules():
+        imports_of(name)
+        data_files(name)
+
+
+def step_digest(command: str) -> str:
+    return digest(*step_entries(command))
+
+
+def method_entries(params: dict, method: str) -> tuple[str, ...]:
+    """``run_entries`` of any run of ``method``: a run's code depends on its method block, not on its
+    dataset, noise rate or seed."""
+    from noisymlt.pipeline.config import resolve_run
+
+    return run_entries(resolve_run(params, next(iter(params["datasets"])), method, 0.5, 0))
+
+
+def digests(params: dict) -> dict[str, str]:
+    """Every pipeline command's digest, and one per method for training (``train/METHOD``)."""
+    out = {command: step_digest(command) for command in sorted(command_modules())}
+    for method in sorted(params["methods"]):
+        out[f"train/{method}"] = digest(*method_entries(params, method))
+    return out
+
+
+def write_digests(params: dict, out_dir: Path) -> list[Path]:
+    """One small file per digest (DVC stages depend on their own file); files whose digest did not
+    change are left untouched, and stale ones removed."""
+    out_dir = Path(out_dir)
+    written = []
+    for key, value in digests(params).items():
+        path = out_dir / f"{key}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"step": key, "code_digest": value}) + "\n"
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        written.append(path)
+    for stale in set(out_dir.rglob("*.json")) - set(written):
+        stale.unlink()
+    return written
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    from noisymlt.pipeline.config import json_object_arg, load_params, validate_params
+
+    if args.params_json:  # Snakemake's config, layered in memory (it names no params file)
+        params = json_object_arg(args.params_json, "--params-json")
+        validate_params(params, source="--params-json")
+    else:
+        params = load_params(*args.params)
+    if args.out:
+        paths = write_digests(params, Path(args.out))
+        print(f"{args.out}: {len(paths)} code digests")
+        return 0
+    if args.method:
+        entries = method_entries(params, args.method)
+    else:
+        try:
+            entries = step_entries(args.command)
+        except ValueError as exc:
+            raise NoisyMLTError(f"--command: {exc}") from exc
+    print("\n".join(closure(*entries)))
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser(
+        "code-deps", help="the package modules a step runs, and their digests (what makes a step rerun)",
+        description="A step's code dependency is the static import closure of its entry module (a training run: "
+                    "the trainer, its method family and its losses). Snakemake passes each closure's digest to "
+                    "its job as a param; DVC stages depend on the digest files that --out writes.",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--params", nargs="+", default=["params.yaml"], help="params files, layered left to right")
+    src.add_argument("--params-json", help="the merged params as JSON text or a JSON file (the Snakemake rule)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--out", help="write one digest file per command and per method (train/METHOD.json) here")
+    what.add_argument("--command", help="list the modules of this command's closure")
+    what.add_argument("--method", help="list the modules of this method's training closure")
+    p.set_defaults(func=_cmd)

@@ -1,0 +1,8 @@
+"""One training run: the Trainer and what it is made of.
+
+The loop and the run's life (trainer), its command (command), the lr schedule and parameter groups
+(schedule), checkpoints and the run folder (checkpoint), the images a run reads (inputs, loaders,
+transforms, augment, trunkcache, sampling), devices and precision (devices), what is measured along the
+way (noise_monitor, fit_diagnostics) and the toy backbone's pretraining (pretrain). What a method computes
+lives in noisymlt.methods, noisymlt.models and noisymlt.losses.
+"""

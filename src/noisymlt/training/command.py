@@ -1,0 +1,133 @@
+"""The `noisymlt train` command: one run's resolved configuration and files, handed to the Trainer.
+
+Only turns arguments into the resolved configuration (whose hash is the run id) and the input paths (whose
+hashes the checkpoint and manifest hold), so it is not part of a run's code digest (noisymlt.pipeline.codedeps):
+the model selection it reads with --params lives here, not in the trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+from noisymlt.errors import NoisyMLTError
+from noisymlt.training.checkpoint import archive_run
+from noisymlt.training.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+def _resolved_from_args(args: argparse.Namespace) -> dict:
+    from noisymlt.pipeline.config import json_object_arg, load_params, resolve_run
+
+    if args.run_config:
+        return json_object_arg(args.run_config, "--run-config")
+    missing = [o for o in ("dataset", "method", "gamma", "seed") if getattr(args, o) is None]
+    if missing:
+        raise NoisyMLTError(f"without --run-config, --params needs --{' --'.join(missing)}")
+    params = load_params(*args.params)
+    resolved = resolve_run(params, args.dataset, args.method, args.gamma, args.seed)
+    if args.selection:  # the method's model selection: its chosen values (noisymlt.pipeline.selection)
+        from noisymlt.pipeline.selection import final_config
+
+        resolved = final_config(params, resolved, args.selection)
+    return resolved
+
+
+def _check_selection(resolved: dict, path: str) -> None:
+    """A --run-config that names a selection must hold what that selection chose."""
+    from noisymlt.pipeline.selection import read_choice
+
+    chosen, selected = read_choice(path), (resolved.get("selected") or {}).get("values", {})
+    if not selected or any(chosen.get(k) != v for k, v in selected.items()):
+        raise NoisyMLTError(f"--selection {path} chose {chosen}, the run config holds {selected or 'no selection'}")
+
+
+def _expected_code(value: str | None) -> str | None:
+    """--expect-code: a digest, or a digest file of `noisymlt code-deps --out` (DVC's code dependency)."""
+    if not value or not value.endswith(".json"):
+        return value
+    try:
+        return json.loads(Path(value).read_text())["code_digest"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise NoisyMLTError(f"--expect-code {value}: not a code digest file of `noisymlt code-deps --out` ({exc})") from exc
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    resolved = _resolved_from_args(args)
+    out = Path(args.out)
+    if args.restart and (out / "checkpoint.pt").exists():
+        # the old run moves to previous/replaced-STAMP/ and the new log says so in its first line
+        aside = archive_run(out, f"replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+        (out / "train_log.jsonl").write_text(json.dumps({"event": "restart", "previous_run": str(aside)}) + "\n")
+        log.warning("--restart: the previous run is kept in %s", aside)
+    extra = {}
+    for item in args.provenance or []:
+        name, sep, path = item.partition("=")
+        if not sep or not Path(path).is_file():
+            raise NoisyMLTError(f"--provenance {item!r}: expected NAME=FILE with an existing file")
+        extra[name] = Path(path)
+    if args.selection:
+        if args.run_config:
+            _check_selection(resolved, args.selection)
+        extra["selection"] = Path(args.selection)
+    trainer = Trainer(resolved, train_labels=args.train_labels, test_labels=args.test_labels, split=args.split,
+                      train_images=args.train_images, test_images=args.test_images, out_dir=out,
+                      device=args.device, progress=not args.no_progress,
+                      provenance_inputs=extra, keep_stale=args.keep_stale, clean_labels=args.clean_labels,
+                      train_cache=args.train_cache, test_cache=args.test_cache, cores=args.cores,
+                      expect_code=_expected_code(args.expect_code))
+    log.info("run %s: %s on %s gamma=%s seed=%s, %d iterations/epoch on %s", trainer.run_id, resolved["method"],
+             resolved["dataset"], resolved["gamma"], resolved["seed"], trainer.iters, trainer.device)
+    trainer.run()
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser(
+        "train", help="train one method on one noisy training set and predict the test set",
+        description="Train one (dataset, noise rate, seed, method) run. The configuration comes either from "
+                    "--run-config (a resolved JSON, as the Snakemake workflow writes it) or from --params files "
+                    "(layered left to right) plus --dataset/--method/--gamma/--seed. Resumes from OUT/checkpoint.pt "
+                    "when present; refuses a checkpoint of a different configuration.",
+    )
+    src = p.add_argument_group("configuration")
+    src.add_argument("--run-config", help="resolved run config: a JSON file, or the JSON text itself")
+    src.add_argument("--params", nargs="+", default=["params.yaml"], help="params files (default: params.yaml)")
+    src.add_argument("--dataset")
+    src.add_argument("--method")
+    src.add_argument("--gamma", type=float)
+    src.add_argument("--seed", type=int)
+    io = p.add_argument_group("files")
+    io.add_argument("--train-labels", required=True, help="noisy train labels (Parquet from `noisymlt noise`)")
+    io.add_argument("--test-labels", required=True, help="clean test labels (Parquet from `noisymlt parse`)")
+    io.add_argument("--split", required=True, help="head/medium/tail class split JSON")
+    io.add_argument("--train-images", required=True, help="folder the train label paths are relative to")
+    io.add_argument("--test-images", required=True, help="folder the test label paths are relative to")
+    io.add_argument("--train-cache", type=Path, help="decoded-image cache of the train subset (train.loader: cache)")
+    io.add_argument("--test-cache", type=Path, help="decoded-image cache of the test set (train.loader: cache)")
+    io.add_argument("--out", required=True, help="run folder (checkpoint, predictions, manifest)")
+    io.add_argument("--clean-labels",
+                    help="clean long-tail subset table: logs the noise of the targets each branch trains on "
+                         "(OUT/noise_level.jsonl); read for that log only, never by training")
+    io.add_argument("--selection", help="the choice file of the method's model selection (noisymlt.pipeline.selection): with "
+                    "--params its values are applied, with --run-config they are checked; recorded in the manifest")
+    io.add_argument("--provenance", nargs="*", metavar="NAME=FILE",
+                    help="further upstream files whose sha256 the manifest records (raw-data manifest, clean subset)")
+    p.add_argument("--device", default="auto", help="auto (GPU if any, honouring CUDA_VISIBLE_DEVICES), cpu, cuda:N")
+    p.add_argument("--cores", type=int, help="CPU cores given to this job (train.workers: auto takes loader workers "
+                   "from them); default: SLURM_CPUS_PER_TASK, else the process's CPU affinity")
+    p.add_argument("--restart", action="store_true", help="keep an existing checkpoint aside and start over")
+    p.add_argument("--keep-stale", action="store_true",
+                   help="a checkpoint of another configuration is kept as checkpoint.<its run id>.pt and training "
+                        "starts afresh (the workflow's choice: it reruns a job when its configuration changed); "
+                        "without it such a checkpoint stops the run")
+    p.add_argument("--expect-code", metavar="DIGEST|FILE",
+                   help="the run's code digest the workflow planned the job for (a digest, or its digest file from "
+                        "`noisymlt code-deps --out`): the job stops before training when the source now gives "
+                        "another, instead of recording a result under code the workflow did not plan")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_train)

@@ -1,0 +1,69 @@
+"""A run's learning-rate schedule, its parameter groups and the length of an epoch."""
+
+from __future__ import annotations
+
+from noisymlt.errors import NoisyMLTError
+
+
+def lr_at(cfg: dict, epoch: int, it: int, iters_per_epoch: int) -> float:
+    """Linear warm-up from lr * warmup_ratio over warmup_iters, then x lr_gamma at each step epoch."""
+    lr = cfg["lr"] * cfg["lr_gamma"] ** sum(epoch >= s for s in cfg["lr_steps"])
+    global_it = epoch * iters_per_epoch + it
+    if global_it < cfg["warmup_iters"]:
+        k = cfg["warmup_ratio"] + (1 - cfg["warmup_ratio"]) * global_it / cfg["warmup_iters"]
+        lr *= k
+    return lr
+
+
+# Name components of the layers that start from scratch on top of a pretrained backbone: the neck and head of
+# every branch, the partner BatchNorms of feature-level Stitch-Up, BBN's classifier and ML-GCN's GCN.
+NEW_LAYERS = frozenset({"neck", "head", "partner_bns", "classifier", "gcn"})
+
+
+def lr_groups(model, multipliers: dict[str, float], new_layers: float = 1.0) -> list[tuple[float, list]]:
+    """The model's trainable parameters as (lr factor, parameters) groups: a parameter takes the factor of the
+    first name prefix in ``multipliers`` it starts with (the method's own, from its reference), else
+    ``new_layers`` when it belongs to a layer that starts from scratch (``NEW_LAYERS``; train.new_layers_lr_mult),
+    else 1. With every factor 1 there is one group, as before."""
+    groups: dict[float, list] = {}
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            mult = next((float(m) for prefix, m in multipliers.items() if name.startswith(prefix)), None)
+            if mult is None:
+                mult = float(new_layers) if NEW_LAYERS.intersection(name.split(".")) else 1.0
+            groups.setdefault(mult, []).append(param)
+    return list(groups.items())
+
+
+def check_warmup(cfg: dict, iters_per_epoch: int, where: str) -> None:
+    """Refuse a schedule whose linear warm-up ends after the first lr step: its runs would never train at
+    their nominal lr (``train.long_warmup: true`` allows it, to reproduce a reference that does so)."""
+    if cfg.get("long_warmup", False) or not cfg["warmup_iters"]:
+        return
+    total = cfg["epochs"] * iters_per_epoch
+    step = min([s for s in cfg["lr_steps"] if s < cfg["epochs"]], default=None)
+    first_step = total if step is None else step * iters_per_epoch
+    if cfg["warmup_iters"] > first_step:
+        span = (f"the {total} iterations of the run" if step is None else
+                f"the {first_step} iterations before the first lr step (epoch {step} of {cfg['epochs']}, "
+                f"{iters_per_epoch} iterations each, {total} in all)")
+        raise NoisyMLTError(
+            f"{where}: train.warmup_iters={cfg['warmup_iters']} outlasts {span}, so the run would never reach "
+            f"train.lr={cfg['lr']:g}. Shorten the warm-up "
+            "(e.g. in the method's schedule), train longer, or set train.long_warmup: true to reproduce a "
+            "reference that does this")
+
+
+def epoch_iterations(rule: str, streams: list, num_images: int, batch_size: int) -> int:
+    """Iterations per epoch. ``batches`` ([CL]): floor(N / batch_size) whatever the sampler;
+    ``sampler`` ([DB]): one pass over the first stream's sampler, floor(len(sampler) / its batch size)
+    (class-aware: int(max_class_count * C / 4) images; random: N)."""
+    if rule == "batches":
+        iters = num_images // batch_size
+    elif rule == "sampler":
+        iters = len(streams[0].sampler) // streams[0].batch_size
+    else:
+        raise NoisyMLTError(f"train.epoch_length: unknown rule {rule!r}; choose batches or sampler")
+    if iters < 1:
+        raise NoisyMLTError(f"train.epoch_length={rule}: an epoch would have no full batch of {batch_size} images")
+    return iters
