@@ -36,7 +36,7 @@ STEP_COMMANDS = {"raw": "make-toy", "train-images": "fetch-coco-images",  # `noi
 
 
 def _commands(cmd: str) -> list[str]:
-    """The noisymlt commands a stage's command line runs: `step X` runs steps.py and X's command."""
+    """The noisymlt commands a stage's command line runs: `step X` runs noisymlt/pipeline/paths.py and X's command."""
     words = cmd.split()
     first = words[words.index("noisymlt") + 1]
     if first != "step":

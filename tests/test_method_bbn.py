@@ -140,7 +140,7 @@ def test_trainer_run_on_tiny_toy(tiny_toy, tmp_path):
 
 def test_demo_trains_the_classifier_at_ten_times_the_lr(tiny_toy, tmp_path):
     # The demo's regime (train.new_layers_lr_mult), not BBN's code (one lr for all, params.yaml): on the toy
-    # backbone's raw features a classifier at the recipe's lr stays unfitted (scripts/experiment_bbn_mlgcn.py).
+    # backbone's raw features a classifier at the recipe's lr stays unfitted (experiments/bbn_mlgcn/experiment_bbn_mlgcn.py).
     from noisymlt.pipeline.config import load_params
 
     repo = Path(__file__).resolve().parents[1]

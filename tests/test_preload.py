@@ -258,7 +258,7 @@ def test_a_server_refuses_other_interpreters_and_edited_sources(tmp_path):
         good = {"argv": [], "cwd": ".", "env": {}, **preload._identity()}
         assert server._refusal(good, fds) is None
         assert "interpreter" in server._refusal({**good, "executable": "/usr/bin/python2"}, fds)
-        server.fingerprint = {**server.fingerprint, "train.py": [0, 0]}
+        server.fingerprint = {**server.fingerprint, "training/trainer.py": [0, 0]}
         assert "source changed" in server._refusal(good, fds)
         assert server.draining  # stale for good: it stops taking work
         assert not server._should_run()  # and, with no child running, exits

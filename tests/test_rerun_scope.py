@@ -36,10 +36,10 @@ EDITS = {
         "losses/db.py", "bias = 3 * self.kappa", "bias = self.kappa", {"db_focal", "ours"}, {"db_focal", "ours"},
         RESULTS),
     "the pseudo-label rule": (
-        "colearning.py", "out = torch.where(q > alpha_t, one, noisy_targets)",
+        "methods/pseudo_labels.py", "out = torch.where(q > alpha_t, one, noisy_targets)",
         "out = torch.where(q >= alpha_t, one, noisy_targets)", {"ours"}, set(), RESULTS),
     "the model-selection code": (  # the stage files change, the choice does not: no final run retrains
-        "selection.py", '"metric": f"mAP (%) of the {head} head', '"metric": f"mAP (percent) of the {head} head',
+        "pipeline/selection.py", '"metric": f"mAP (%) of the {head} head', '"metric": f"mAP (percent) of the {head} head',
         set(), set(), ("runs/toy/select/ours/stage", "data/code/", "reports/")),
 }
 

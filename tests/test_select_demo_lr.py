@@ -1,5 +1,5 @@
-"""The demo's learning rates: the held-out split and the choice rule of scripts/select_demo_lr.py, and the demo
-profile holding the values that script chose (docs/demo_lr_selection.json)."""
+"""The demo's learning rates: the held-out split and the choice rule of experiments/lr_selection/select_demo_lr.py, and the demo
+profile holding the values that script chose (experiments/lr_selection/result.json)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "experiments" / "lr_selection"))
 
 from select_demo_lr import RECIPES, choose, held_out_split  # noqa: E402
 
@@ -41,7 +41,7 @@ def test_choice_is_the_best_score_and_ties_go_to_the_smaller_lr():
 def test_demo_profile_uses_the_selected_learning_rates():
     from noisymlt.pipeline.config import load_params, resolve_run
 
-    chosen = json.loads((REPO / "docs" / "demo_lr_selection.json").read_text())
+    chosen = json.loads((REPO / "experiments" / "lr_selection" / "result.json").read_text())
     params = load_params(REPO / "params.yaml", REPO / "workflow" / "profiles" / "demo" / "params.yaml")
     assert set(chosen["recipes"]) == set(RECIPES)
     selected = params["selection"]["methods"]  # methods whose lr the demo itself selects (issue: model selection)
@@ -61,10 +61,10 @@ def test_demo_profile_uses_the_selected_learning_rates():
 
 def test_the_demo_new_layer_factor_follows_the_fit_diagnostics_it_was_chosen_on():
     """The profile's train.new_layers_lr_mult per recipe and the README's account of it rest on
-    docs/demo_new_layer_lr.json (scripts/experiment_new_layer_lr.py); this keeps both true of that file."""
+    experiments/new_layer_lr/result.json (experiments/new_layer_lr/experiment_new_layer_lr.py); this keeps both true of that file."""
     from noisymlt.pipeline.config import load_params, resolve_run
 
-    runs = json.loads((REPO / "docs" / "demo_new_layer_lr.json").read_text())
+    runs = json.loads((REPO / "experiments" / "new_layer_lr" / "result.json").read_text())
     seed1 = runs["seed 1"]
     runs = runs["runs"]
 
@@ -95,7 +95,7 @@ def test_the_demo_new_layer_factor_follows_the_fit_diagnostics_it_was_chosen_on(
 
 
 def test_the_readme_account_of_the_random_branchs_missing_pseudo_labels_holds_against_its_runs():
-    ours = json.loads((REPO / "docs" / "demo_new_layer_lr.json").read_text())["runs"]["ours"]
+    ours = json.loads((REPO / "experiments" / "new_layer_lr" / "result.json").read_text())["runs"]["ours"]
     base, longer, clean = ours["x10 crossings"], ours["x10 3x epochs"], ours["x10 clean labels"]
     assert base["test_map"] == ours["x10"]["test_map"]  # the same (deterministic) run, with crossings
     # none of the balanced branch's training outputs pass 0.9, few pass 0.7
@@ -114,15 +114,15 @@ def test_the_one_set_choice_left_the_random_branch_without_pseudo_labels_and_the
     """The demo profile's account of why it selects on two noisy sets: on one, the best four alpha x beta
     candidates lay within 0.3 validation points and the choice (alpha 0.8) left the random branch without pseudo
     labels at 16 and at 24 epochs on two seeds, the balanced branch with hundreds an epoch
-    (docs/demo_selection_one_set.json, docs/demo_random_branch_pl.json)."""
+    (experiments/random_branch_pl/selection_one_set.json, experiments/random_branch_pl/result.json)."""
     from noisymlt.pipeline.config import load_params, resolve_run
 
-    one = json.loads((REPO / "docs" / "demo_selection_one_set.json").read_text())["stage_file"]
+    one = json.loads((REPO / "experiments" / "random_branch_pl" / "selection_one_set.json").read_text())["stage_file"]
     assert [(s["gamma"], s["seed"]) for s in one["sets"]] == [(0.5, 0)]
     scores = sorted((c["mean"] for c in one["candidates"]), reverse=True)
     assert scores[0] - scores[3] < 0.3
     winner = next(c["values"] for c in one["candidates"] if c["tag"] == one["winner"])
-    runs = json.loads((REPO / "docs" / "demo_random_branch_pl.json").read_text())
+    runs = json.loads((REPO / "experiments" / "random_branch_pl" / "result.json").read_text())
     assert runs["values"] == winner == {"alpha": 0.8, "beta": 0.1}
     params = load_params(REPO / "params.yaml", REPO / "workflow" / "profiles" / "demo" / "params.yaml")
     assert runs["trunk_cache_views"] == resolve_run(params, "toy", "ours", 0.5, 0)["train"]["trunk_cache_views"]
@@ -143,11 +143,11 @@ def test_the_one_set_choice_left_the_random_branch_without_pseudo_labels_and_the
     pl = numbers["claims"]["fit"]["pseudo_labels"]
     assert 0 < pl["random"]["changed"] < pl["balanced"]["changed"]
     readme = (REPO / "README.md").read_text()
-    assert "docs/demo_random_branch_pl.json" in readme and "docs/demo_selection_one_set.json" in readme
+    assert "experiments/random_branch_pl/result.json" in readme and "experiments/random_branch_pl/selection_one_set.json" in readme
 
 
 def test_the_readme_says_no_ensemble_weight_lifts_ours_above_ldam_and_its_file_agrees():
-    tau = json.loads((REPO / "docs" / "demo_ensemble_tau.json").read_text())
+    tau = json.loads((REPO / "experiments" / "ensemble_tau" / "result.json").read_text())
     assert tau["versus"] == "ldam" and {0.0, 1.0} <= set(tau["taus"])
     for gamma in ("0.3", "0.5"):
         row = tau["gammas"][gamma]
@@ -164,8 +164,8 @@ def test_the_readme_says_no_ensemble_weight_lifts_ours_above_ldam_and_its_file_a
 
 def test_the_readme_account_of_ldams_lead_holds_against_its_runs():
     """README: LDAM's lead over Ours at gamma 0.3 / 0.5 comes from its margins and its recipe's trained stages
-    (docs/demo_ldam_cause.json)."""
-    cause = json.loads((REPO / "docs" / "demo_ldam_cause.json").read_text())["runs"]
+    (experiments/ldam_cause/result.json)."""
+    cause = json.loads((REPO / "experiments" / "ldam_cause" / "result.json").read_text())["runs"]
     rows = json.loads((REPO / "docs" / "demo_numbers.json").read_text())["rows"]
     table = {(r["method"], r["gamma"]): r["mean"] for r in rows if r["group"] == "total"}
     for gamma in ("0.3", "0.5"):
@@ -185,4 +185,4 @@ def test_the_readme_account_of_ldams_lead_holds_against_its_runs():
             spread = max(run[base]["per_seed"]) - min(run[base]["per_seed"])
             assert abs(run[variant]["mean"] - run[base]["mean"]) < spread, variant
     readme = (REPO / "README.md").read_text()
-    assert "docs/demo_ldam_cause.json" in readme and "label-distribution-aware margins on top of" in readme
+    assert "experiments/ldam_cause/result.json" in readme and "label-distribution-aware margins on top of" in readme

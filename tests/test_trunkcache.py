@@ -282,14 +282,14 @@ def test_views_are_validated():
 
 
 def test_the_demo_profiles_views_were_measured_against_fresh_views():
-    """The demo profile's trunk_cache_views rests on docs/demo_trunk_cache.json (scripts/experiment_trunk_cache.py):
+    """The demo profile's trunk_cache_views rests on experiments/trunk_cache/result.json (experiments/trunk_cache/experiment_trunk_cache.py):
     its V is among the measured ones, beside fresh views (V 0) on the same seeds, and it makes Ours' run cheaper."""
     from pathlib import Path
 
     from noisymlt.pipeline.config import load_params, resolve_run
 
     repo = Path(__file__).resolve().parents[1]
-    record = json.loads((repo / "docs" / "demo_trunk_cache.json").read_text())
+    record = json.loads((repo / "experiments" / "trunk_cache" / "result.json").read_text())
     params = load_params(repo / "params.yaml", repo / "workflow" / "profiles" / "demo" / "params.yaml")
     views = resolve_run(params, "toy", "ours", 0.5, 0)["train"]["trunk_cache_views"]
     assert views > 0 and resolve_run(params, "toy", "erm", 0.5, 0)["train"]["trunk_cache_views"] == views

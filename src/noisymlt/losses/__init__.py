@@ -1,26 +1,44 @@
 """Multi-label losses of the paper and its baselines (SPEC sections 3 and 4), one module per loss.
 
 This package is the registry: a loss name maps to the module that implements it, imported when a loss
-is built. A run therefore depends on the code of the losses it uses and on no other (noisymlt.pipeline.codedeps
-follows imports, not names), and importing the registry imports no torch. The loss classes stay
+is built. A module of this package registers its losses with a ``FACTORIES`` dict at its top level (name ->
+(factory, loss class, needs class counts)); the registry reads those names from the source, so adding a loss is
+adding its module, and importing the registry imports no torch. A run depends on the code of the losses it uses
+and on no other (noisymlt.pipeline.codedeps follows imports, not names). The paper's loss classes stay
 importable from here (``from noisymlt.losses import DistributionBalancedLoss``).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
+from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
 
+
+def _registered() -> dict[str, str]:
+    """Loss name -> module, from the string keys of each module's top-level ``FACTORIES = {...}``."""
+    found: dict[str, str] = {}
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        if path.stem.startswith("_"):
+            continue
+        module = f"{__name__}.{path.stem}"
+        for node in ast.parse(path.read_text(), filename=str(path)).body:
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                    and any(isinstance(t, ast.Name) and t.id == "FACTORIES" for t in node.targets)):
+                for key in node.value.keys:
+                    if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+                        raise NoisyMLTError(f"{path}: FACTORIES keys must be loss names written as strings")
+                    if key.value in found:
+                        raise NoisyMLTError(f"loss {key.value!r} is registered by {found[key.value]} and {module}")
+                    found[key.value] = module
+    return found
+
+
 # loss name -> module whose FACTORIES entry builds it
-LOSSES = {
-    "bce": "noisymlt.losses.bce",
-    "focal": "noisymlt.losses.focal",
-    "db": "noisymlt.losses.db",
-    "db_focal": "noisymlt.losses.db",
-    "ldam": "noisymlt.losses.ldam",
-}
+LOSSES = _registered()
 _CLASSES = {"BCELoss": "bce", "FocalLoss": "focal", "DistributionBalancedLoss": "db", "LDAMLoss": "ldam",
             "MultiLabelLoss": "base"}
 _FIXED = {"class_counts", "num_images", "focal"}  # set by build_loss / the name, never by params

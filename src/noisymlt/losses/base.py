@@ -24,7 +24,7 @@ from noisymlt.errors import NoisyMLTError
 _FOCAL_FLOOR = 1e-12
 
 
-def _number(name: str, value: object, *, low: float | None = None, strict: bool = False) -> float:
+def loss_parameter(name: str, value: object, *, low: float | None = None, strict: bool = False) -> float:
     """A finite real loss parameter, >= low (or > low when strict)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise NoisyMLTError(f"loss parameter '{name}' must be a number, got {value!r}")

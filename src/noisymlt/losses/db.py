@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.losses.base import MultiLabelLoss, _bce, _counts, _focal_factor, _number
+from noisymlt.losses.base import MultiLabelLoss, _bce, _counts, _focal_factor, loss_parameter
 
 class DistributionBalancedLoss(MultiLabelLoss):
     """Distribution-Balanced loss in the exact [DB]/[CL] form (paper Eq. 9-12).
@@ -45,18 +45,18 @@ class DistributionBalancedLoss(MultiLabelLoss):
     ) -> None:
         super().__init__()
         n = _counts(class_counts)
-        big_n = _number("num_images", num_images, low=1.0)
+        big_n = loss_parameter("num_images", num_images, low=1.0)
         if big_n < n.max():
             raise NoisyMLTError(f"num_images ({num_images}) is smaller than the largest class count ({n.max():g})")
         self.num_classes = int(n.size)
         self.focal = bool(focal)
-        self.neg_scale = _number("neg_scale", neg_scale, low=0.0, strict=True)
-        self.map_mu = _number("map_mu", map_mu)
-        self.kappa = _number("kappa", kappa, low=0.0)
-        self.map_beta = _number("map_beta", map_beta, low=0.0)
-        self.map_alpha = _number("map_alpha", map_alpha, low=0.0)
-        self.focal_gamma = _number("focal_gamma", focal_gamma, low=0.0)
-        self.focal_alpha = _number("focal_alpha", focal_alpha, low=0.0, strict=True)
+        self.neg_scale = loss_parameter("neg_scale", neg_scale, low=0.0, strict=True)
+        self.map_mu = loss_parameter("map_mu", map_mu)
+        self.kappa = loss_parameter("kappa", kappa, low=0.0)
+        self.map_beta = loss_parameter("map_beta", map_beta, low=0.0)
+        self.map_alpha = loss_parameter("map_alpha", map_alpha, low=0.0)
+        self.focal_gamma = loss_parameter("focal_gamma", focal_gamma, low=0.0)
+        self.focal_alpha = loss_parameter("focal_alpha", focal_alpha, low=0.0, strict=True)
         n_safe = np.maximum(n, 1.0)
         bias = self.kappa * np.log(np.maximum(big_n - n_safe, 1.0) / n_safe) / self.neg_scale
         self.register_buffer("freq_inv", torch.tensor(1.0 / n_safe, dtype=torch.float32), persistent=False)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from noisymlt.losses.base import MultiLabelLoss, _bce, _counts, _number
+from noisymlt.losses.base import MultiLabelLoss, _bce, _counts, loss_parameter
 
 class LDAMLoss(MultiLabelLoss):
     """LDAM in multi-label BCE form: BCE(scale * (z - m_k * y), y).
@@ -25,8 +25,8 @@ class LDAMLoss(MultiLabelLoss):
         super().__init__()
         n = np.maximum(_counts(class_counts), 1.0)
         self.num_classes = int(n.size)
-        self.max_margin = _number("max_margin", max_margin, low=0.0, strict=True)
-        self.scale = _number("scale", scale, low=0.0, strict=True)
+        self.max_margin = loss_parameter("max_margin", max_margin, low=0.0, strict=True)
+        self.scale = loss_parameter("scale", scale, low=0.0, strict=True)
         m = n ** -0.25
         m = m * (self.max_margin / m.max())
         self.register_buffer("margins", torch.tensor(m, dtype=torch.float32), persistent=False)

@@ -1,25 +1,41 @@
 """Method registry, light: family name -> the module that implements it, imported on demand.
 
 Importing this package imports no torch: params validation and the data steps only need the family
-names and their option checks (noisymlt.methods.options). ``load_family`` imports one family's module
-(which registers its class with ``@register_family``) when a run is built. ``FAMILIES``, ``Method``,
-``TrainContext``, ``register_family`` and ``eval_mode`` are still importable from here; asking for them
-imports the training code.
+names and their option checks (noisymlt.methods.options). A module of this package that defines a family
+registers its class with ``@register_family("name")``; the registry reads those names from the source, so a
+new family is one module. ``load_family`` imports one family's module when a run is built. ``FAMILIES``,
+``Method``, ``TrainContext``, ``register_family`` and ``eval_mode`` are still importable from here; asking for
+them imports the training code.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
 
-FAMILY_MODULES = {
-    "single": "noisymlt.methods.single",
-    "bbn": "noisymlt.methods.bbn",
-    "mlgcn": "noisymlt.methods.mlgcn",
-    "dividemix": "noisymlt.methods.dividemix",
-    "colearning": "noisymlt.methods.colearning",
-}
+
+def _registered() -> dict[str, str]:
+    """Family name -> module, from the ``@register_family("name")`` decorators in each module's source."""
+    found: dict[str, str] = {}
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        if path.stem.startswith("_"):
+            continue
+        module = f"{__name__}.{path.stem}"
+        for node in ast.parse(path.read_text(), filename=str(path)).body:
+            for deco in getattr(node, "decorator_list", []) if isinstance(node, ast.ClassDef) else []:
+                if (isinstance(deco, ast.Call) and getattr(deco.func, "id", None) == "register_family"
+                        and deco.args and isinstance(deco.args[0], ast.Constant)):
+                    name = deco.args[0].value
+                    if name in found:
+                        raise NoisyMLTError(f"method family {name!r} is registered by {found[name]} and {module}")
+                    found[name] = module
+    return found
+
+
+FAMILY_MODULES = _registered()
 _BASE_NAMES = ("FAMILIES", "Method", "TrainContext", "register_family", "eval_mode")
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import GROUPS
+from noisymlt.losses import LOSSES
 from noisymlt.pipeline.schema import ParamsError, check_schema
 
 # ------------------------------------------------------------------ shared fragments
 SAMPLER_NAMES = ["random", "class_aware", "reversed"]
-LOSS_NAMES = ["bce", "focal", "db", "db_focal", "ldam"]
+LOSS_NAMES = list(LOSSES)  # the losses registry (a new loss module registers itself there)
 SAMPLER_OPTION = {"sampler": {"enum": SAMPLER_NAMES}}
 LOSS_OPTIONS = {"loss": {"enum": LOSS_NAMES}, "loss_params": {"type": "object"}}
 
@@ -248,7 +249,8 @@ def losses_used(family: str, opts: dict) -> list[str]:
     if family == "colearning":
         branches = opts.get("branches") or {name: {} for name in BRANCH_NAMES}
         return sorted({{**BRANCH_DEFAULTS[name], **(given or {})}["loss"] for name, given in branches.items()})
-    raise NoisyMLTError(f"unknown method family {family!r}; known: {', '.join(sorted(SCHEMAS))}")
+    family_schema(family)  # an unknown family is refused here
+    return sorted(LOSSES)  # a family added since: it may build any loss, so its runs depend on every loss module
 
 
 # ------------------------------------------------------------------ per family
@@ -262,16 +264,38 @@ SCHEMAS = {
 CROSS_FIELD = {"single": check_single, "colearning": check_colearning}
 
 
+def family_schema(family: str) -> dict:
+    """The option schema of ``family``: one of SCHEMAS, or for a family module added since, its top-level
+    ``OPTIONS_SCHEMA = {...}`` literal (read from the source: this module stays torch-free); a family module
+    without one takes no options."""
+    if family in SCHEMAS:
+        return SCHEMAS[family]
+    import ast
+    import importlib.util
+
+    from noisymlt.methods import FAMILY_MODULES
+
+    if family not in FAMILY_MODULES:
+        raise NoisyMLTError(f"unknown family {family!r}; known: {', '.join(sorted(FAMILY_MODULES))}")
+    path = importlib.util.find_spec(FAMILY_MODULES[family]).origin
+    for node in ast.parse(open(path).read(), filename=path).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "OPTIONS_SCHEMA" for t in node.targets):
+            return ast.literal_eval(node.value)
+    return {"type": "object", "additionalProperties": False, "properties": {}}
+
+
 def check_options(family: str, options: dict, key: str, where: str | None = None) -> None:
     """A method block's family options (everything but family, label, description, schedule, train), the block
     being at dotted path ``key`` of the params file ``where``: cross-field rules first (their messages are
     clearer), then the family's schema."""
-    if family not in SCHEMAS:
-        raise ParamsError(where, f"{key}.family", f"unknown family {family!r}; known: {', '.join(sorted(SCHEMAS))}")
+    try:
+        schema = family_schema(family)
+    except NoisyMLTError as exc:
+        raise ParamsError(where, f"{key}.family", str(exc)) from exc
     rule = CROSS_FIELD.get(family)
     if rule is not None:
         try:
             rule(options)
         except NoisyMLTError as exc:
             raise ParamsError(where, key, str(exc)) from exc
-    check_schema(options, SCHEMAS[family], key, where)
+    check_schema(options, schema, key, where)

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.methods.options import SCHEMAS, check_options
+from noisymlt.methods.options import check_options
 from noisymlt.pipeline.schema import ParamsError, check_schema
 
 SCHEMA_PATH = Path(__file__).with_name("params.schema.yaml")
@@ -148,9 +148,6 @@ def validate_params(params: dict, source: str | None = None) -> None:
             known = ", ".join(sorted(params.get("schedules", {}))) or "none"
             raise ParamsError(source, f"methods.{name}.schedule",
                               f"unknown schedule {schedule!r}; schedules defined in params: {known}")
-        if block["family"] not in SCHEMAS:
-            raise ParamsError(source, f"methods.{name}.family",
-                              f"unknown family {block['family']!r}; known: {', '.join(sorted(SCHEMAS))}")
         check_options(block["family"], method_options(block), f"methods.{name}", source)
     validate_selection(params, source)
     check_batch_sizes(params, source)

@@ -5,7 +5,7 @@ through the trainer itself (``Trainer`` + ``load_checkpoint``: same config, same
 training image is scored with the test transform and the final weights. Each branch's pseudo labels come
 from its source branch (the peer for ``cross``, itself for ``self``) exactly as in training: the source's
 sigmoid outputs with its neck and head in eval mode (``CoLearning._probs``), the method's per-class
-thresholds and ``colearning.pseudo_labels`` (Eq. 3). What differs from a training step is only the view
+thresholds and ``noisymlt.methods.pseudo_labels.pseudo_labels`` (Eq. 3). What differs from a training step is only the view
 (no augmentation) and the weights (the final ones instead of those of that step).
 
 Images are picked deterministically: those where co-learning adds the most missing labels that are

@@ -98,7 +98,7 @@ class CacheRows:
 class CachedTrainImages(Dataset):
     """``TrainImages`` over the image cache. Each view's parameters are drawn here from the slot's
     generator; ``deferred`` (the trainer's choice): the batch carries uint8 views + parameters (``aug``)
-    and the trainer augments the whole batch on its device after the transfer (``tensoraug.augment``),
+    and the trainer augments the whole batch on its device after the transfer (``noisymlt.training.augment.augment``),
     else each slot is augmented here. Per-view ops either way, so both give the same tensors; batching
     amortises the per-op cost (at the demo's 32 px it decides the speed, measured with
     scripts/benchmark_loader.py) and on a GPU moves the pixel work there."""

@@ -4,7 +4,7 @@ With ``train.trainable: layer4`` and frozen BatchNorm ([CL]'s recipe) the stem a
 function of their input, and on the demo's 32 px images they are most of a step: their forward pass on the
 augmented views, the augmentation and the loader took 16 of Ours' 28 CPU seconds a run. With
 ``train.trunk_cache_views: V`` (> 0) every training image has V augmented views, drawn one after the other from
-the image's own generator (seed, i) as ``tensoraug.draw_train_params`` draws a fresh view, and each slot of a
+the image's own generator (seed, i) as ``noisymlt.training.augment.draw_train_params`` draws a fresh view, and each slot of a
 batch picks one of them (from its slot generator, so batches stay a pure function of seed and epoch). The
 N x V outputs are computed once when the run starts and kept in memory (the demo: 355 x 8 views, where an
 Ours run augments and passes 33,792 fresh ones through the frozen stages); the trainer then runs the model with

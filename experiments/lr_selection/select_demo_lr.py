@@ -6,16 +6,16 @@ demo: it holds out a stratified 20% of one noisy training set (every class keeps
 trains every candidate lr on the rest with the demo's schedule, and scores each by mAP against the held-out
 *noisy* labels. It never reads the test set or the clean labels. Each lr is tried with the layers that start
 from scratch (neck, head) at 1x and at 10x it (train.new_layers_lr_mult). That factor is part of the demo's
-regime, set per recipe in the profile from the fit diagnostics (scripts/experiment_new_layer_lr.py), not by this
+regime, set per recipe in the profile from the fit diagnostics (experiments/new_layer_lr/experiment_new_layer_lr.py), not by this
 validation; the lr is chosen at the profile's factor, and the other factor's scores are kept for the record.
 One representative method per recipe is selected (ERM for db_random, DB-Focal for db, Ours for cl) and the
 choice goes into the demo profile by hand, where tests/test_select_demo_lr.py holds it equal to the JSON this
-script writes (docs/demo_lr_selection.json).
+script writes (experiments/lr_selection/result.json).
 
 Needs the demo's data (`snakemake --profile workflow/profiles/demo data/toy/noisy/g0.5_s0.parquet
 data/pretrained/toy_glyphs.pt`). About 10 minutes on 2 cores (24 runs).
 
-    python scripts/select_demo_lr.py --json docs/demo_lr_selection.json
+    python experiments/lr_selection/select_demo_lr.py --json experiments/lr_selection/result.json
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECIPES = {"db_random": "erm", "db": "db_focal", "cl": "ours"}  # recipe -> the method that selects its lr
 PAPER_GRID = (0.02, 0.08, 0.14, 0.2)
 NEW_LAYER_FACTORS = (1.0, 10.0)  # train.new_layers_lr_mult: the references' 1 first, so a tie keeps it

@@ -10,12 +10,12 @@ does, ``regime`` = what the toy regime could lack, ``probe`` = neither, a contro
 parameter at the schedule's one lr (``train.new_layers_lr_mult`` / ``gcn_lr_mult`` 1); every variant but the "as
 configured" rows changes one thing against that, so each of them runs with the new layers at the schedule's lr
 (``train.new_layers_lr_mult: 1``), the regime this experiment started from; the demo has since raised that factor
-for the recipes where it helps the fit (scripts/experiment_new_layer_lr.py), which "as configured" rows show.
+for the recipes where it helps the fit (experiments/new_layer_lr/experiment_new_layer_lr.py), which "as configured" rows show.
 
 Needs the demo's data (`snakemake --profile workflow/profiles/demo data/toy/noisy/g0.5_s0.parquet
 data/toy/cache/train.npy data/toy/cache/test.npy data/pretrained/toy_glyphs.pt`). 15-30 CPU seconds a run.
 
-    python scripts/experiment_bbn_mlgcn.py --json benchmarks/bbn_mlgcn.json [--only bbn]
+    python experiments/bbn_mlgcn/experiment_bbn_mlgcn.py --json benchmarks/bbn_mlgcn.json [--only bbn]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _nn():

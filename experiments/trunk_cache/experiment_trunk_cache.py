@@ -3,13 +3,13 @@ they save?
 
 For each number of views V (0 = a fresh view per slot, the references') and each seed, trains ERM and Ours on
 the demo's gamma 0.5 noisy set (the demo profile's configuration, its fixed alpha and beta, its new-layer factor)
-with scripts/experiment_new_layer_lr.py and records the test mAP, the fit diagnostics and Ours' pseudo labels;
+with experiments/new_layer_lr/experiment_new_layer_lr.py and records the test mAP, the fit diagnostics and Ours' pseudo labels;
 then times each method per V with scripts/benchmark_run.py (CPU seconds of the training phase, the cache
 build included: each timed run computes it, --cold-memo; the median of --repeat runs). Writes one JSON
-(docs/demo_trunk_cache.json), which the demo profile's choice of V cites. About 15 minutes on 2 cores; run it
+(experiments/trunk_cache/result.json), which the demo profile's choice of V cites. About 15 minutes on 2 cores; run it
 on an idle machine (the timings are CPU seconds, but two processes sharing the cores slow each other).
 
-    python scripts/experiment_trunk_cache.py --json docs/demo_trunk_cache.json
+    python experiments/trunk_cache/experiment_trunk_cache.py --json experiments/trunk_cache/result.json
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 METHODS = ("erm", "ours")
 
 
 def variant(views: int, seed: int, scratch: Path) -> dict:
     out = scratch / f"v{views}_s{seed}.json"
-    subprocess.run([sys.executable, str(REPO / "scripts" / "experiment_new_layer_lr.py"), "--methods", *METHODS,
+    subprocess.run([sys.executable, str(REPO / "experiments" / "new_layer_lr" / "experiment_new_layer_lr.py"), "--methods", *METHODS,
                     "--seed", str(seed), "--mults", "10", "--set", f"trunk_cache_views={views}", "--tag", f"v{views}",
                     "--json", str(out)], check=True, cwd=REPO)
     runs = json.loads(out.read_text())["runs"]

@@ -13,7 +13,7 @@ pseudo labels changed in each branch with their precision) and the test mAP.
 Needs the demo's data (`snakemake --profile workflow/profiles/demo data/toy/noisy/g0.5_s0.parquet
 data/toy/train_labels.parquet data/toy/cache/train.npy data/toy/cache/test.npy data/pretrained/toy_glyphs.pt`).
 
-    python scripts/experiment_new_layer_lr.py --methods erm bbn db_focal ours --json docs/demo_new_layer_lr.json
+    python experiments/new_layer_lr/experiment_new_layer_lr.py --methods erm bbn db_focal ours --json experiments/new_layer_lr/result.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def main() -> int:

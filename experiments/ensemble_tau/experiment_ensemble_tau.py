@@ -8,7 +8,7 @@ Prints, per noise rate, Ours' mean test mAP over the seeds at each tau beside th
 run used is one of the columns, so its value matches the run's own mAP. Reads the test labels: a script for
 the note, never a pipeline step, and it never writes into the project.
 
-    python scripts/experiment_ensemble_tau.py --root . --versus ldam --json tau.json
+    python experiments/ensemble_tau/experiment_ensemble_tau.py --root . --versus ldam --json tau.json
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CLIP = 1e-7
 
 

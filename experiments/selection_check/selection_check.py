@@ -9,7 +9,7 @@ This reads the test set, which is why it is a script for the note and never a pi
 never does (noisymlt.pipeline.selection). It loads each candidate's final checkpoint and predicts the test images; nothing
 is trained or written inside the project folder.
 
-    python scripts/selection_check.py --root . --dataset toy --method ours --json docs/demo_selection_check.json
+    python experiments/selection_check/selection_check.py --root . --dataset toy --method ours --json experiments/selection_check/result.json
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:
