@@ -25,11 +25,11 @@ ERM = ["noisymlt", "noisymlt.data", "noisymlt.data.imagecache", "noisymlt.data.l
        "noisymlt.methods.single", "noisymlt.models", "noisymlt.models.backbones", "noisymlt.models.branch",
        "noisymlt.models.heads", "noisymlt.pipeline", "noisymlt.pipeline.codedeps", "noisymlt.pipeline.config",
        "noisymlt.pipeline.files", "noisymlt.pipeline.jsonlog", "noisymlt.pipeline.locks",
-       "noisymlt.pipeline.manifest", "noisymlt.pipeline.schema", "noisymlt.training", "noisymlt.training.augment",
-       "noisymlt.training.checkpoint", "noisymlt.training.devices", "noisymlt.training.fit_diagnostics",
-       "noisymlt.training.inputs", "noisymlt.training.loaders", "noisymlt.training.noise_monitor",
-       "noisymlt.training.sampling", "noisymlt.training.schedule", "noisymlt.training.trainer",
-       "noisymlt.training.transforms", "noisymlt.training.trunkcache"]
+       "noisymlt.pipeline.manifest", "noisymlt.pipeline.registry", "noisymlt.pipeline.schema", "noisymlt.training",
+       "noisymlt.training.augment", "noisymlt.training.checkpoint", "noisymlt.training.devices",
+       "noisymlt.training.fit_diagnostics", "noisymlt.training.inputs", "noisymlt.training.loaders",
+       "noisymlt.training.noise_monitor", "noisymlt.training.sampling", "noisymlt.training.schedule",
+       "noisymlt.training.trainer", "noisymlt.training.transforms", "noisymlt.training.trunkcache"]
 
 
 @pytest.fixture(scope="module")

@@ -37,3 +37,49 @@ def test_method_trains_and_predicts(method, tiny_toy, tmp_path):
     for head, s in scores.items():
         assert s.shape == (200, 20), head
         assert np.isfinite(s).all() and (s >= 0).all() and (s <= 1).all(), head
+
+
+def test_registries_read_names_from_the_source_and_refuse_a_name_twice(tmp_path):
+    import ast
+
+    from noisymlt.errors import NoisyMLTError
+    from noisymlt.losses import LOSSES
+    from noisymlt.methods import FAMILIES, FAMILY_MODULES
+    from noisymlt.pipeline.registry import registered
+
+    # the registries name exactly what the imported modules register
+    assert {name: cls.__module__ for name, cls in FAMILIES.items()} == FAMILY_MODULES
+    assert set(LOSSES.values()) == {f"noisymlt.losses.{m}" for m in ("bce", "db", "focal", "ldam")}
+
+    def constants(tree: ast.Module) -> list[str]:
+        return [n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)]
+
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "a.py").write_text("X = 'one'\nY = 'two'\n")
+    (tmp_path / "_private.py").write_text("X = 'one'\n")  # not a registering module
+    assert registered(str(tmp_path / "__init__.py"), "pkg", constants, "thing") == {"one": "pkg.a", "two": "pkg.a"}
+    (tmp_path / "b.py").write_text("Z = 'two'\n")
+    with pytest.raises(NoisyMLTError, match="thing 'two' is registered by pkg.a and pkg.b"):
+        registered(str(tmp_path / "__init__.py"), "pkg", constants, "thing")
+
+
+def test_a_new_family_module_states_its_options_in_its_own_source(tmp_path, monkeypatch):
+    """A family added since (not in options.SCHEMAS) is checked against its module's OPTIONS_SCHEMA literal,
+    without importing the module, and its runs depend on every loss module."""
+    import importlib.util
+
+    from noisymlt.methods import options
+    from noisymlt.pipeline.schema import ParamsError
+
+    module = tmp_path / "probe_family.py"
+    module.write_text("import torch  # never imported by the check\n"
+                      "OPTIONS_SCHEMA = {'type': 'object', 'additionalProperties': False,\n"
+                      "                  'properties': {'decay': {'type': 'number', 'exclusiveMaximum': 1}}}\n")
+    monkeypatch.setitem(__import__("noisymlt.methods", fromlist=["x"]).FAMILY_MODULES, "probe", "probe_family")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: type("Spec", (), {"origin": str(module)}))
+    options.check_options("probe", {"decay": 0.5}, "methods.p")
+    with pytest.raises(ParamsError, match="methods.p.decay"):
+        options.check_options("probe", {"decay": 2}, "methods.p")
+    with pytest.raises(ParamsError, match="unknown family 'nope'"):
+        options.check_options("nope", {}, "methods.p")
+    assert options.losses_used("probe", {}) == sorted(__import__("noisymlt.losses", fromlist=["x"]).LOSSES)

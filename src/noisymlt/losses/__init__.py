@@ -13,32 +13,26 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline.registry import registered
 
 
-def _registered() -> dict[str, str]:
-    """Loss name -> module, from the string keys of each module's top-level ``FACTORIES = {...}``."""
-    found: dict[str, str] = {}
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        if path.stem.startswith("_"):
-            continue
-        module = f"{__name__}.{path.stem}"
-        for node in ast.parse(path.read_text(), filename=str(path)).body:
-            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
-                    and any(isinstance(t, ast.Name) and t.id == "FACTORIES" for t in node.targets)):
-                for key in node.value.keys:
-                    if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
-                        raise NoisyMLTError(f"{path}: FACTORIES keys must be loss names written as strings")
-                    if key.value in found:
-                        raise NoisyMLTError(f"loss {key.value!r} is registered by {found[key.value]} and {module}")
-                    found[key.value] = module
-    return found
+def _factory_names(tree: ast.Module) -> list[str]:
+    """The string keys of a loss module's top-level ``FACTORIES = {...}``."""
+    names = []
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                and any(isinstance(t, ast.Name) and t.id == "FACTORIES" for t in node.targets)):
+            for key in node.value.keys:
+                if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+                    raise NoisyMLTError(f"{__name__}: a FACTORIES key is not a loss name written as a string")
+                names.append(key.value)
+    return names
 
 
 # loss name -> module whose FACTORIES entry builds it
-LOSSES = _registered()
+LOSSES = registered(__file__, __name__, _factory_names, "loss")
 _CLASSES = {"BCELoss": "bce", "FocalLoss": "focal", "DistributionBalancedLoss": "db", "LDAMLoss": "ldam",
             "MultiLabelLoss": "base"}
 _FIXED = {"class_counts", "num_images", "focal"}  # set by build_loss / the name, never by params

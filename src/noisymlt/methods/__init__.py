@@ -12,30 +12,19 @@ from __future__ import annotations
 
 import ast
 import importlib
-from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline.registry import registered
 
 
-def _registered() -> dict[str, str]:
-    """Family name -> module, from the ``@register_family("name")`` decorators in each module's source."""
-    found: dict[str, str] = {}
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        if path.stem.startswith("_"):
-            continue
-        module = f"{__name__}.{path.stem}"
-        for node in ast.parse(path.read_text(), filename=str(path)).body:
-            for deco in getattr(node, "decorator_list", []) if isinstance(node, ast.ClassDef) else []:
-                if (isinstance(deco, ast.Call) and getattr(deco.func, "id", None) == "register_family"
-                        and deco.args and isinstance(deco.args[0], ast.Constant)):
-                    name = deco.args[0].value
-                    if name in found:
-                        raise NoisyMLTError(f"method family {name!r} is registered by {found[name]} and {module}")
-                    found[name] = module
-    return found
+def _family_names(tree: ast.Module) -> list[str]:
+    """The names in a module's ``@register_family("name")`` class decorators."""
+    return [deco.args[0].value for node in tree.body if isinstance(node, ast.ClassDef) for deco in node.decorator_list
+            if isinstance(deco, ast.Call) and getattr(deco.func, "id", None) == "register_family"
+            and deco.args and isinstance(deco.args[0], ast.Constant)]
 
 
-FAMILY_MODULES = _registered()
+FAMILY_MODULES = registered(__file__, __name__, _family_names, "method family")
 _BASE_NAMES = ("FAMILIES", "Method", "TrainContext", "register_family", "eval_mode")
 
 
