@@ -28,10 +28,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from noisymlt.training.loaders import CachedTrainImages, CacheRows, TrainImages, stream_loader
 from noisymlt.data.imagecache import build_cache
 from noisymlt.data.labels import LabelTable, write_labels
 from noisymlt.training.augment import augment
+from noisymlt.training.loaders import CachedTrainImages, CacheRows, TrainImages, stream_loader
 
 
 def synthetic_jpegs(root: Path, n: int, seed: int = 0) -> list[str]:

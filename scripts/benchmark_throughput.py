@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from noisymlt.methods import FAMILIES, TrainContext
 from noisymlt.pipeline.config import load_params, resolve_run
 from noisymlt.training.devices import select_device
-from noisymlt.methods import FAMILIES, TrainContext
 
 
 def synthetic_labels(n: int, c: int, seed: int = 0) -> torch.Tensor:

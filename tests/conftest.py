@@ -127,11 +127,11 @@ def tiny_toy(tmp_path_factory):
     Returns a dict of paths: root (image folder), train_source, test, train, split, noisy, and the
     decoded-image caches train_cache / test_cache at the demo's cache size.
     """
+    from noisymlt.data.labels import split_from_counts, write_class_split, write_labels
     from noisymlt.data.longtail import pareto_subsample
+    from noisymlt.data.noise import make_noisy_table
     from noisymlt.data.toy import make_toy
     from noisymlt.data.voc import parse_voc
-    from noisymlt.data.labels import split_from_counts, write_class_split, write_labels
-    from noisymlt.data.noise import make_noisy_table
 
     base = tmp_path_factory.mktemp("tiny_toy")
     root = make_toy(base / "raw", seed=0, n_trainval=TINY_TOY["n_trainval"], n_test=TINY_TOY["n_test"],

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from noisymlt.pipeline import codedeps
-from noisymlt.pipeline.config import load_params, method_options
 from noisymlt.losses import LOSSES
 from noisymlt.methods.options import losses_used
+from noisymlt.pipeline import codedeps
+from noisymlt.pipeline.config import load_params, method_options
 from noisymlt.pipeline.step_code import method_entries
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,8 +92,8 @@ def test_a_preloaded_job_refuses_code_edited_since_the_server_imported_it(monkey
     has, the server's check must find the source as it was imported, or the job stops."""
     import types
 
-    from noisymlt.pipeline import preload
     from noisymlt.errors import NoisyMLTError
+    from noisymlt.pipeline import preload
 
     server = types.SimpleNamespace(fingerprint=preload.source_fingerprint())
     monkeypatch.setattr(codedeps, "loaded_check", lambda: preload.Server._check_source(server))

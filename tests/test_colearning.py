@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from noisymlt.methods.pseudo_labels import COLEARNING_DEFAULTS, correction_stats, group_thresholds, pseudo_labels
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import read_class_split
+from noisymlt.errors import NoisyMLTError
+from noisymlt.methods.pseudo_labels import COLEARNING_DEFAULTS, correction_stats, group_thresholds, pseudo_labels
 
 VOC_SPLIT = {  # SPEC 1, expected VOC-MLT split
     "head": [4, 6, 8, 10, 14, 15],

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from noisymlt.pipeline.config import deep_merge, load_params, resolve_run, run_id, validate_params
 from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline.config import deep_merge, load_params, resolve_run, run_id, validate_params
 
 REPO = Path(__file__).resolve().parents[1]
 

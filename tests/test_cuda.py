@@ -50,9 +50,9 @@ def test_one_bf16_training_step_of_every_family_on_cuda(tiny_toy, tmp_path, fami
 def test_shared_frozen_trunk_equals_the_unshared_path_at_bf16_on_cuda(tmp_path):
     """Both branches' frozen stages run once per stream (shared) or per branch (unshared): the same
     function, so the same loss and gradients up to bf16 rounding."""
-    from noisymlt.training.loaders import EpochPlan
     from noisymlt.methods import FAMILIES, TrainContext
     from noisymlt.models.backbones import TinyResNet
+    from noisymlt.training.loaders import EpochPlan
 
     torch.manual_seed(3)
     weights = tmp_path / "trunk.pt"  # one file for both branches: identical frozen trunks

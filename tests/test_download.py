@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from noisymlt.pipeline import codedeps
 from noisymlt.data import archive, download
 from noisymlt.data.archive import safe_extract
 from noisymlt.data.download import DATASETS, RemoteFile, download_dataset, fetch, mirror_url
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import LabelTable, write_labels
+from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline import codedeps
 
 FAST = dict(backoff=0.01, progress=False)
 

@@ -91,9 +91,9 @@ def test_code_digest_files_change_only_for_the_steps_an_edit_touches(tmp_path):
 def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp_path, monkeypatch):
     """dvc.params.yaml = what Snakemake's --configfile layering gives, plus the lists dvc.yaml expands over;
     once a layer changes, every step refuses it and names the command that rewrites it."""
+    from noisymlt.errors import NoisyMLTError
     from noisymlt.pipeline.config import load_params, resolve_run, run_id
     from noisymlt.pipeline.params import write
-    from noisymlt.errors import NoisyMLTError
 
     shutil.copy2(REPO / "params.yaml", tmp_path / "params.yaml")
     (tmp_path / "demo.yaml").write_text((REPO / "workflow" / "profiles" / "demo" / "params.yaml").read_text())

@@ -214,8 +214,8 @@ def test_params_rewrite_changes_the_run_ids_a_change_reaches_and_warns_about_the
 
 
 def test_params_refuses_more_layers_than_the_params_stage_lists(tmp_path, monkeypatch):
-    from noisymlt.pipeline.params import LAYER_SLOTS, write
     from noisymlt.errors import NoisyMLTError
+    from noisymlt.pipeline.params import LAYER_SLOTS, write
 
     shutil.copy2(REPO / "params.yaml", tmp_path / "params.yaml")
     monkeypatch.chdir(tmp_path)

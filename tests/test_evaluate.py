@@ -8,10 +8,10 @@ import re
 import numpy as np
 import pytest
 
+from noisymlt.data.labels import LabelTable, write_class_split, write_labels
 from noisymlt.errors import NoisyMLTError
 from noisymlt.evaluation.evaluate import evaluate_predictions
 from noisymlt.evaluation.metrics import average_precisions, summarise
-from noisymlt.data.labels import LabelTable, write_class_split, write_labels
 
 
 def ap_by_hand(y: np.ndarray, s: np.ndarray) -> float:

@@ -80,8 +80,8 @@ def test_a_full_disk_stops_with_one_line_and_the_rerun_resumes_to_the_same_resul
 def test_a_folder_it_may_not_write_gives_one_line(tiny_toy, tmp_path, capsys, monkeypatch):
     """(The tests run as root, whom permissions do not stop: the denial is the operating system's error,
     raised where the trainer opens its lock file.)"""
-    import noisymlt.pipeline.locks
     from noisymlt.cli import main
+    import noisymlt.pipeline.locks
 
     def denied(path):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from conftest import tiny_params, toy_trainer
-from noisymlt.report.aggregate import aggregate
-from noisymlt.pipeline.config import resolve_run
 from noisymlt.errors import NoisyMLTError
-from noisymlt.training.fit_diagnostics import bce, diagnose, noisy_map, prior_bce, pseudo_label_changes
 from noisymlt.methods.base import PublishedTargets
-from noisymlt.training.noise_monitor import NoiseMonitor
+from noisymlt.pipeline.config import resolve_run
+from noisymlt.report.aggregate import aggregate
 from noisymlt.report.fit import fit_summary, paired_differences, write_fit_table, write_paired_table
+from noisymlt.training.fit_diagnostics import bce, diagnose, noisy_map, prior_bce, pseudo_label_changes
+from noisymlt.training.noise_monitor import NoiseMonitor
 from noisymlt.training.schedule import check_warmup, lr_at
 
 

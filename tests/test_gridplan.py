@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from noisymlt.data.labels import LabelTable, write_class_split, write_labels
+from noisymlt.errors import NoisyMLTError
 from noisymlt.pipeline import gridplan, paths
 from noisymlt.pipeline.config import load_params, resolve_run
-from noisymlt.errors import NoisyMLTError
-from noisymlt.data.labels import LabelTable, write_class_split, write_labels
 
 PROJECT = Path(__file__).resolve().parents[1]
 

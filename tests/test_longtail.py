@@ -20,8 +20,8 @@ from noisymlt.data.longtail import (
     pareto_reference_counts,
     pareto_subsample,
 )
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import LabelTable, read_class_split, read_labels, split_from_counts, write_labels
+from noisymlt.errors import NoisyMLTError
 
 VOC_REF = [800, 529, 359, 248, 175, 125, 91, 67, 50, 38, 29, 23, 18, 14, 11, 9, 7, 6, 5, 4]
 

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from conftest import tiny_params, toy_trainer
-from noisymlt.pipeline.config import resolve_run, validate_params
 from noisymlt.errors import NoisyMLTError
 from noisymlt.models.backbones import SmallCNN, build_backbone
 from noisymlt.models.bbn import BBNNet, bbn_alpha
+from noisymlt.pipeline.config import resolve_run, validate_params
 
 BBN_BLOCK = {"family": "bbn", "label": "BBN", "description": "test block", "loss": "bce", "split_at": "stage"}
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from noisymlt import cli
-from noisymlt.pipeline.config import load_params, resolve_run, validate_params
-from noisymlt.training.loaders import EpochPlan
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import read_labels, write_class_split
+from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import FAMILIES, TrainContext
 from noisymlt.methods import colearning as family
 from noisymlt.models.twobranch import ensemble_logits
+from noisymlt.pipeline.config import load_params, resolve_run, validate_params
+from noisymlt.training.loaders import EpochPlan
 
 PROJECT = Path(__file__).resolve().parents[1]
 C = 6

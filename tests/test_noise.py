@@ -12,9 +12,9 @@ import pytest
 from scipy.stats import chisquare
 
 from noisymlt.data import noise
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import LabelTable, read_labels, write_labels
 from noisymlt.data.noise import inject_noise, noise_stats, transition_matrix
+from noisymlt.errors import NoisyMLTError
 
 
 def synthetic_labels(n: int = 4000, C: int = 8, seed: int = 123) -> np.ndarray:

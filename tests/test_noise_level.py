@@ -11,13 +11,13 @@ import torch
 
 from conftest import interrupt_training, tiny_params, toy_trainer
 from noisymlt.cli import main
+from noisymlt.data.labels import read_labels, write_labels
+from noisymlt.errors import NoisyMLTError
+from noisymlt.methods.base import PublishedTargets
+from noisymlt.methods.stitchup import stitched_noise_level
 from noisymlt.pipeline.config import resolve_run
 from noisymlt.training.loaders import EpochPlan
-from noisymlt.errors import NoisyMLTError
-from noisymlt.data.labels import read_labels, write_labels
-from noisymlt.methods.base import PublishedTargets
 from noisymlt.training.noise_monitor import NoiseMonitor, align_clean_labels
-from noisymlt.methods.stitchup import stitched_noise_level
 
 EPOCHS, ITERS = 2, 3
 
@@ -281,9 +281,9 @@ def check_pseudo_label_figure(scored: dict, clean: np.ndarray, root) -> None:
     from matplotlib.colors import to_hex
 
     from figure_checks import check_layout, strings
-    from noisymlt.training.loaders import load_image
     from noisymlt.report.pseudo_labels import pick_examples, pseudo_label_figure
     from noisymlt.report.style import BLUE, VERMILLION
+    from noisymlt.training.loaders import load_image
 
     plain = [r for r in range(len(clean)) if all((p[r] == scored["noisy"][r]).all() for p in scored["pseudo"].values())]
     assert plain, "the short run should leave some images uncorrected"

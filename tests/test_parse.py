@@ -12,9 +12,9 @@ import pytest
 from noisymlt.data import parse as parse_cmd
 from noisymlt.data.classes import VOC_CLASSES
 from noisymlt.data.coco import parse_coco
+from noisymlt.data.labels import read_labels
 from noisymlt.data.voc import parse_voc
 from noisymlt.errors import NoisyMLTError
-from noisymlt.data.labels import read_labels
 
 
 def _voc_xml(objects: list[tuple[str, int]]) -> str:

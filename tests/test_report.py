@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from noisymlt.report.aggregate import aggregate
 from noisymlt.cli import main
+from noisymlt.report.aggregate import aggregate
 from noisymlt.report.tables import mean_ci, write_table
 
 

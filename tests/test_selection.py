@@ -15,11 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from noisymlt.pipeline import selection as S
-from noisymlt.pipeline.config import load_params, resolve_run, run_id, validate_params
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import CLEAN_PREFIX, LabelTable, read_labels, write_labels
 from noisymlt.data.noise import make_noisy_table
+from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline import selection as S
+from noisymlt.pipeline.config import load_params, resolve_run, run_id, validate_params
 from noisymlt.pipeline.schema import ParamsError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -210,10 +210,10 @@ def test_a_choice_enters_the_final_config_and_its_run_id():
 def test_the_selected_thresholds_are_the_ones_the_method_applies(tiny_toy):
     """The pseudo-label vectors Ours builds from a chosen alpha / beta: alpha on head classes, beta on tail ones."""
     from conftest import tiny_params
-    from noisymlt.methods.pseudo_labels import ALPHA_OFF, BETA_OFF
     from noisymlt.data.labels import read_class_split
     from noisymlt.methods import load_family
     from noisymlt.methods.base import TrainContext
+    from noisymlt.methods.pseudo_labels import ALPHA_OFF, BETA_OFF
 
     import torch
 

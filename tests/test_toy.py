@@ -13,11 +13,11 @@ import pytest
 from PIL import Image
 
 from noisymlt.data import toy
+from noisymlt.data.labels import split_from_counts
 from noisymlt.data.longtail import pareto_subsample
 from noisymlt.data.toy import GLYPHS, TOY_CLASSES, make_toy, tree_digest
 from noisymlt.data.voc import parse_voc
 from noisymlt.errors import NoisyMLTError
-from noisymlt.data.labels import split_from_counts
 
 # Long-tail parameters for the toy demo (20 classes): a VOC-like 4 / 7 / 9 head / medium / tail split.
 TOY_PARETO = {"b": 6, "max_count": 400, "min_count": 8}

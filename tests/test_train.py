@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from conftest import interrupt_training, tiny_params, toy_trainer
-from noisymlt.pipeline.config import resolve_run
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import read_labels
+from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline.config import resolve_run
 from noisymlt.training.checkpoint import content_sha256
 from noisymlt.training.schedule import lr_at
 from noisymlt.training.trainer import Trainer
@@ -363,8 +363,8 @@ def test_new_layers_train_at_their_factor_and_a_methods_own_factor_comes_first()
 
 
 def test_new_layers_lr_mult_is_validated():
-    from noisymlt.pipeline.config import load_params, validate_params
     from noisymlt.errors import NoisyMLTError
+    from noisymlt.pipeline.config import load_params, validate_params
 
     params = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
     for bad in (0, -1, "fast"):

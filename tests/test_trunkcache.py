@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from conftest import interrupt_training, tiny_params, toy_trainer
-from noisymlt.pipeline.config import resolve_run, validate_params
 from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline.config import resolve_run, validate_params
 from noisymlt.training.augment import augment
 from noisymlt.training.trunkcache import TrunkCache, check_fixed, frozen_parts, frozen_parts_skipped
 

@@ -316,9 +316,9 @@ def main() -> int:
     sys.path.insert(0, str(REPO / "src"))
     import torch
 
-    from noisymlt.pipeline.config import load_params, resolve_run
-    from noisymlt.evaluation.metrics import average_precisions
     from noisymlt.data.labels import read_class_split, read_labels
+    from noisymlt.evaluation.metrics import average_precisions
+    from noisymlt.pipeline.config import load_params, resolve_run
     from noisymlt.pipeline.paths import image_root
     from noisymlt.training.trainer import Trainer
 

@@ -41,8 +41,8 @@ def main() -> int:
     args = ap.parse_args()
 
     sys.path.insert(0, str(REPO / "src"))
-    from noisymlt.evaluation.metrics import average_precisions
     from noisymlt.data.labels import read_labels
+    from noisymlt.evaluation.metrics import average_precisions
 
     root = Path(args.root).resolve()
     test = read_labels(root / "data" / args.dataset / "test_labels.parquet")

@@ -47,8 +47,8 @@ def per_set_spearman(rows: list[dict]) -> dict[str, float | None]:
 
 def candidate_test_map(root: Path, run: Path, dataset: str) -> float:
     """Total mAP (%) on the test set of a candidate's trained model (its ranked head)."""
-    from noisymlt.evaluation.metrics import average_precisions
     from noisymlt.data.labels import read_labels
+    from noisymlt.evaluation.metrics import average_precisions
     from noisymlt.pipeline.paths import image_root
     from noisymlt.training.trainer import Trainer
 

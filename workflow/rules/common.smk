@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from noisymlt.errors import NoisyMLTError
+from noisymlt.methods.options import stitchup_option
 from noisymlt.pipeline import codedeps, paths, step_code
 from noisymlt.pipeline import selection as S
 from noisymlt.pipeline.config import check_layered, resolve_run
-from noisymlt.errors import NoisyMLTError
-from noisymlt.methods.options import stitchup_option
 from noisymlt.report.style import dataset_title
 
 

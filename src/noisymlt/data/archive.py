@@ -21,8 +21,8 @@ import zipfile
 from functools import lru_cache
 from pathlib import Path
 
-from noisymlt.pipeline import codedeps
 from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline import codedeps
 from noisymlt.pipeline.files import write_text
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import LabelTable
+from noisymlt.errors import NoisyMLTError
 
 _REQUIRED = {
     "images": ("id", "file_name"),

@@ -44,9 +44,9 @@ def build_cache(labels: str | Path, images: str | Path, size: int, out: str | Pa
     from PIL import Image
     from tqdm import tqdm
 
-    from noisymlt.training.loaders import load_image
     from noisymlt.data.labels import read_labels
     from noisymlt.pipeline.manifest import file_sha256
+    from noisymlt.training.loaders import load_image
 
     table = read_labels(labels)
     if table.paths is None:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import GROUPS, LabelTable, read_labels, split_from_counts, write_class_split, write_labels
+from noisymlt.errors import NoisyMLTError
 
 DB_COMMIT = "14460d0acda6a3e77a8a6a5999b9746243cb1535"
 _DB_RAW = f"https://raw.githubusercontent.com/wutong16/DistributionBalancedLoss/{DB_COMMIT}"

@@ -6,8 +6,8 @@ import argparse
 import re
 from pathlib import Path
 
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import write_labels
+from noisymlt.errors import NoisyMLTError
 
 
 def _coco_image_dir(annotation_json: Path) -> str:

@@ -14,8 +14,8 @@ from typing import Sequence
 import numpy as np
 
 from noisymlt.data.classes import VOC_CLASSES
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import LabelTable
+from noisymlt.errors import NoisyMLTError
 
 CLASS_LIST_FILE = "classes.txt"
 

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from noisymlt.methods import options as family_options
 from noisymlt.pipeline.config import method_options
 from noisymlt.training.loaders import StreamSpec
-from noisymlt.methods import options as family_options
 
 @contextlib.contextmanager
 def eval_mode(*modules: nn.Module):

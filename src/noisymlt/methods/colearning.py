@@ -23,12 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from noisymlt.data.labels import GROUPS
+from noisymlt.errors import NoisyMLTError
+from noisymlt.methods.base import Method, PublishedTargets, eval_mode, register_family
 from noisymlt.methods.pseudo_labels import group_thresholds, pseudo_labels, reference_thresholds
 from noisymlt.pipeline.config import method_options
 from noisymlt.training.loaders import StreamSpec
-from noisymlt.errors import NoisyMLTError
-from noisymlt.data.labels import GROUPS
-from noisymlt.methods.base import Method, PublishedTargets, eval_mode, register_family
 from noisymlt.methods.options import (
     BATCH_SIZE_KEYS,
     BRANCH_DEFAULTS,

@@ -50,12 +50,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from noisymlt.training.loaders import StreamSpec
 from noisymlt.errors import NoisyMLTError
 from noisymlt.losses import build_loss
 from noisymlt.methods.base import Method, eval_mode, register_family
 from noisymlt.methods.options import DIVIDEMIX_DEFAULTS as DEFAULTS
 from noisymlt.models.branch import build_branch
+from noisymlt.training.loaders import StreamSpec
 from noisymlt.training.sampling import build_sampler
 
 log = logging.getLogger(__name__)
@@ -116,8 +116,8 @@ def ramp(epoch: int, step: int, iters: int, warmup: int, rampup_epochs: float) -
 
 def resolve_options(opts: dict) -> dict:
     """Defaults filled in and ranges checked (a resolved run config may bypass params validation)."""
-    from noisymlt.pipeline.config import method_options
     from noisymlt.methods.options import check_options
+    from noisymlt.pipeline.config import method_options
 
     given = method_options(opts)
     check_options("dividemix", given, "methods.dividemix")

@@ -14,12 +14,12 @@ from __future__ import annotations
 from torch import nn
 
 from noisymlt.data.glove import class_embeddings
-from noisymlt.training.loaders import StreamSpec
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.base import Method, register_family
 from noisymlt.methods.single import loss_for
 from noisymlt.models.backbones import build_backbone
 from noisymlt.models.mlgcn import LabelGCN, MLGCNNet, build_adjacency
+from noisymlt.training.loaders import StreamSpec
 from noisymlt.training.sampling import build_sampler
 
 GCN_LR_MULT = 10.0  # 1 / ML-GCN's lrp

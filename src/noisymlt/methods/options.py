@@ -6,8 +6,8 @@ without importing any training code. The method modules read their schemas and d
 
 from __future__ import annotations
 
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import GROUPS
+from noisymlt.errors import NoisyMLTError
 from noisymlt.losses import LOSSES
 from noisymlt.pipeline.schema import ParamsError, check_schema
 

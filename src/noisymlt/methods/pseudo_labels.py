@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import GROUPS
+from noisymlt.errors import NoisyMLTError
 
 if TYPE_CHECKING:
     import torch

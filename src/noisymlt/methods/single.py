@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from noisymlt.training.loaders import StreamSpec
 from noisymlt.losses import build_loss
 from noisymlt.methods.base import Method, register_family
 from noisymlt.models.branch import build_branch
+from noisymlt.training.loaders import StreamSpec
 from noisymlt.training.sampling import build_sampler
 
 

@@ -238,10 +238,10 @@ def run_entries(resolved: dict) -> tuple[str, ...]:
     losses it trains with (both loaded by name at run time, hence not in the trainer's own closure). Not the
     `train` command around it, which only turns arguments into the resolved configuration (whose hash is the
     run id) and the input files (whose hashes the checkpoint and manifest hold)."""
-    from noisymlt.pipeline.config import method_options
     from noisymlt.losses import LOSSES
     from noisymlt.methods import FAMILY_MODULES
     from noisymlt.methods.options import losses_used
+    from noisymlt.pipeline.config import method_options
 
     family = resolved["method_cfg"]["family"]
     losses = losses_used(family, method_options(resolved["method_cfg"]))

@@ -279,8 +279,8 @@ class Server:
             os.environ.clear()
             os.environ.update(request["env"])
             sys.argv = [sys.argv[0], *request["argv"]]
-            from noisymlt.pipeline import codedeps
             from noisymlt.cli import main
+            from noisymlt.pipeline import codedeps
 
             codedeps.loaded_check = self._check_source  # the digest a job takes must name the code imported here
             code = main(request["argv"])

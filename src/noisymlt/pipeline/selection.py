@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from noisymlt.errors import NoisyMLTError
+from noisymlt.methods.options import BRANCH_NAMES
 from noisymlt.pipeline.config import PSEUDO_KEYS, method_entry, uses_pseudo_labels
 from noisymlt.pipeline.files import write_json
-from noisymlt.methods.options import BRANCH_NAMES
 
 log = logging.getLogger(__name__)
 

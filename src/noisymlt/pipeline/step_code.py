@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from noisymlt.cli import command_modules, step_entries
-from noisymlt.pipeline.codedeps import closure, data_files, digest, imports_of, modules, run_entries
 from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline.codedeps import closure, data_files, digest, imports_of, modules, run_entries
 
 
 def warm() -> None:

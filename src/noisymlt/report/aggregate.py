@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from noisymlt.data.labels import GROUPS
 from noisymlt.errors import NoisyMLTError
 from noisymlt.pipeline.files import replacing, write_json
-from noisymlt.data.labels import GROUPS
 
 COLUMNS = {
     "run_id": "string", "dataset": "string", "method": "string", "gamma": "float64", "seed": "int64",

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import GROUPS
+from noisymlt.errors import NoisyMLTError
 from noisymlt.report.style import (BLACK, BLUE, COLUMN_WIDTH, GREEN, ORANGE, VERMILLION, FONT_PT, dataset_title,
                                    paper_style, save_figure)
 from noisymlt.report.tables import mean_ci, method_choice, primary_head, read_results

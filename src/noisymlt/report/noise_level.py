@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import GROUPS
+from noisymlt.errors import NoisyMLTError
 from noisymlt.report.style import BLACK, BLUE, COLUMN_WIDTH, ORANGE, paper_style, save_figure
 
 LINES = {"noisy": "noisy labels", "noisy_stitched": "Stitch-Up", "corrected": "Co-Learning",

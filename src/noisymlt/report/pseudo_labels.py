@@ -45,8 +45,8 @@ def score_train_set(run: Path, train_labels: Path, split: Path, train_images: Pa
     import torch
 
     # the family module, imported by name so that this command's code digest covers it
-    from noisymlt.methods.pseudo_labels import pseudo_labels
     from noisymlt.methods.colearning import CoLearning
+    from noisymlt.methods.pseudo_labels import pseudo_labels
     from noisymlt.training.trainer import Trainer
 
     config = Path(run) / "run_config.json"

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import GROUPS
+from noisymlt.errors import NoisyMLTError
 from noisymlt.report.style import dataset_title
 
 BRANCH_TITLES = {"random": "random", "balanced": "balance"}

@@ -39,8 +39,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from noisymlt.errors import NoisyMLTError
 from noisymlt.data.labels import GROUPS, read_labels
+from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.base import PublishedTargets
 from noisymlt.pipeline.files import write_text
 

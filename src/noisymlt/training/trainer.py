@@ -49,13 +49,13 @@ class Trainer:
                  test_cache: Path | None = None, cores: int | None = None, expect_code: str | None = None):
         import torch
 
-        from noisymlt.pipeline.codedeps import TRAINER, digest, load_code, run_entries
-        from noisymlt.pipeline.config import run_id
-        from noisymlt.training.loaders import resolve_workers
-        from noisymlt.training.devices import select_device
         from noisymlt.data.labels import read_class_split, read_labels
         from noisymlt.methods import FAMILY_MODULES, load_family
         from noisymlt.methods.base import TrainContext
+        from noisymlt.pipeline.codedeps import TRAINER, digest, load_code, run_entries
+        from noisymlt.pipeline.config import run_id
+        from noisymlt.training.devices import select_device
+        from noisymlt.training.loaders import resolve_workers
 
         self.cfg = resolved
         self.run_id = run_id(resolved)
