@@ -5,10 +5,17 @@ from __future__ import annotations
 import http.server
 import os
 import re
+import signal
 import threading
 from pathlib import Path
 
 import pytest
+
+# A test run started in the background by a shell without job control (`make test &` in a script) inherits
+# SIGINT ignored, and so would every process the tests start: the tests of Ctrl-C would then see nothing
+# stop. Python's handler here means the default disposition in each process started from here.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SHARED_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 
