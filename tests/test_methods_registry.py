@@ -57,10 +57,10 @@ def test_registries_read_names_from_the_source_and_refuse_a_name_twice(tmp_path)
     (tmp_path / "__init__.py").write_text("")
     (tmp_path / "a.py").write_text("X = 'one'\nY = 'two'\n")
     (tmp_path / "_private.py").write_text("X = 'one'\n")  # not a registering module
-    assert registered(str(tmp_path / "__init__.py"), "pkg", constants, "thing") == {"one": "pkg.a", "two": "pkg.a"}
+    assert registered(str(tmp_path / "__init__.py"), "pkg", constants, "thing", marker="=") == {"one": "pkg.a", "two": "pkg.a"}
     (tmp_path / "b.py").write_text("Z = 'two'\n")
     with pytest.raises(NoisyMLTError, match="thing 'two' is registered by pkg.a and pkg.b"):
-        registered(str(tmp_path / "__init__.py"), "pkg", constants, "thing")
+        registered(str(tmp_path / "__init__.py"), "pkg", constants, "thing", marker="=")
 
 
 def test_a_new_family_module_states_its_options_in_its_own_source(tmp_path, monkeypatch):

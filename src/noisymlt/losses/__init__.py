@@ -26,13 +26,13 @@ def _factory_names(tree: ast.Module) -> list[str]:
                 and any(isinstance(t, ast.Name) and t.id == "FACTORIES" for t in node.targets)):
             for key in node.value.keys:
                 if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
-                    raise NoisyMLTError(f"{__name__}: a FACTORIES key is not a loss name written as a string")
+                    raise NoisyMLTError("a FACTORIES key is not a loss name written as a string")
                 names.append(key.value)
     return names
 
 
 # loss name -> module whose FACTORIES entry builds it
-LOSSES = registered(__file__, __name__, _factory_names, "loss")
+LOSSES = registered(__file__, __name__, _factory_names, "loss", marker="FACTORIES")
 _CLASSES = {"BCELoss": "bce", "FocalLoss": "focal", "DistributionBalancedLoss": "db", "LDAMLoss": "ldam",
             "MultiLabelLoss": "base"}
 _FIXED = {"class_counts", "num_images", "focal"}  # set by build_loss / the name, never by params

@@ -24,7 +24,8 @@ def _family_names(tree: ast.Module) -> list[str]:
             and deco.args and isinstance(deco.args[0], ast.Constant)]
 
 
-FAMILY_MODULES = registered(__file__, __name__, _family_names, "method family")
+FAMILY_MODULES = registered(__file__, __name__, _family_names, "method family",
+                            marker="@register_family(")
 _BASE_NAMES = ("FAMILIES", "Method", "TrainContext", "register_family", "eval_mode")
 
 

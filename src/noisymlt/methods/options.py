@@ -272,13 +272,14 @@ def family_schema(family: str) -> dict:
         return SCHEMAS[family]
     import ast
     import importlib.util
+    from pathlib import Path
 
     from noisymlt.methods import FAMILY_MODULES
 
     if family not in FAMILY_MODULES:
         raise NoisyMLTError(f"unknown family {family!r}; known: {', '.join(sorted(FAMILY_MODULES))}")
     path = importlib.util.find_spec(FAMILY_MODULES[family]).origin
-    for node in ast.parse(open(path).read(), filename=path).body:
+    for node in ast.parse(Path(path).read_text(), filename=path).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "OPTIONS_SCHEMA" for t in node.targets):
             return ast.literal_eval(node.value)
     return {"type": "object", "additionalProperties": False, "properties": {}}
