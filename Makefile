@@ -1,6 +1,7 @@
 # Two entry points, each doing all set-up itself:
 #   make demo   create .venv and run the whole pipeline on the embedded dataset (CPU, offline)
 #   make test   create .venv and run the test suite
+#   make smoke  create .venv and run the paper's configuration briefly (workflow/profiles/smoke)
 # and the demo under DVC instead of Snakemake (the same steps and files; `dvc status` is clean after it):
 #   make demo-dvc   create .venv, `dvc init` if needed, merge the demo's params into dvc.params.yaml, dvc repro;
 #                   after a finished `make demo`, it records that demo's outputs (dvc commit) instead of rerunning it
@@ -9,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 DEMO_PARAMS ?= params.yaml workflow/profiles/demo/params.yaml
 
-.PHONY: env demo demo-dvc test test-fast lint dryrun clean-demo
+.PHONY: env demo demo-dvc smoke test test-fast lint dryrun clean-demo
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -46,6 +47,11 @@ demo-dvc: $(STAMP)
 	fi
 	$(DVC_ENV) $(VENV)/bin/dvc repro
 	@cat reports/table_total.md
+
+# The paper's configuration, every method and ablation code path, one iteration an epoch, on a VOC stand-in
+# (workflow/profiles/smoke): the first thing to run on a new machine or GPU node
+smoke: $(STAMP)
+	$(VENV)/bin/snakemake --profile workflow/profiles/smoke
 
 test: $(STAMP)
 	$(PY) -m pytest

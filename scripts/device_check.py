@@ -12,6 +12,10 @@ Parts, in order (what each imports besides torch and torchvision is NEEDS below;
 is missing, or that the time budget no longer allows, is skipped with a line saying so):
   environment  GPU name and memory, torch / CUDA / cuDNN versions, bf16 and TF32 support, which
                optional libraries are installed.
+  smoke        first: the smoke profile (workflow/profiles/smoke: the paper's configuration, every method and
+               ablation code path, one iteration an epoch) through Snakemake with --resources gpu=1, in a copy
+               of the workflow under OUT/smoke (needs snakemake; skipped with --quick, since the test suite
+               runs it: tests/test_smoke.py).
   cuda_tests   the test suite's `gpu`-marked tests (they skip without CUDA; the `--resources gpu=2`
                test also needs Snakemake, which the GPU machine lacks: it then skips and says so).
   throughput   scripts/benchmark_throughput.py: ResNet-50 @ 224, batch 32 and balanced 256, bf16, for
@@ -58,10 +62,13 @@ PAPER_METHODS = ["erm", "db_focal", "bbn", "dividemix", "ours"]
 OPTIONAL_MODULES = ["yaml", "jsonschema", "tqdm", "scipy", "sklearn", "pandas", "pyarrow", "PIL", "matplotlib",
                     "pytest", "snakemake", "dvc"]
 # the wheel file name's distribution -> the module it provides, where they differ
-WHEEL_MODULES = {"pyyaml": "yaml", "rpds_py": "rpds", "jsonschema_specifications": "jsonschema_specifications"}
+WHEEL_MODULES = {"pyyaml": "yaml", "rpds_py": "rpds", "jsonschema_specifications": "jsonschema_specifications",
+                 "gitpython": "git"}
 # Besides torch and torchvision: what each part imports (the trainer and the method registry read params with
 # yaml and check method options with jsonschema; image caches and training report progress with tqdm).
-NEEDS = {"cuda_tests": ["pytest", "yaml", "jsonschema", "tqdm", "scipy", "pandas", "pyarrow", "PIL"],
+NEEDS = {"smoke": ["snakemake", "yaml", "jsonschema", "tqdm", "scipy", "sklearn", "pandas", "pyarrow", "PIL",
+                   "matplotlib"],
+         "cuda_tests": ["pytest", "yaml", "jsonschema", "tqdm", "scipy", "pandas", "pyarrow", "PIL"],
          "throughput": ["yaml", "jsonschema"], "loader": ["PIL", "pandas", "pyarrow", "tqdm"],
          "end_to_end": ["yaml", "jsonschema", "tqdm", "scipy", "sklearn", "pandas", "pyarrow", "PIL"],
          "grid": ["yaml", "jsonschema", "pandas", "pyarrow"]}
@@ -102,6 +109,7 @@ class Skip(Exception):
 
 # Every key of every part, present in every mode (null where a part or a field did not run).
 PART_KEYS = {
+    "smoke": ["device", "runs", "methods", "map_min", "map_max", "log"],
     "cuda_tests": ["files", "passed", "failed", "skipped", "tests"],
     "throughput": ["device", "precision", "backbone", "image_size", "batch_size", "balanced_batch_size", "methods",
                    "bare"],
@@ -297,6 +305,34 @@ def noisymlt(argv: list[str], work: Path, log_path: Path) -> None:
                            f"log: {log_path}: " + " | ".join(tail))
 
 
+def smoke(ctx: dict) -> dict:
+    """The smoke profile through Snakemake on this machine's device, in a copy of the workflow files."""
+    if ctx["quick"]:
+        raise Skip("quick mode: the test suite runs the smoke profile (tests/test_smoke.py)")
+    work = ctx["out"] / "smoke"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    shutil.copy2(REPO / "params.yaml", work / "params.yaml")
+    shutil.copytree(REPO / "workflow", work / "workflow")
+    log_path = ctx["out"] / "logs" / "smoke.log"
+    cmd = [sys.executable, "-m", "snakemake", "--profile", "workflow/profiles/smoke", "--resources", "gpu=1",
+           "--cores", str(max(4, min(ctx["cores"], 8)))]
+    run_logged(cmd, log_path, min(ctx["budget"].left(), 420), ctx["env"], cwd=work)
+    sys.path.insert(0, str(REPO / "src"))
+    from noisymlt.pipeline import paths
+    from noisymlt.pipeline.config import load_params
+
+    params = load_params(work / "params.yaml", work / "workflow/profiles/smoke/params.yaml")
+    maps, devices = {}, set()
+    for dataset, gamma, seed, method in paths.all_runs(params):
+        run = work / paths.run_dir(dataset, gamma, seed, method)
+        maps[method] = json.loads((run / "metrics.json").read_text())["main"]["total"]
+        devices.add(json.loads((run / "manifest.json").read_text())["environment"]["device"])
+    return {"device": sorted(devices), "runs": len(maps), "methods": sorted(maps), "map_min": min(maps.values()),
+            "map_max": max(maps.values()), "log": str(log_path.relative_to(ctx["out"]))}
+
+
 def end_to_end(ctx: dict) -> dict:
     import yaml
 
@@ -478,6 +514,10 @@ def summary_markdown(result: dict) -> str:
     for name, p in parts.items():
         wall = "" if p["wall_s"] is None else f"{p['wall_s']:.0f}"
         lines.append(f"| {name} | {p['status']} | {wall} | {p['reason'] or ''} |")
+    sm = parts["smoke"]
+    if sm["status"] == "ok":
+        lines += ["", f"Smoke profile on {', '.join(sm['device'])}: {sm['runs']} runs, every one trained and "
+                  f"evaluated (test mAP {sm['map_min']:.1f}-{sm['map_max']:.1f} after 8 iterations)."]
     ct = parts["cuda_tests"]
     if ct["status"] == "ok" or ct["status"] == "failed":
         lines += ["", f"CUDA tests: {ct['passed']} passed, {ct['failed']} failed, {ct['skipped']} skipped."]
@@ -558,9 +598,9 @@ def main() -> int:
               "environment": environment(), "parts": parts, "wall_s": None}
     ctx = {"out": out, "device": device, "quick": args.quick, "budget": budget, "env": child_env(site),
            "cores": len(os.sched_getaffinity(0)), "results": parts}
-    runners = {"cuda_tests": cuda_tests, "throughput": throughput, "loader": loader, "end_to_end": end_to_end,
+    runners = {"smoke": smoke, "cuda_tests": cuda_tests, "throughput": throughput, "loader": loader, "end_to_end": end_to_end,
                "grid": grid}
-    min_seconds = {"cuda_tests": 20, "throughput": 30, "loader": 15, "end_to_end": 45, "grid": 10}
+    min_seconds = {"smoke": 60, "cuda_tests": 20, "throughput": 30, "loader": 15, "end_to_end": 45, "grid": 10}
 
     def write() -> None:
         result["wall_s"] = time.monotonic() - started

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 # id), the per-step digests and `trace`.
 NEVER_IN_A_RUN = {"noisymlt.__main__", "noisymlt.cli", "noisymlt.pipeline.preload", "noisymlt.training.command",
                   "noisymlt.pipeline.step_code", "noisymlt.pipeline.trace", "noisymlt.pipeline.selection"}
-ERM = ["noisymlt", "noisymlt.data", "noisymlt.data.imagecache", "noisymlt.data.labels", "noisymlt.errors",
+ERM = ["noisymlt", "noisymlt.data", "noisymlt.data.assets", "noisymlt.data.imagecache", "noisymlt.data.labels", "noisymlt.errors",
        "noisymlt.evaluation", "noisymlt.evaluation.metrics", "noisymlt.losses", "noisymlt.losses.base",
        "noisymlt.losses.bce", "noisymlt.methods", "noisymlt.methods.base", "noisymlt.methods.options",
        "noisymlt.methods.single", "noisymlt.models", "noisymlt.models.backbones", "noisymlt.models.branch",

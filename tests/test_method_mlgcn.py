@@ -4,7 +4,6 @@ and a short Trainer run on the tiny toy data."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -115,48 +114,41 @@ def test_restricted_unpickler_loads_arrays_and_refuses_code(tmp_path):
         glove.load_array_pickle(pickle.dumps({"adj": 1}))
 
 
-def test_tampered_glove_file_is_refused_before_unpickling(http_server, tmp_path):
+def test_glove_is_read_from_its_file_only(tmp_path, monkeypatch):
+    # A run reads the file its config names and nothing else; a missing file names the step that fetches it
+    # and the offline fallback.
+    missing = tmp_path / "voc_glove.pkl"
+    with pytest.raises(NoisyMLTError, match="embeddings: random") as err:
+        glove.class_embeddings("voc", list(VOC_CLASSES), "glove", missing)
+    assert "fetch-asset --out" in str(err.value) and str(missing) in str(err.value)
+    with pytest.raises(NoisyMLTError, match="assets.glove.voc"):
+        glove.class_embeddings("voc", list(VOC_CLASSES), "glove", None)
+    # A file that is not a plain array pickle is refused without running anything.
     marker = tmp_path / "pwned"
-    served = http_server.root / glove.GLOVE_FILES["voc"].path
-    served.parent.mkdir(parents=True)
-    served.write_bytes(pickle.dumps(_Evil(marker)))
-    cache = tmp_path / "emb"
-    with pytest.raises(NoisyMLTError, match="checksum mismatch") as err:
-        glove.load_glove("voc", list(VOC_CLASSES), cache, base_url=http_server.url, retries=0)
-    assert "embeddings: random" in str(err.value)  # the message names the offline fallback
-    assert not marker.exists() and not (cache / "voc_glove_word2vec.pkl").exists()
-    # A cached file altered after the download is refused too.
-    cached = tmp_path / "cached.pkl"
-    cached.write_bytes(pickle.dumps(np.zeros(3)))
-    with pytest.raises(NoisyMLTError, match="refusing to unpickle"):
-        glove.read_verified(cached, "0" * 64)
+    evil = tmp_path / "evil.pkl"
+    evil.write_bytes(pickle.dumps(_Evil(marker)))
+    with pytest.raises(NoisyMLTError, match="not allowed"):
+        glove.read_glove("voc", list(VOC_CLASSES), evil)
+    assert not marker.exists()
+    wrong = tmp_path / "wrong.pkl"
+    wrong.write_bytes(pickle.dumps(np.zeros((20, 299), np.float32)))
+    with pytest.raises(NoisyMLTError, match=r"expected a float \(20, 300\) array"):
+        glove.read_glove("voc", list(VOC_CLASSES), wrong)
 
 
-def test_unreachable_glove_names_the_fallback(http_server, tmp_path):
-    with pytest.raises(NoisyMLTError, match="embeddings: random") as failed:
-        glove.load_glove("voc", list(VOC_CLASSES), tmp_path, base_url=http_server.url, retries=0)  # 404
-    assert ".." not in str(failed.value) and "kept in" not in str(failed.value)
-
-
-def test_coco_rows_follow_alphabetical_names(http_server, tmp_path, monkeypatch):
+def test_coco_rows_follow_alphabetical_names(tmp_path, monkeypatch):
     # The published file's rows are the class names sorted alphabetically; the project's classes
     # come in category-id order.
     rows = {"airplane": 1.0, "bicycle": 2.0, "person": 3.0}
     published = np.stack([np.full(300, rows[name], np.float32) for name in sorted(rows)])
-    data = pickle.dumps(published)
-    path = "data/coco/fake_glove.pkl"
-    (http_server.root / "data" / "coco").mkdir(parents=True)
-    (http_server.root / path).write_bytes(data)
-    monkeypatch.setitem(glove.GLOVE_FILES, "coco", glove.GloveFile(path, hashlib.sha256(data).hexdigest(), 3))
+    path = tmp_path / "coco_glove.pkl"
+    path.write_bytes(pickle.dumps(published))
+    monkeypatch.setitem(glove.GLOVE_ROWS, "coco", 3)
     classes = ["person", "bicycle", "airplane"]
     np.testing.assert_array_equal(glove.glove_row_order("coco", classes), [2, 1, 0])
-    emb = glove.load_glove("coco", classes, tmp_path, base_url=http_server.url, retries=0)
+    emb = glove.class_embeddings("coco", classes, "glove", path)
     assert emb.dtype == np.float32 and emb.shape == (3, 300)
     np.testing.assert_array_equal(emb[:, 0], [3.0, 2.0, 1.0])
-    # Cached: a second call makes no request.
-    n = len(http_server.state["requests"])
-    np.testing.assert_array_equal(glove.load_glove("coco", classes, tmp_path, base_url=http_server.url), emb)
-    assert len(http_server.state["requests"]) == n
 
 
 def test_pseudo_embeddings_are_deterministic_per_name():

@@ -260,3 +260,15 @@ def test_selection_off_keeps_every_fixed_value():
     params["selection"]["enabled"] = False
     assert all(S.owner(params, m) is None and S.stages(params, m) == [] for m in params["methods"])
     assert yaml.safe_load((REPO / "params.yaml").read_text())["selection"]["enabled"] is True
+
+
+def test_a_variant_reads_no_choice_when_none_of_its_owners_values_apply():
+    # Found by the smoke profile, where Ours selects alpha x beta only: a `same_as: ours` variant without pseudo
+    # labels has none of those values, so it reads no choice (it trained with a --selection it could not hold).
+    params = load_params(REPO / "params.yaml")
+    assert S.owner(params, "ours_stitch_image_concat") == "ours"  # Ours selects lr too: that value applies
+    params["selection"]["methods"]["ours"] = [["alpha", "beta"]]
+    assert S.owner(params, "ours_stitch_image_concat") is None
+    assert S.final_choice_file(params, "voc", "ours_stitch_image_concat") is None
+    assert S.owner(params, "ours_self") == "ours"  # pseudo labels on: alpha and beta apply
+    assert S.final_choice_file(params, "voc", "ours_self") == "runs/voc/select/ours/stage1.choice.json"

@@ -133,7 +133,6 @@ def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> N
     partition = local_partition()
     work = tmp_path / "wf"
     work.mkdir()
-    shutil.copy2(ROOT / "Snakefile", work)
     shutil.copy2(ROOT / "params.yaml", work)
     shutil.copytree(ROOT / "workflow", work / "workflow")  # follows the schema symlink
     # A snapshot of the package: its code digest is a rule param, so an edit of src/ during the

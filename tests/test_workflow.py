@@ -20,8 +20,7 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 def copy_workflow(dest: Path) -> Path:
     """The workflow files only (the package is installed), so tests never touch the checkout's data."""
-    for name in ("Snakefile", "params.yaml"):
-        shutil.copy(REPO / name, dest / name)
+    shutil.copy(REPO / "params.yaml", dest / "params.yaml")
     shutil.copytree(REPO / "workflow", dest / "workflow", symlinks=True)
     (dest / "src").symlink_to(REPO / "src")  # the schema symlink points into src/
     return dest
@@ -86,9 +85,31 @@ def test_paper_dry_run_plans_the_full_grid(tmp_path):
     assert counts["table_ablation"] == len(grid["ablations"])
     assert counts["noise"] == len(grid["datasets"]) * len(grid["gammas"]) * len(grid["seeds"])
     assert counts["download"] == 2 and counts["fetch_coco_train_images"] == 1
+    # ImageNet weights of ResNet-50 and the GloVe vectors of both datasets, each fetched once by its own rule
+    assert counts["fetch_asset"] == 3
     assert counts["parse_labels"] == 4 and counts["longtail"] == 2
     # train subset and test set of each dataset (train.loader: cache)
     assert counts["cache_train_images"] == 2 and counts["cache_test_images"] == 2
+
+
+def test_a_failed_download_shows_its_reason_under_the_readme_command(tmp_path):
+    """No internet (here: a mirror folder without the files): the README's bare command prints the reason, and
+    what else to do, in the terminal; the default workflow profile turns on show-failed-logs."""
+    wf = copy_workflow(tmp_path)
+    params = yaml.safe_load((wf / "params.yaml").read_text())
+    params["download"] = {"mirror": str(tmp_path / "empty_mirror"), "retries": 0}
+    (tmp_path / "empty_mirror").mkdir()
+    (wf / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    proc = subprocess.run([SNAKEMAKE, "reports/table_total.tex", "--cores", "2", "--resources", "gpu=2"], cwd=wf,
+                          capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "workflow specific profile workflow/profiles/default" in out
+    # the failed job's own log line, not only Snakemake's "returned non-zero exit status"
+    reason = next((line for line in out.splitlines() if line.startswith("noisymlt ") and ": error: " in line), None)
+    assert reason is not None, out[-3000:]
+    assert "download failed" in reason and "nothing was received" in reason
+    assert "download.mirror" in reason and "yourself at" in reason and ".part" not in reason
 
 
 # Snakemake's report draws its rule graph from one job per rule and DAG level (report.rulegraph_spec); this

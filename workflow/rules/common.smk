@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from noisymlt.data import assets
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.options import stitchup_option
 from noisymlt.pipeline import codedeps, paths, step_code
@@ -68,6 +69,10 @@ def kind(dataset):
 def dataset_of_kind(k):
     """The raw files are per kind: any dataset block of that kind tells how to get them."""
     return next(name for name, block in config["datasets"].items() if block["kind"] == k)
+
+
+def dataset_of_raw(raw):
+    return next(name for name in config["datasets"] if paths.raw_dir(config, name) == raw)
 
 
 def raw_dir(dataset):
@@ -133,10 +138,15 @@ def cache_args(w):
     return argv(paths.cache_args(w.dataset, resolved(w)["train"].get("loader", "pil")))
 
 
-def backbone_weights(w):
-    """A run's weights_path, as an input: a file of data/pretrained/ is made by the pretrain rule."""
-    path = resolved(w)["train"].get("weights_path")
-    return [path] if path else []
+def run_files(w):
+    """The local files a run reads besides its data, as inputs: its backbone weights (train.weights_path: a
+    file of data/pretrained/ made by the pretrain rule, or ImageNet's asset file) and its method's asset files
+    (ML-GCN's GloVe vectors), each made by a rule (pretrain, fetch_asset), so the job never fetches."""
+    return assets.run_files(resolved(w))
+
+
+def asset_args(w, output):
+    return argv(assets.fetch_argv(config, output[0]) + ["--no-progress"])
 
 
 def pretrain_args(w, output):
@@ -245,7 +255,7 @@ def finished_work():
         files += [f"data/{dataset}/{name}" for name in ("train_source_labels.parquet", "test_labels.parquet",
                                                         "train_labels.parquet", "class_split.json")]
         files += [f"{array[:-len('.npy')]}.{ext}" for array in run_caches(w) for ext in ("npy", "json")]
-        files += [raw_marker(dataset), train_images_ready(dataset), *backbone_weights(w)]
+        files += [raw_marker(dataset), train_images_ready(dataset), *run_files(w)]
     return list(dict.fromkeys(files))
 
 

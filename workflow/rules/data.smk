@@ -19,6 +19,58 @@ rule make_toy:
         "{params.cli} {params.args} > {log} 2>&1"
 
 
+# Everything fetched from the internet is fetched here, by local rules: under SLURM they run in the snakemake
+# process on the login node (compute nodes often have no internet), and no train job opens a connection.
+
+
+localrules:
+    download,
+    fetch_coco_train_images,
+    fetch_asset,
+
+
+# ImageNet weights and GloVe vectors (params `assets`, noisymlt.data.assets): each once, into a file named with
+# its hash's first 8 digits, which the runs' configs name and their train jobs take as input.
+
+
+rule fetch_asset:
+    output:
+        "data/assets/{group}/{file}",
+    wildcard_constraints:
+        group="imagenet|glove",
+    params:
+        cli=NOISYMLT,
+        args=asset_args,
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/data/fetch_asset_{group}_{file}.log",
+    benchmark:
+        "benchmarks/data/fetch_asset_{group}_{file}.tsv"
+    shell:
+        "{params.cli} {params.args} > {log} 2>&1"
+
+
+# A VOC stand-in drawn by the toy generator in VOC's layout (kind voc with a toy block: the smoke profile).
+
+
+rule make_voc_toy:
+    output:
+        "data/raw/voc_toy/manifest.json",
+    params:
+        cli=NOISYMLT,
+        args=lambda w: argv(paths.raw_argv(config, dataset_of_raw("data/raw/voc_toy"))),
+        code=code("make-toy"),
+    conda:
+        "../envs/noisymlt.yaml"
+    log:
+        "logs/data/make_voc_toy.log",
+    benchmark:
+        "benchmarks/data/make_voc_toy.tsv"
+    shell:
+        "{params.cli} {params.args} > {log} 2>&1"
+
+
 rule download:
     output:
         "data/raw/{kind}/manifest.json",
@@ -26,7 +78,7 @@ rule download:
         kind="voc|coco",
     params:
         cli=NOISYMLT,
-        args=lambda w: argv(paths.raw_argv(config, dataset_of_kind(w.kind))),
+        args=lambda w: argv(paths.raw_argv(config, dataset_of_raw(f"data/raw/{w.kind}"))),
     conda:
         "../envs/noisymlt.yaml"
     log:

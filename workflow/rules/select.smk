@@ -98,7 +98,7 @@ rule train_candidate:
         config=f"{CANDIDATE}/requested_config.json",
         split="data/{dataset}/class_split.json",
         images=lambda w: train_images_ready(w.dataset),
-        weights=backbone_weights,
+        files=run_files,
         caches=candidate_caches,
     output:
         predictions=f"{CANDIDATE}/predictions.npz",

@@ -58,7 +58,7 @@ rule train:
         images=lambda w: train_images_ready(w.dataset),
         raw=lambda w: raw_marker(w.dataset),
         subset="data/{dataset}/train_labels.parquet",
-        weights=backbone_weights,
+        files=run_files,
         caches=run_caches,
     output:
         predictions="runs/{dataset}/g{gamma}/s{seed}/{method}/predictions.npz",

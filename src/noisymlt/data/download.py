@@ -4,7 +4,8 @@
 so a mirror can be a plain HTTP server or a ``file://`` folder). ``download_dataset`` fetches
 every file of a registry entry, unpacks it safely and writes ``<root>/manifest.json`` (size and
 hashes of each file) for provenance. ``download_coco_images`` fetches only the COCO train images
-of a subset, one by one, instead of the 18 GB train zip.
+of a subset, one by one, instead of the 18 GB train zip. ``fetch_asset`` fetches one of the other external
+files runs read (ImageNet weights, GloVe vectors; noisymlt.data.assets names them).
 """
 
 from __future__ import annotations
@@ -431,6 +432,38 @@ def download_coco_images(
     return [paths[i] for i in wanted]
 
 
+# ------------------------------------------------------------------------- external files (assets)
+
+def _asset_source(url: str, mirror: str | None) -> str:
+    if not urlsplit(url).scheme or len(urlsplit(url).scheme) == 1:  # a local file ("C:" is a drive)
+        return Path(url).resolve().as_uri()
+    return mirror_url(url, mirror)
+
+
+def fetch_asset(url: str, sha256: str, out: str | Path, *, name: str = "asset", mirror: str | None = None,
+                retries: int = 5, backoff: float = 1.0, progress: bool = True) -> Path:
+    """Fetch ``url`` (through ``mirror``; a local path is copied) to ``out`` and verify its sha256 (or the
+    prefix given) before it takes its place. A failure says where else the file can come from."""
+    source = _asset_source(url, mirror)
+    sha = sha256.lower()
+    full = len(sha) == 64
+    try:
+        dest = fetch(source, out, sha256=sha if full else None, retries=retries, backoff=backoff, progress=progress)
+    except DownloadFailed as exc:
+        raise DownloadFailed(
+            f"{name}: {exc}. Other ways to get it: set download.mirror in params.yaml to a URL or local folder "
+            f"holding {posixpath.basename(urlsplit(url).path)}, or place the file yourself at {out} (it is then used "
+            f"as it is; sha256 {'' if full else 'starting with '}{sha})") from exc
+    if not full:
+        actual = file_digests(dest)["sha256"]
+        if not actual.startswith(sha):
+            aside = _set_aside(Path(dest), Path(dest))
+            raise NoisyMLTError(f"{name}: {dest}: sha256 {actual} does not start with {sha} (from {source}); "
+                                f"the file is kept as {aside} for inspection")
+    log.info("%s ready at %s", name, dest)
+    return Path(dest)
+
+
 # ---------------------------------------------------------------------------------------- CLI
 
 _MIRROR_HELP = (
@@ -489,6 +522,7 @@ def add_cli(subparsers) -> None:
     q.add_argument("--workers", type=int, default=4, metavar="N", help="parallel downloads (default 4)")
     _add_retry_args(q)
     q.set_defaults(func=_cmd_fetch_coco_images)
+    _add_asset_cli(subparsers)
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
@@ -508,3 +542,32 @@ def _cmd_fetch_coco_images(args: argparse.Namespace) -> int:
     )
     log.info("%d images ready in %s", len(paths), args.out)
     return 0
+
+
+def _cmd_fetch_asset(args: argparse.Namespace) -> int:
+    fetch_asset(args.url, args.sha256, args.out, name=args.name, mirror=args.mirror, retries=args.retries,
+                backoff=args.backoff, progress=args.progress)
+    return 0
+
+
+def _add_asset_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "fetch-asset",
+        help="download one external file a run reads (ImageNet weights, GloVe vectors) and verify it",
+        description=(
+            "Fetch URL into OUT (data/assets/GROUP/FILE for the params' assets entries: `noisymlt step asset` "
+            "fills the arguments in from them), through MIRROR if given (a URL or a local folder holding the "
+            "file under its name), resuming and retrying, and verify its sha256 (or the given prefix of it) "
+            "before it takes its place. URL may be a local path. Train jobs read these files and never fetch "
+            "anything themselves."
+        ),
+    )
+    p.add_argument("--url", required=True, help="http(s):// or file:// URL, or a local path")
+    p.add_argument("--sha256", required=True, help="the file's sha256, or its first 8+ hex digits")
+    p.add_argument("--out", required=True, help="where the file goes, e.g. data/assets/imagenet/resnet50-0676ba61.pth")
+    p.add_argument("--name", default="asset", help="what the file is, for messages (assets.GROUP.NAME)")
+    p.add_argument("--mirror", metavar="URL", help="fetch from MIRROR/<file name> instead (URL or local folder)")
+    p.add_argument("--retries", type=int, default=5, metavar="N", help="retries after network errors (default 5)")
+    p.add_argument("--backoff", type=float, default=1.0, metavar="SEC", help="first retry delay, doubled each time")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.set_defaults(func=_cmd_fetch_asset)

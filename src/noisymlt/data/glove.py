@@ -1,9 +1,10 @@
 """Class word embeddings for ML-GCN: the GloVe vectors published with ML-GCN, or an offline stand-in.
 
 ML-GCN (Chen et al., CVPR 2019) feeds 300-d GloVe vectors of the class names to its GCN. Its
-repository ships them as pickled float32 arrays; they are fetched from a fixed commit, checked
-against the SHA-256 given in SPEC 4 *before* anything is unpickled, and unpickled by a restricted
-unpickler that can only rebuild numpy arrays (a pickle can otherwise run arbitrary code).
+repository ships them as pickled float32 arrays; the pipeline fetches them from a fixed commit as
+assets (noisymlt.data.assets, checked against the SHA-256 given in SPEC 4), and a run unpickles its
+file with a restricted unpickler that can only rebuild numpy arrays (a pickle can otherwise run
+arbitrary code).
 
 Offline fallback (``embeddings: random``, and always for the embedded toy dataset, whose glyph
 classes have no words): deterministic pseudo-embeddings, one seeded unit-norm Gaussian vector per
@@ -17,7 +18,6 @@ import hashlib
 import io
 import logging
 import pickle
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -29,25 +29,9 @@ from noisymlt.errors import NoisyMLTError
 log = logging.getLogger(__name__)
 
 EMBEDDING_DIM = 300
-MLGCN_COMMIT = "5517d6ff8012ead45c26a07b3a9d960cdaa0b9d1"
-RAW_BASE = f"https://raw.githubusercontent.com/megvii-research/ML-GCN/{MLGCN_COMMIT}"
-
-
-@dataclass(frozen=True)
-class GloveFile:
-    path: str  # inside the ML-GCN repository
-    sha256: str
-    rows: int
-
-
-GLOVE_FILES: dict[str, GloveFile] = {
-    # rows in VOC class order (which is alphabetical)
-    "voc": GloveFile("data/voc/voc_glove_word2vec.pkl",
-                     "0ca7081ae4d373e9c174c1ce25ed5d416e43c9d25b2f51462e9b6dbd6ffc3970", 20),
-    # rows follow the COCO class *names* sorted alphabetically (ML-GCN's category.json), not the ids
-    "coco": GloveFile("data/coco/coco_glove_word2vec.pkl",
-                      "a1215dd18e1e5f9560a4b25be4df5cbc83f02461f03774602492640a6c58ddf8", 80),
-}
+# Rows of ML-GCN's files: VOC in VOC class order (alphabetical); COCO in the order of the class *names*
+# sorted alphabetically (ML-GCN's category.json), not the ids. URLs and digests: params.yaml assets.glove.
+GLOVE_ROWS: dict[str, int] = {"voc": 20, "coco": 80}
 
 
 # ------------------------------------------------------------------ safe unpickling
@@ -104,45 +88,26 @@ def glove_row_order(kind: str, classes: list[str]) -> np.ndarray:
     raise NoisyMLTError(f"no published GloVe embeddings for dataset kind {kind!r} (only voc, coco)")
 
 
-def read_verified(path: Path, sha256: str) -> bytes:
-    """The bytes of ``path``, only if their SHA-256 is ``sha256`` (hashed in memory: what is checked is
-    exactly what gets unpickled)."""
-    data = path.read_bytes()
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != sha256.lower():
-        raise NoisyMLTError(f"{path}: sha256 {actual} differs from the expected {sha256}; refusing to unpickle it")
-    return data
-
-
-def fetch_array(url: str, dest: Path, sha256: str, *, retries: int = 3, backoff: float = 1.0) -> np.ndarray:
-    """Download (or reuse) ``dest`` from ``url``, verify it, then unpickle it safely."""
-    from noisymlt.data.download import fetch
-
-    fetch(url, dest, sha256=sha256, retries=retries, backoff=backoff, progress=False)
-    return load_array_pickle(read_verified(dest, sha256), str(dest))
-
-
-def load_glove(kind: str, classes: list[str], data_dir: str | Path, *, base_url: str = RAW_BASE,
-               retries: int = 3, backoff: float = 1.0) -> np.ndarray:
-    """ML-GCN's GloVe vectors as a float32 (C, 300) array in the project's class order, cached in
-    ``data_dir``. Download or checksum failures raise NoisyMLTError naming the offline fallback."""
-    if kind not in GLOVE_FILES:
+def read_glove(kind: str, classes: list[str], path: str | Path) -> np.ndarray:
+    """The vectors of ``path`` (a file fetched by `noisymlt fetch-asset`, which verified its checksum) as a
+    float32 (C, 300) array in the project's class order. Only reads the disk: a missing file is an error
+    that names the step that fetches it."""
+    if kind not in GLOVE_ROWS:
         raise NoisyMLTError(f"no published GloVe embeddings for dataset kind {kind!r} (only voc, coco)")
-    spec = GLOVE_FILES[kind]
-    if len(classes) != spec.rows:
-        raise NoisyMLTError(f"GloVe embeddings for {kind} have {spec.rows} rows, the labels {len(classes)} classes")
+    rows = GLOVE_ROWS[kind]
+    if len(classes) != rows:
+        raise NoisyMLTError(f"GloVe embeddings for {kind} have {rows} rows, the labels {len(classes)} classes")
     order = glove_row_order(kind, classes)
-    dest = Path(data_dir) / Path(spec.path).name
-    try:
-        arr = fetch_array(f"{base_url.rstrip('/')}/{spec.path}", dest, spec.sha256, retries=retries, backoff=backoff)
-    except NoisyMLTError as exc:
+    path = Path(path)
+    if not path.is_file():
         raise NoisyMLTError(
-            f"ML-GCN GloVe class embeddings for {kind}: {str(exc).rstrip('.')}. Offline? Put the file at {dest} (sha256 "
-            f"{spec.sha256}), or set `embeddings: random` in the ML-GCN method block (pseudo-embeddings from the "
-            "class names: keeps the label-graph prior, loses the semantic word prior)."
-        ) from exc
-    if arr.shape != (spec.rows, EMBEDDING_DIM) or not np.issubdtype(arr.dtype, np.floating):
-        raise NoisyMLTError(f"{dest}: expected a float ({spec.rows}, {EMBEDDING_DIM}) array, "
+            f"ML-GCN GloVe class embeddings for {kind}: {path} does not exist. The pipeline fetches it before "
+            f"training (rule fetch_asset, DVC stage assets; by hand: `noisymlt fetch-asset --out {path}`); "
+            "offline, place the file there (README, Offline) or set `embeddings: random` in the ML-GCN method "
+            "block (pseudo-embeddings: keeps the label-graph prior, loses the semantic word prior).")
+    arr = load_array_pickle(path.read_bytes(), str(path))
+    if arr.shape != (rows, EMBEDDING_DIM) or not np.issubdtype(arr.dtype, np.floating):
+        raise NoisyMLTError(f"{path}: expected a float ({rows}, {EMBEDDING_DIM}) array, "
                             f"got {arr.dtype} {arr.shape}")
     return np.ascontiguousarray(arr[order], dtype=np.float32)
 
@@ -159,13 +124,16 @@ def pseudo_embeddings(classes: list[str], dim: int = EMBEDDING_DIM) -> np.ndarra
     return np.asarray(rows, dtype=np.float32).reshape(len(classes), dim)
 
 
-def class_embeddings(kind: str, classes: list[str], mode: str, data_dir: str | Path) -> np.ndarray:
-    """(C, 300) class embeddings: ``mode`` glove (published vectors; the toy dataset has none and always
-    gets pseudo-embeddings) or random (pseudo-embeddings)."""
+def class_embeddings(kind: str, classes: list[str], mode: str, path: str | Path | None) -> np.ndarray:
+    """(C, 300) class embeddings: ``mode`` glove (the published vectors in ``path``; the toy dataset has none
+    and always gets pseudo-embeddings) or random (pseudo-embeddings)."""
     if mode not in ("glove", "random"):
         raise NoisyMLTError(f"embeddings: unknown mode {mode!r}; choose glove or random")
     if mode == "random" or kind == "toy":
         if mode == "glove":
             log.info("toy dataset: no GloVe vectors for its glyph classes; using name-seeded pseudo-embeddings")
         return pseudo_embeddings(classes)
-    return load_glove(kind, classes, data_dir)
+    if not path:
+        raise NoisyMLTError(f"ML-GCN GloVe class embeddings for {kind}: no file; add assets.glove.{kind} (url, "
+                            "sha256) to the params, or set the method option embeddings_file")
+    return read_glove(kind, classes, path)

@@ -366,6 +366,45 @@ def make_toy(
     return root
 
 
+def make_voc_standin(
+    out_dir: str | Path, *, seed: int = 0, n_trainval: int = 2400, n_test: int = 1000, image_size: int = 64
+) -> Path:
+    """The toy set in Pascal VOC's own layout, under VOC's class names: trainval in ``VOCdevkit/VOC2012``,
+    test in ``VOCdevkit/VOC2007``, glyph class i named VOC class i, no ``classes.txt``, and ``manifest.json``
+    where a download would write it. Every VOC-specific path of the pipeline reads it as VOC (the parser,
+    the image folders, ML-GCN's GloVe rows), so a smoke run of the paper's configuration needs no download.
+    Same arguments -> identical bytes; the whole folder is built beside ``out_dir`` and swapped in."""
+    from noisymlt.data.classes import VOC_CLASSES
+
+    out = Path(out_dir)
+    tmp = out.with_name(f".{out.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    toy = make_toy(tmp / "build", seed=seed, n_trainval=n_trainval, n_test=n_test, image_size=image_size)
+    rename = {f"<name>{t}</name>": f"<name>{v}</name>" for t, v in zip(TOY_CLASSES, VOC_CLASSES)}
+    for year, image_set in (("VOC2012", "trainval"), ("VOC2007", "test")):
+        ids = (toy / "ImageSets/Main" / f"{image_set}.txt").read_text().split()
+        dest = tmp / "VOCdevkit" / year
+        for sub in ("JPEGImages", "Annotations", "ImageSets/Main"):
+            (dest / sub).mkdir(parents=True)
+        for image_id in ids:
+            (toy / "JPEGImages" / f"{image_id}.jpg").replace(dest / "JPEGImages" / f"{image_id}.jpg")
+            xml = (toy / "Annotations" / f"{image_id}.xml").read_text().replace(
+                f"<folder>{DATASET_NAME}</folder>", f"<folder>{year}</folder>")
+            for old, new in rename.items():
+                xml = xml.replace(old, new)
+            (dest / "Annotations" / f"{image_id}.xml").write_text(xml)
+        (dest / "ImageSets/Main" / f"{image_set}.txt").write_text("".join(f"{i}\n" for i in ids))
+    manifest = json.loads((toy / "toy_manifest.json").read_text())
+    manifest.update(layout="voc", classes=list(VOC_CLASSES), glyphs=list(TOY_CLASSES))
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    shutil.rmtree(tmp / "build")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.replace(out)
+    return out
+
+
 def tree_digest(root: str | Path) -> dict[str, str]:
     """sha256 of every file under ``root``, keyed by relative path: the determinism fingerprint."""
     root = Path(root)
@@ -378,9 +417,8 @@ def tree_digest(root: str | Path) -> dict[str, str]:
 
 def _run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    root = make_toy(
-        args.out, seed=args.seed, n_trainval=args.n_trainval, n_test=args.n_test, image_size=args.size
-    )
+    make = make_voc_standin if args.layout == "voc" else make_toy
+    root = make(args.out, seed=args.seed, n_trainval=args.n_trainval, n_test=args.n_test, image_size=args.size)
     size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
     print(
         f"{root}: {args.n_trainval} trainval + {args.n_test} test images, {len(TOY_CLASSES)} classes, "
@@ -405,4 +443,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--n-trainval", type=int, default=2400, help="trainval images (default 2400)")
     p.add_argument("--n-test", type=int, default=1000, help="test images (default 1000)")
     p.add_argument("--size", type=int, default=64, help="image side in pixels (default 64)")
+    p.add_argument("--layout", choices=("toy", "voc"), default="toy",
+                   help="toy: OUT/VOCdevkit/TOY with the glyph class names (default); voc: Pascal VOC's own layout "
+                        "(OUT/VOCdevkit/VOC2012 trainval, VOC2007 test) under VOC's 20 class names, a stand-in for "
+                        "VOC in smoke runs of the paper's configuration")
     p.set_defaults(func=_run)

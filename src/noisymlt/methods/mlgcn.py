@@ -44,7 +44,7 @@ class MLGCN(Method):
     def build_model(self) -> nn.Module:
         cfg = self.ctx.train
         emb = class_embeddings(self.ctx.cfg["kind"], self.class_names(), self.opts.get("embeddings", "glove"),
-                               self.opts.get("embeddings_dir", "data/embeddings"))
+                               self.opts.get("embeddings_file"))
         adj = build_adjacency(self.ctx.noisy.cpu().numpy(), self.opts.get("adjacency", "code"),
                               self.opts.get("t", 0.4), self.opts.get("p", 0.2))
         backbone = build_backbone(cfg["backbone"], pretrained=cfg["pretrained"], weights_path=cfg.get("weights_path"))

@@ -54,7 +54,8 @@ MLGCN_SCHEMA = {
         "t": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         "p": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
         "embeddings": {"enum": ["glove", "random"]},
-        "embeddings_dir": {"type": "string", "minLength": 1},
+        # filled in from assets.glove.<kind> (noisymlt.data.assets); set it to read other vectors
+        "embeddings_file": {"type": ["string", "null"], "minLength": 1},
         "adjacency": {"enum": list(ADJACENCIES)},
         "pool": {"enum": list(POOLINGS)},
         "gcn_lr_mult": {"type": "number", "exclusiveMinimum": 0},

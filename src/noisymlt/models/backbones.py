@@ -143,8 +143,8 @@ def freeze_batchnorm(*modules: nn.Module) -> None:
 
 
 def build_backbone(name: str, *, pretrained: bool = False, weights_path: str | None = None) -> nn.Module:
-    """Build a backbone. ImageNet weights come from torchvision's download (cached in TORCH_HOME)
-    or from a local file; offline users set ``pretrained: false`` or ``weights_path``."""
+    """Build a backbone, with the weights of the local file ``weights_path`` if given (ImageNet weights: the
+    run config names the asset file, noisymlt.data.assets). Nothing is downloaded here."""
     if name == "smallcnn":
         return SmallCNN()
     if name not in OUT_DIMS:
@@ -170,13 +170,9 @@ def build_backbone(name: str, *, pretrained: bool = False, weights_path: str | N
         raise NoisyMLTError("train.pretrained: resnet_tiny has no published weights; set train.weights_path to the "
                             "file `noisymlt pretrain` writes, or train.pretrained: false")
     elif pretrained:
-        weights = {"resnet50": "IMAGENET1K_V1", "resnet18": "IMAGENET1K_V1"}[name]
-        try:
-            net = getattr(torchvision.models, name)(weights=weights)
-        except Exception as exc:  # URLError, SSL errors, hash mismatch...
-            raise NoisyMLTError(
-                f"train.pretrained: cannot download torchvision {name} ImageNet weights ({exc}). "
-                "Offline? Put the file in TORCH_HOME's hub/checkpoints, set train.weights_path to a local "
-                "state dict, or set train.pretrained: false (results will not match the paper)."
-            ) from exc
+        # never downloaded here: a run names its ImageNet file (assets.imagenet, fetched before training)
+        raise NoisyMLTError(
+            f"train.pretrained: no ImageNet weights file for {name}; add assets.imagenet.{name} (url, sha256) to "
+            "the params so the pipeline fetches it, set train.weights_path to a local state dict, or set "
+            "train.pretrained: false (results will not match the paper)")
     return ResNetTrunk(net, OUT_DIMS[name])

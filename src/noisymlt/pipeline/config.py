@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from noisymlt.data.assets import with_asset_files
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.options import check_options
 from noisymlt.pipeline.schema import ParamsError, check_schema
@@ -120,6 +121,10 @@ def validate_params(params: dict, source: str | None = None) -> None:
     for name in params["grid"]["datasets"]:
         if name not in params["datasets"]:
             raise ParamsError(source, "grid.datasets", f"{name!r} has no block under datasets")
+    for name, block in params["datasets"].items():
+        if block["kind"] == "coco" and "toy" in block:
+            raise ParamsError(source, f"datasets.{name}.toy", "the toy generator stands in for toy and voc "
+                                                              "datasets only, not coco")
     gamma_lists = {"grid.gammas": params["grid"]["gammas"],
                    **{f"ablations.{n}.gammas": a["gammas"] for n, a in params.get("ablations", {}).items()}}
     for key, gammas in gamma_lists.items():
@@ -162,7 +167,7 @@ CLASS_COUNT = {"voc": 20, "coco": 80, "toy": 20}
 def training_images_bound(block: dict) -> int:
     """An upper bound on the training images of the dataset ``block`` (its long-tail subset)."""
     kind = block["kind"]
-    pool = block["toy"]["n_trainval"] if kind == "toy" else TRAIN_POOL[kind]
+    pool = block["toy"]["n_trainval"] if "toy" in block else TRAIN_POOL[kind]
     return min(pool, CLASS_COUNT[kind] * block["longtail"]["max"])
 
 
@@ -262,6 +267,7 @@ def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int
     train = params["train"]
     for layer in (ds.get("train", {}), schedules[schedule].get("train", {}), mcfg.pop("train", {})):
         train = deep_merge(train, layer)
+    train, mcfg = with_asset_files(params, ds["kind"], train, mcfg)  # the local files it reads, by name
     return {
         "dataset": dataset,
         "kind": ds["kind"],

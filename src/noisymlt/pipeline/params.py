@@ -55,11 +55,14 @@ def _sha256(path: Path) -> str:
 
 
 def dvc_block(params: dict, layers: list[str]) -> dict:
+    from noisymlt.data import assets
+    from noisymlt.data.assets import run_files
     from noisymlt.pipeline import paths, selection
     from noisymlt.pipeline.config import resolve_run, run_id
 
     grid = params["grid"]
     runs, run_configs, pretrain = {}, {}, []
+    known_assets, used_assets = assets.entries(params), set()
     for dataset, gamma, seed, method in paths.grid_runs(params):
         resolved = resolve_run(params, dataset, method, gamma, seed)
         weights = resolved["train"].get("weights_path")
@@ -69,11 +72,13 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
         raw = paths.raw_dir(params, dataset)
         coco = params["datasets"][dataset]["kind"] == "coco"
         key = f"{dataset}-{paths.gtag(gamma)}-{seed}-{method}"
+        embeddings = resolved["method_cfg"].get("embeddings_file")
         runs[key] = {
             "dataset": dataset, "gamma": gamma, "seed": seed, "method": method,
             "images": paths.train_images_dir(dataset) if coco else raw, "weights": weights or raw,
-            "config_key": key.replace(".", "_"),
+            "embeddings": embeddings or raw, "config_key": key.replace(".", "_"),
         }
+        used_assets.update(f for f in run_files(resolved) if f in known_assets)
         run_configs[key.replace(".", "_")] = run_id(resolved)
     for key, run in runs.items():  # the choice file a final run reads (fixed values: the raw folder again)
         run["choice"] = selection.final_choice_file(params, run["dataset"], run["method"]) or \
@@ -90,6 +95,10 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
         "grid": {"datasets": list(grid["datasets"]), "gammas": [float(g) for g in grid["gammas"]],
                  "seeds": [int(s) for s in grid["seeds"]]},
         "pretrain": list(dict.fromkeys(pretrain)),
+        # the external files the runs read (a candidate reads its run's): GROUP-NAME -> path, group, name
+        "assets": {f"{known_assets[f]['group']}-{known_assets[f]['name']}":
+                   {"path": f, "group": known_assets[f]["group"], "name": known_assets[f]["name"]}
+                   for f in sorted(used_assets)},
         "fetch_images": [d for d in grid["datasets"] if params["datasets"][d]["kind"] == "coco"],
         # decoded-image caches and the stage output holding each part's images (COCO's train subset is fetched)
         "caches": {f"{d}-{part}": {"dataset": d, "part": part, "images": paths.train_images_dir(d)
@@ -148,7 +157,8 @@ def selection_block(params: dict, runs: dict) -> dict:
                             "dataset": dataset, "method": method, "stage": stage, "gamma": gamma, "seed": seed,
                             "tag": tag, "dir": S.candidate_dir(dataset, method, stage, gamma, seed, tag),
                             "previous": previous, "config_key": key.replace(".", "_"),
-                            "weights": cfg["train"].get("weights_path") or paths.raw_dir(params, dataset)}
+                            "weights": cfg["train"].get("weights_path") or paths.raw_dir(params, dataset),
+                            "embeddings": cfg["method_cfg"].get("embeddings_file") or paths.raw_dir(params, dataset)}
                         out["candidate_configs"][key.replace(".", "_")] = run_id(cfg)
     return out
 

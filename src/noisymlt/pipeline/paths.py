@@ -36,8 +36,10 @@ def dataset_block(params: dict, name: str) -> dict:
 
 
 def raw_dir(params: dict, name: str) -> str:
-    """Raw files of a dataset: one folder per kind, shared by datasets of the same kind."""
-    return f"data/raw/{dataset_block(params, name)['kind']}"
+    """Raw files of a dataset: one folder per kind, shared by datasets of the same kind; a VOC stand-in drawn
+    by the toy generator (kind voc with a toy block: smoke runs) has its own, so it never takes VOC's place."""
+    block = dataset_block(params, name)
+    return f"data/raw/{block['kind']}_toy" if block["kind"] == "voc" and "toy" in block else f"data/raw/{block['kind']}"
 
 
 def raw_marker(params: dict, name: str) -> str:
@@ -71,9 +73,11 @@ def raw_argv(params: dict, name: str) -> list[str]:
     """`noisymlt make-toy` (toy) or `noisymlt download` (voc, coco) into raw_dir."""
     block = dataset_block(params, name)
     kind, raw = block["kind"], raw_dir(params, name)
-    if kind == "toy":
+    if "toy" in block or kind == "toy":
         opts = block.get("toy", {})
-        return ["make-toy", "--out", raw] + [a for k, v in opts.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+        layout = ["--layout", "voc"] if kind == "voc" else []
+        return ["make-toy", "--out", raw, *layout] + [a for k, v in opts.items()
+                                                     for a in (f"--{k.replace('_', '-')}", str(v))]
     return ["download", "--dataset", kind, "--root", raw] + _download_args(params)
 
 
@@ -226,6 +230,12 @@ def _cmd_raw(args: argparse.Namespace) -> int:
     return _run(raw_argv(_params(args), args.dataset))
 
 
+def _cmd_asset(args: argparse.Namespace) -> int:
+    from noisymlt.data.assets import fetch_argv
+
+    return _run(fetch_argv(_params(args), args.out) + ["--no-progress"])
+
+
 def _cmd_parse(args: argparse.Namespace) -> int:
     return _run(parse_argv(_params(args), args.dataset, args.part, args.out))
 
@@ -361,6 +371,9 @@ def add_cli(sub) -> None:
         return q
 
     step("raw", "generate (toy) or download (voc, coco) the raw files into data/raw/KIND", _cmd_raw)
+    q = step("asset", "fetch an external file runs read (assets.imagenet / assets.glove entry) into OUT",
+             _cmd_asset, dataset=False)
+    q.add_argument("--out", required=True, help="the asset's path (data/assets/GROUP/FILE)")
     q = step("parse", "parse the train source pool or the test set into a label table", _cmd_parse)
     q.add_argument("--part", required=True, choices=PARTS)
     q.add_argument("--out", required=True, help="label table to write")

@@ -94,7 +94,12 @@ def owner(params: dict, method: str) -> str | None:
     if entry is None:
         return None
     if isinstance(entry, dict):  # another method's values: none while that method selects nothing itself
-        return entry["same_as"] if isinstance(method_entry(params, entry["same_as"]), list) else None
+        other = entry["same_as"]
+        if not isinstance(method_entry(params, other), list):
+            return None
+        # nor when none of them applies (Ours' alpha and beta alone, for a variant without pseudo labels)
+        names = {name for stage in stages(params, other) for name in stage}
+        return other if applicable(params, method, dict.fromkeys(names, 0.0)) else None
     return method
 
 

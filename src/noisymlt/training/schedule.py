@@ -67,3 +67,13 @@ def epoch_iterations(rule: str, streams: list, num_images: int, batch_size: int)
     if iters < 1:
         raise NoisyMLTError(f"train.epoch_length={rule}: an epoch would have no full batch of {batch_size} images")
     return iters
+
+
+
+def capped(cfg: dict, iters_per_epoch: int) -> int:
+    """Iterations per epoch under ``train.max_iters_per_epoch`` (smoke runs of a recipe): every epoch is
+    shortened alike, so what a recipe counts in epochs (lr steps, DivideMix's warm-up epochs, BBN's mixing
+    curve) stays where it was. The lr warm-up counts iterations: a profile that caps states its own, scaled
+    (workflow/profiles/smoke)."""
+    cap = cfg.get("max_iters_per_epoch")
+    return min(iters_per_epoch, cap) if cap else iters_per_epoch

@@ -24,11 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from noisymlt.data.assets import run_files
 from noisymlt.errors import NoisyMLTError
 from noisymlt.pipeline.files import replacing
 from noisymlt.training import checkpoint
 from noisymlt.training.inputs import RunImages
-from noisymlt.training.schedule import check_warmup, epoch_iterations, lr_at, lr_groups
+from noisymlt.training.schedule import capped, check_warmup, epoch_iterations, lr_at, lr_groups
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class Trainer:
                                 roots={"train": self.train_images, "test": self.test_images},
                                 caches={"train": train_cache, "test": test_cache})
         self.caches = self.images.caches
-        self.inputs_digest = self._inputs_digest(tcfg)
+        self.inputs_digest = self._inputs_digest()
         on_gpu = self.device.type == "cuda"
         self.workers = resolve_workers(tcfg["workers"], cores, int(tcfg.get("cpu_threads", 1)), on_gpu)
         n = len(self.train_table)
@@ -117,6 +118,7 @@ class Trainer:
         self.method = load_family(family)(self.ctx)
         self.streams = self.method.streams()
         self.iters = epoch_iterations(tcfg.get("epoch_length", "batches"), self.streams, n, tcfg["batch_size"])
+        self.iters = capped(tcfg, self.iters)
         check_warmup(tcfg, self.iters, f"method {resolved['method']!r} on {resolved['dataset']}")
         if limit_iters:  # smoke tests and benchmarks: a few iterations per epoch
             self.iters = min(self.iters, limit_iters)
@@ -146,10 +148,10 @@ class Trainer:
             if Path(clean_labels) not in self.provenance_inputs.values():
                 self.provenance_inputs["clean_labels"] = Path(clean_labels)
 
-    def _inputs_digest(self, tcfg: dict) -> str:
+    def _inputs_digest(self) -> str:
         """What the trained weights are made of besides configuration and code: the noisy train labels, the
         class split, the decoded training images (train.loader: cache) and the backbone weights it starts
-        from (train.weights_path). A new long-tail subset or noisy copy, re-decoded images or a re-pretrained
+        from (train.weights_path) and any other file the method reads (ML-GCN's GloVe vectors). A new long-tail subset or noisy copy, re-decoded images or a re-pretrained
         backbone under the same configuration must not resume the old model. (The test images only reach
         the predictions, which every job makes anew.)"""
         from noisymlt.pipeline.manifest import file_sha256
@@ -157,8 +159,10 @@ class Trainer:
         sources = [self.paths["train_labels"], self.paths["split"]]
         if "train" in self.caches:
             sources.append(self.caches["train"])
-        if tcfg.get("weights_path") and Path(tcfg["weights_path"]).is_file():
-            sources.append(Path(tcfg["weights_path"]))
+        # the backbone weights (train.weights_path; ImageNet's asset file) and the method's own files (GloVe)
+        for path in run_files(self.cfg):
+            if Path(path).is_file():
+                sources.append(Path(path))
         return hashlib.sha256("+".join(file_sha256(p) for p in sources).encode()).hexdigest()[:16]
 
     @classmethod
