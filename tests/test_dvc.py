@@ -31,7 +31,7 @@ def _stage_body(stage: dict) -> dict:
     return stage.get("do", stage)
 
 
-STEP_COMMANDS = {"raw": "make-toy", "train-images": "fetch-coco-images",  # `noisymlt step X` runs these
+STEP_COMMANDS = {"asset": "fetch-asset", "raw": "make-toy", "train-images": "fetch-coco-images",  # `step X` runs these
                  "select-split": "select", "select-choose": "select", "select-cache": "cache-images"}
 
 
@@ -107,7 +107,9 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     assert block["caches"]["toy-test"] == {"dataset": "toy", "part": "test", "images": "data/raw/toy"}
     assert block["runs"]["toy-0.5-0-erm"] == {"dataset": "toy", "gamma": 0.5, "seed": 0, "method": "erm",
                                               "images": "data/raw/toy", "weights": "data/pretrained/toy_glyphs.pt",
+                                              "embeddings": "data/raw/toy",  # no asset file: the raw folder again
                                               "config_key": "toy-0_5-0-erm", "choice": "data/raw/toy"}
+    assert block["assets"] == {}  # the demo reads no external file
     # the demo's model selection: Ours' 4 + 12 candidates on each of two noisy sets; its final runs depend on the
     # last stage's choice
     assert block["runs"]["toy-0.5-0-ours"]["choice"] == "runs/toy/select/ours/stage2.choice.json"
@@ -130,11 +132,19 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     assert block["layer_files"] == ["params.yaml", "demo.yaml", "params.yaml", "params.yaml"]
     assert block["pretrain"] == ["toy_glyphs"] and block["fetch_images"] == []
 
-    write(["params.yaml"], "paper.yaml")  # ImageNet weights come from torchvision: no weights file
+    write(["params.yaml"], "paper.yaml")  # ImageNet weights and GloVe vectors: files the assets stages fetch
     paper = yaml.safe_load(Path("paper.yaml").read_text())["dvc"]
     assert paper["pretrain"] == [] and paper["fetch_images"] == ["coco"]
     assert paper["runs"]["coco-0.9-4-ours"]["images"] == "data/coco/train_images"
-    assert paper["runs"]["voc-0.3-0-erm"]["weights"] == "data/raw/voc"
+    assert paper["runs"]["voc-0.3-0-erm"]["weights"] == "data/assets/imagenet/resnet50-0676ba61.pth"
+    assert paper["runs"]["voc-0.3-0-erm"]["embeddings"] == "data/raw/voc"
+    assert paper["runs"]["coco-0.3-0-mlgcn"]["embeddings"] == "data/assets/glove/coco_glove_word2vec-a1215dd1.pkl"
+    assert paper["assets"] == {
+        "imagenet-resnet50": {"path": "data/assets/imagenet/resnet50-0676ba61.pth", "group": "imagenet",
+                              "name": "resnet50"},
+        "glove-voc": {"path": "data/assets/glove/voc_glove_word2vec-0ca7081a.pkl", "group": "glove", "name": "voc"},
+        "glove-coco": {"path": "data/assets/glove/coco_glove_word2vec-a1215dd1.pkl", "group": "glove",
+                       "name": "coco"}}
 
     Path("demo.yaml").write_text(Path("demo.yaml").read_text() + "\n# edited\n")
     stale = "dvc.params.yaml is stale: demo.yaml changed.*`noisymlt params params.yaml demo.yaml --out dvc.params.yaml`"
