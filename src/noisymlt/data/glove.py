@@ -102,9 +102,10 @@ def read_glove(kind: str, classes: list[str], path: str | Path) -> np.ndarray:
     if not path.is_file():
         raise NoisyMLTError(
             f"ML-GCN GloVe class embeddings for {kind}: {path} does not exist. The pipeline fetches it before "
-            f"training (rule fetch_asset, DVC stage assets; by hand: `noisymlt fetch-asset --out {path}`); "
-            "offline, place the file there (README, Offline) or set `embeddings: random` in the ML-GCN method "
-            "block (pseudo-embeddings: keeps the label-graph prior, loses the semantic word prior).")
+            f"training (rule fetch_asset, DVC stage assets; by hand: `noisymlt step asset --out {path}`); "
+            "offline, place the file there (README: 'Downloads and other external files') or set "
+            "`embeddings: random` in the ML-GCN method block (pseudo-embeddings: keeps the label-graph prior, "
+            "loses the semantic word prior).")
     arr = load_array_pickle(path.read_bytes(), str(path))
     if arr.shape != (rows, EMBEDDING_DIM) or not np.issubdtype(arr.dtype, np.floating):
         raise NoisyMLTError(f"{path}: expected a float ({rows}, {EMBEDDING_DIM}) array, "
