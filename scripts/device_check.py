@@ -318,7 +318,9 @@ def smoke(ctx: dict) -> dict:
     log_path = ctx["out"] / "logs" / "smoke.log"
     cmd = [sys.executable, "-m", "snakemake", "--profile", "workflow/profiles/smoke", "--resources", "gpu=1",
            "--cores", str(max(4, min(ctx["cores"], 8)))]
-    run_logged(cmd, log_path, min(ctx["budget"].left(), 420), ctx["env"], cwd=work)
+    # a few minutes on a GPU; a CPU (a full check without --quick) takes the budget it is given
+    run_logged(cmd, log_path, min(ctx["budget"].left(), 420 if ctx["device"] == "cuda" else math.inf),
+               ctx["env"], cwd=work)
     sys.path.insert(0, str(REPO / "src"))
     from noisymlt.pipeline import paths
     from noisymlt.pipeline.config import load_params
