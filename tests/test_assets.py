@@ -17,6 +17,7 @@ from noisymlt.data import assets
 from noisymlt.data.download import fetch_asset
 from noisymlt.errors import NoisyMLTError
 from noisymlt.pipeline.config import load_params, resolve_run
+from noisymlt.pipeline.paths import asset_argv
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = REPO / "params.yaml"
@@ -102,14 +103,14 @@ def test_step_asset_runs_the_fetch_of_the_params_entry(tmp_path, monkeypatch):
     params = {"assets": {"glove": {"voc": {"url": "v.pkl", "sha256": hashlib.sha256(data).hexdigest()}}},
               "download": {"retries": 0}}
     path = assets.glove_file(params, "voc")
-    argv = assets.fetch_argv(params, path)
+    argv = asset_argv(params, path)
     assert argv[:2] == ["fetch-asset", "--url"] and "--out" in argv and argv[argv.index("--out") + 1] == path
     with pytest.raises(NoisyMLTError, match="not an asset of the params"):
-        assets.fetch_argv(params, "data/assets/glove/other.pkl")
+        asset_argv(params, "data/assets/glove/other.pkl")
     monkeypatch.chdir(tmp_path)
     from noisymlt.cli import main
 
-    assert main(argv + ["--no-progress"]) == 0 and Path(path).read_bytes() == data
+    assert main(argv) == 0 and Path(path).read_bytes() == data
 
 
 # ------------------------------------------------------------------ train jobs never open a connection

@@ -66,12 +66,9 @@ def kind(dataset):
     return config["datasets"][dataset]["kind"]
 
 
-def dataset_of_kind(k):
-    """The raw files are per kind: any dataset block of that kind tells how to get them."""
-    return next(name for name, block in config["datasets"].items() if block["kind"] == k)
-
-
 def dataset_of_raw(raw):
+    """Raw files are per kind (and a toy stand-in's own folder): any dataset block stored there tells how to
+    get them."""
     return next(name for name in config["datasets"] if paths.raw_dir(config, name) == raw)
 
 
@@ -146,7 +143,7 @@ def run_files(w):
 
 
 def asset_args(w, output):
-    return argv(assets.fetch_argv(config, output[0]) + ["--no-progress"])
+    return argv(paths.asset_argv(config, output[0]))
 
 
 def pretrain_args(w, output):

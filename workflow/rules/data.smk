@@ -7,7 +7,7 @@ rule make_toy:
         "data/raw/toy/VOCdevkit/TOY/toy_manifest.json",
     params:
         cli=NOISYMLT,
-        args=lambda w: argv(paths.raw_argv(config, dataset_of_kind("toy"))),
+        args=lambda w: argv(paths.raw_argv(config, dataset_of_raw("data/raw/toy"))),
         code=code("make-toy"),
     conda:
         "../envs/noisymlt.yaml"
@@ -17,6 +17,22 @@ rule make_toy:
         "benchmarks/data/make_toy.tsv"
     shell:
         "{params.cli} {params.args} > {log} 2>&1"
+
+
+# A VOC stand-in drawn by the toy generator in VOC's layout (kind voc with a toy block: the smoke profile).
+
+
+use rule make_toy as make_voc_toy with:
+    output:
+        "data/raw/voc_toy/manifest.json",
+    params:
+        cli=NOISYMLT,
+        args=lambda w: argv(paths.raw_argv(config, dataset_of_raw("data/raw/voc_toy"))),
+        code=code("make-toy"),
+    log:
+        "logs/data/make_voc_toy.log",
+    benchmark:
+        "benchmarks/data/make_voc_toy.tsv"
 
 
 # Everything fetched from the internet is fetched here, by local rules: under SLURM they run in the snakemake
@@ -47,26 +63,6 @@ rule fetch_asset:
         "logs/data/fetch_asset_{group}_{file}.log",
     benchmark:
         "benchmarks/data/fetch_asset_{group}_{file}.tsv"
-    shell:
-        "{params.cli} {params.args} > {log} 2>&1"
-
-
-# A VOC stand-in drawn by the toy generator in VOC's layout (kind voc with a toy block: the smoke profile).
-
-
-rule make_voc_toy:
-    output:
-        "data/raw/voc_toy/manifest.json",
-    params:
-        cli=NOISYMLT,
-        args=lambda w: argv(paths.raw_argv(config, dataset_of_raw("data/raw/voc_toy"))),
-        code=code("make-toy"),
-    conda:
-        "../envs/noisymlt.yaml"
-    log:
-        "logs/data/make_voc_toy.log",
-    benchmark:
-        "benchmarks/data/make_voc_toy.tsv"
     shell:
         "{params.cli} {params.args} > {log} 2>&1"
 

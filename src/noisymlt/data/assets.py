@@ -2,8 +2,9 @@
 
 Each one is a params entry (``assets.imagenet.<backbone>``, ``assets.glove.<kind>``: a URL and its SHA-256)
 and is fetched once, by its own pipeline step (`noisymlt fetch-asset`, in noisymlt.data.download; a local rule
-under SLURM, so the login node fetches), into ``data/assets/<group>/<stem>-<sha256[:8]><suffix>``: the name carries the hash,
-so other bytes (a profile's fixture, a newer release) never take the place of the file a finished run read.
+under SLURM, so the login node fetches), into ``data/assets/<group>/<stem>-<sha256[:8]><suffix>``: the name
+carries the hash, so other bytes (a profile's fixture, a newer release) never take the place of the file a
+finished run read.
 Run configurations name the file (``train.weights_path``, the method option ``embeddings_file``), so a
 train job reads it from disk like any other input and never opens a network connection.
 
@@ -17,8 +18,6 @@ from __future__ import annotations
 import posixpath
 from pathlib import Path
 from urllib.parse import urlsplit
-
-from noisymlt.errors import NoisyMLTError
 
 ASSET_ROOT = "data/assets"
 GROUPS = ("imagenet", "glove")
@@ -44,14 +43,17 @@ def entries(params: dict) -> dict[str, dict]:
     return out
 
 
+def _file_of(params: dict, group: str, key: str) -> str | None:
+    spec = (params.get("assets", {}).get(group) or {}).get(key)
+    return asset_path(group, spec["url"], spec["sha256"]) if spec else None
+
+
 def imagenet_file(params: dict, backbone: str) -> str | None:
-    spec = (params.get("assets", {}).get("imagenet") or {}).get(backbone)
-    return asset_path("imagenet", spec["url"], spec["sha256"]) if spec else None
+    return _file_of(params, "imagenet", backbone)
 
 
 def glove_file(params: dict, kind: str) -> str | None:
-    spec = (params.get("assets", {}).get("glove") or {}).get(kind)
-    return asset_path("glove", spec["url"], spec["sha256"]) if spec else None
+    return _file_of(params, "glove", kind)
 
 
 def with_asset_files(params: dict, kind: str, train: dict, method_cfg: dict) -> tuple[dict, dict]:
@@ -75,15 +77,3 @@ def run_files(resolved: dict) -> list[str]:
     """The asset (or other local) files a resolved run reads besides its data: what its train job waits for."""
     files = [resolved["train"].get("weights_path"), resolved["method_cfg"].get("embeddings_file")]
     return [f for f in files if f]
-
-
-def fetch_argv(params: dict, path: str) -> list[str]:
-    """`noisymlt fetch-asset` of the asset stored at ``path`` (a key of ``entries(params)``), explicitly."""
-    known = entries(params)
-    if path not in known:
-        listed = ", ".join(sorted(known)) or "none"
-        raise NoisyMLTError(f"{path}: not an asset of the params (assets.imagenet / assets.glove give: {listed})")
-    spec, dl = known[path], params.get("download") or {}
-    return (["fetch-asset", "--url", spec["url"], "--sha256", spec["sha256"], "--out", path,
-             "--name", f"assets.{spec['group']}.{spec['name']}", "--retries", str(dl.get("retries", 5))]
-            + (["--mirror", dl["mirror"]] if dl.get("mirror") else []))

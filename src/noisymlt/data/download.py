@@ -78,11 +78,16 @@ DATASETS: dict[str, list[RemoteFile]] = {
 }
 
 
+def _local(location: str) -> bool:
+    """A location without a URL scheme is a local path ("C:" is a drive, not a scheme)."""
+    return len(urlsplit(location).scheme) <= 1
+
+
 def mirror_url(url: str, mirror: str | None) -> str:
     """``url`` rewritten to ``MIRROR/<filename>``; a mirror without a scheme is a local folder."""
     if not mirror:
         return url
-    if not urlsplit(mirror).scheme or len(urlsplit(mirror).scheme) == 1:  # "C:" is a drive, not a scheme
+    if _local(mirror):
         mirror = Path(mirror).resolve().as_uri()
     return mirror.rstrip("/") + "/" + posixpath.basename(urlsplit(url).path)
 
@@ -434,21 +439,16 @@ def download_coco_images(
 
 # ------------------------------------------------------------------------- external files (assets)
 
-def _asset_source(url: str, mirror: str | None) -> str:
-    if not urlsplit(url).scheme or len(urlsplit(url).scheme) == 1:  # a local file ("C:" is a drive)
-        return Path(url).resolve().as_uri()
-    return mirror_url(url, mirror)
-
-
 def fetch_asset(url: str, sha256: str, out: str | Path, *, name: str = "asset", mirror: str | None = None,
-                retries: int = 5, backoff: float = 1.0, progress: bool = True) -> Path:
+                retries: int = 5, backoff: float = 1.0, timeout: float = 60, progress: bool = True) -> Path:
     """Fetch ``url`` (through ``mirror``; a local path is copied) to ``out`` and verify its sha256 (or the
     prefix given) before it takes its place. A failure says where else the file can come from."""
-    source = _asset_source(url, mirror)
+    source = Path(url).resolve().as_uri() if _local(url) else mirror_url(url, mirror)
     sha = sha256.lower()
     full = len(sha) == 64
     try:
-        dest = fetch(source, out, sha256=sha if full else None, retries=retries, backoff=backoff, progress=progress)
+        dest = fetch(source, out, sha256=sha if full else None, retries=retries, backoff=backoff, timeout=timeout,
+                     progress=progress)
     except DownloadFailed as exc:
         raise DownloadFailed(
             f"{name}: {exc}. Other ways to get it: set download.mirror in params.yaml to a URL or local folder "
@@ -546,7 +546,7 @@ def _cmd_fetch_coco_images(args: argparse.Namespace) -> int:
 
 def _cmd_fetch_asset(args: argparse.Namespace) -> int:
     fetch_asset(args.url, args.sha256, args.out, name=args.name, mirror=args.mirror, retries=args.retries,
-                backoff=args.backoff, progress=args.progress)
+                backoff=args.backoff, timeout=args.timeout, progress=args.progress)
     return 0
 
 
@@ -566,8 +566,5 @@ def _add_asset_cli(subparsers) -> None:
     p.add_argument("--sha256", required=True, help="the file's sha256, or its first 8+ hex digits")
     p.add_argument("--out", required=True, help="where the file goes, e.g. data/assets/imagenet/resnet50-0676ba61.pth")
     p.add_argument("--name", default="asset", help="what the file is, for messages (assets.GROUP.NAME)")
-    p.add_argument("--mirror", metavar="URL", help="fetch from MIRROR/<file name> instead (URL or local folder)")
-    p.add_argument("--retries", type=int, default=5, metavar="N", help="retries after network errors (default 5)")
-    p.add_argument("--backoff", type=float, default=1.0, metavar="SEC", help="first retry delay, doubled each time")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    _add_retry_args(p)
     p.set_defaults(func=_cmd_fetch_asset)

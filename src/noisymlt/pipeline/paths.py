@@ -81,6 +81,19 @@ def raw_argv(params: dict, name: str) -> list[str]:
     return ["download", "--dataset", kind, "--root", raw] + _download_args(params)
 
 
+def asset_argv(params: dict, path: str) -> list[str]:
+    """`noisymlt fetch-asset` of the asset stored at ``path`` (a key of noisymlt.data.assets.entries)."""
+    from noisymlt.data.assets import entries
+
+    known = entries(params)
+    if path not in known:
+        listed = ", ".join(sorted(known)) or "none"
+        raise NoisyMLTError(f"{path}: not an asset of the params (assets.imagenet / assets.glove give: {listed})")
+    spec = known[path]
+    return (["fetch-asset", "--url", spec["url"], "--sha256", spec["sha256"], "--out", path,
+             "--name", f"assets.{spec['group']}.{spec['name']}"] + _download_args(params))
+
+
 def parse_argv(params: dict, name: str, part: str, out: str) -> list[str]:
     """`noisymlt parse` of the train source pool ('train_source') or the test set ('test')."""
     if part not in PARTS:
@@ -231,9 +244,7 @@ def _cmd_raw(args: argparse.Namespace) -> int:
 
 
 def _cmd_asset(args: argparse.Namespace) -> int:
-    from noisymlt.data.assets import fetch_argv
-
-    return _run(fetch_argv(_params(args), args.out) + ["--no-progress"])
+    return _run(asset_argv(_params(args), args.out))
 
 
 def _cmd_parse(args: argparse.Namespace) -> int:

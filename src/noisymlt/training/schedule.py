@@ -69,7 +69,6 @@ def epoch_iterations(rule: str, streams: list, num_images: int, batch_size: int)
     return iters
 
 
-
 def capped(cfg: dict, iters_per_epoch: int) -> int:
     """Iterations per epoch under ``train.max_iters_per_epoch`` (smoke runs of a recipe): every epoch is
     shortened alike, so what a recipe counts in epochs (lr steps, DivideMix's warm-up epochs, BBN's mixing

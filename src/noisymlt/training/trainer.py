@@ -150,9 +150,10 @@ class Trainer:
 
     def _inputs_digest(self) -> str:
         """What the trained weights are made of besides configuration and code: the noisy train labels, the
-        class split, the decoded training images (train.loader: cache) and the backbone weights it starts
-        from (train.weights_path) and any other file the method reads (ML-GCN's GloVe vectors). A new long-tail subset or noisy copy, re-decoded images or a re-pretrained
-        backbone under the same configuration must not resume the old model. (The test images only reach
+        class split, the decoded training images (train.loader: cache), the backbone weights it starts from
+        (train.weights_path) and any other file the method reads (ML-GCN's GloVe vectors). A new long-tail
+        subset or noisy copy, re-decoded images or a re-pretrained backbone under the same configuration must
+        not resume the old model. (The test images only reach
         the predictions, which every job makes anew.)"""
         from noisymlt.pipeline.manifest import file_sha256
 
