@@ -3,7 +3,7 @@
 #   make test   create .venv and run the test suite
 #   make smoke  create .venv and run the paper's configuration briefly (workflow/profiles/smoke)
 # and the demo under DVC instead of Snakemake (the same steps and files; `dvc status` is clean after it):
-#   make demo-dvc   create .venv, `dvc init` if needed, merge the demo's params into dvc.params.yaml, dvc repro;
+#   make demo-dvc   create .venv, `dvc init` if needed, merge the demo's params into dvc-params.json, dvc repro;
 #                   after a finished `make demo`, it records that demo's outputs (dvc commit) instead of rerunning it
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -26,20 +26,27 @@ demo: $(STAMP)
 	@cat reports/table_total.md
 
 # DVC runs `python` from PATH: the venv's. --no-scm only outside a git checkout (a copied tree).
+# A new DVC project keeps its outputs as hard links into .dvc/cache (copies where the file system has none):
+# no second copy of runs/, and `dvc commit` leaves each file's modification time as it was, which Snakemake
+# compares. Outputs are then read-only: `dvc unprotect PATH` before editing one by hand (every step replaces
+# its outputs instead of writing into them).
 # No dvc.lock yet but a finished Snakemake demo (`make demo`; Snakemake's dry run, with the same layers, has
 # nothing to do): `dvc commit --force` records its outputs (DVC hashes them; nothing retrains), then `dvc repro`
-# finds nothing to run. Every DVC output is a Snakemake output (tests/test_dvc_demo.py).
+# finds nothing to run. Every DVC output is a Snakemake output (tests/test_dvc_demo.py). Should Snakemake then
+# see newer files (a cache of copies), `snakemake --touch` gives them back their order.
 DVC_ENV := PATH="$(abspath $(VENV))/bin:$$PATH"
 SMK_LAYERS := $(filter-out params.yaml,$(DEMO_PARAMS))
+SMK_DEMO = $(VENV)/bin/snakemake --profile workflow/profiles/demo $(if $(SMK_LAYERS),--configfile $(SMK_LAYERS))
 demo-dvc: $(STAMP)
 	test -d .dvc || $(VENV)/bin/dvc init --quiet $$(git rev-parse --git-dir >/dev/null 2>&1 || echo --no-scm)
-	$(PY) -m noisymlt params $(DEMO_PARAMS) --out dvc.params.yaml
+	$(VENV)/bin/dvc config cache.type >/dev/null 2>&1 || $(VENV)/bin/dvc config cache.type hardlink,copy
+	$(PY) -m noisymlt params $(DEMO_PARAMS) --out dvc-params.json
 	@if [ ! -f dvc.lock ] && [ -f reports/results.parquet ]; then \
-	  if $(VENV)/bin/snakemake --profile workflow/profiles/demo $(if $(SMK_LAYERS),--configfile $(SMK_LAYERS)) -n 2>&1 \
-	      | grep -q "Nothing to be done"; then \
+	  if $(SMK_DEMO) -n 2>&1 | grep -q "Nothing to be done"; then \
 	    echo "demo-dvc: the Snakemake demo (make demo) is complete: recording its outputs in dvc.lock" \
 	         "with 'dvc commit --force' instead of rerunning them"; \
 	    $(DVC_ENV) $(VENV)/bin/dvc commit --force --quiet && echo "demo-dvc: recorded every stage"; \
+	    $(SMK_DEMO) -n 2>&1 | grep -q "Nothing to be done" || $(SMK_DEMO) --touch --quiet >/dev/null; \
 	  else \
 	    echo "demo-dvc: outputs from an unfinished or outdated Snakemake demo: 'dvc repro' reruns every stage" \
 	         "(to keep them, finish 'make demo' first, then rerun 'make demo-dvc')"; \

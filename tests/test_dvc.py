@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -60,7 +61,7 @@ def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_sourc
             continue
         if name == "params":  # the root: writes the file code_digests reads, so it hashes the package itself
             assert deps == [f"${{dvc.layer_files[{i}]}}" for i in range(4)] + ["src/noisymlt"]
-            assert body["cmd"] == "python -m noisymlt params ${dvc.layer_args} --out dvc.params.yaml"
+            assert body["cmd"] == "python -m noisymlt params ${dvc.layer_args} --out dvc-params.json"
             continue
         assert not [d for d in deps if d.startswith("src/")], name
         code = sorted(d for d in deps if d.startswith("data/code/"))
@@ -89,7 +90,7 @@ def test_code_digest_files_change_only_for_the_steps_an_edit_touches(tmp_path):
 
 
 def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp_path, monkeypatch):
-    """dvc.params.yaml = what Snakemake's --configfile layering gives, plus the lists dvc.yaml expands over;
+    """dvc-params.json = what Snakemake's --configfile layering gives, plus the lists dvc.yaml expands over;
     once a layer changes, every step refuses it and names the command that rewrites it."""
     from noisymlt.errors import NoisyMLTError
     from noisymlt.pipeline.config import load_params, resolve_run, run_id
@@ -98,17 +99,20 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     shutil.copy2(REPO / "params.yaml", tmp_path / "params.yaml")
     (tmp_path / "demo.yaml").write_text((REPO / "workflow" / "profiles" / "demo" / "params.yaml").read_text())
     monkeypatch.chdir(tmp_path)
-    write(["params.yaml", "demo.yaml"], "dvc.params.yaml")
-    assert load_params("dvc.params.yaml") == load_params("params.yaml", "demo.yaml")
-    block = yaml.safe_load(Path("dvc.params.yaml").read_text())["dvc"]
+    write(["params.yaml", "demo.yaml"], "dvc-params.json")
+    assert load_params("dvc-params.json") == load_params("params.yaml", "demo.yaml")
+    block = yaml.safe_load(Path("dvc-params.json").read_text())["dvc"]
     methods = ["erm", "focal", "rs", "rs_focal", "ldam", "bbn", "mlgcn", "dividemix", "db", "db_focal", "ours"]
-    assert list(block["runs"]) == [f"toy-{g}-{s}-{m}" for g in ("0.3", "0.5", "0.7", "0.9") for s in range(3)
-                                   for m in methods]  # the demo's main grid (its ablations are Snakemake's)
+    grid = [f"toy-{g}-{s}-{m}" for g in ("0.3", "0.5", "0.7", "0.9") for s in range(3) for m in methods]
+    assert list(block["runs"])[:len(grid)] == grid  # the demo's main grid, then its ablations' runs
+    assert len(block["runs"]) == len(grid) + 24 and "toy-0.5-0-ours_no_both" in block["runs"]
     assert block["caches"]["toy-test"] == {"dataset": "toy", "part": "test", "images": "data/raw/toy"}
+    marker = "data/raw/toy/VOCdevkit/TOY/toy_manifest.json"  # the raw folder's marker file: a cheap placeholder
     assert block["runs"]["toy-0.5-0-erm"] == {"dataset": "toy", "gamma": 0.5, "seed": 0, "method": "erm",
-                                              "images": "data/raw/toy", "weights": "data/pretrained/toy_glyphs.pt",
-                                              "embeddings": "data/raw/toy",  # no asset file: the raw folder again
-                                              "config_key": "toy-0_5-0-erm", "choice": "data/raw/toy"}
+                                              "raw_marker": marker, "images": marker, "raw": marker,  # loader: cache
+                                              "weights": "data/pretrained/toy_glyphs.pt",
+                                              "embeddings": marker,  # no asset file
+                                              "config_key": "toy-0_5-0-erm", "choice": marker}
     assert block["assets"] == {}  # the demo reads no external file
     # the demo's model selection: Ours' 4 + 12 candidates on each of two noisy sets; its final runs depend on the
     # last stage's choice
@@ -126,7 +130,7 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
                                     "toy-0.5-1": {"dataset": "toy", "gamma": 0.5, "seed": 1}}
     assert block["selections"]["toy-ours-2"]["previous"] == "runs/toy/select/ours/stage1.choice.json"
     # a train stage's one param: the run id of its resolved configuration
-    assert block["run_configs"]["toy-0_5-0-erm"] == run_id(resolve_run(load_params("dvc.params.yaml"), "toy", "erm",
+    assert block["run_configs"]["toy-0_5-0-erm"] == run_id(resolve_run(load_params("dvc-params.json"), "toy", "erm",
                                                                         0.5, 0))
     assert block["layer_args"] == "params.yaml demo.yaml"
     assert block["layer_files"] == ["params.yaml", "demo.yaml", "params.yaml", "params.yaml"]
@@ -135,9 +139,9 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     write(["params.yaml"], "paper.yaml")  # ImageNet weights and GloVe vectors: files the assets stages fetch
     paper = yaml.safe_load(Path("paper.yaml").read_text())["dvc"]
     assert paper["pretrain"] == [] and paper["fetch_images"] == ["coco"]
-    assert paper["runs"]["coco-0.9-4-ours"]["images"] == "data/coco/train_images"
+    assert paper["runs"]["coco-0.9-4-ours"]["images"] == "data/raw/coco/manifest.json"  # loader: cache
     assert paper["runs"]["voc-0.3-0-erm"]["weights"] == "data/assets/imagenet/resnet50-0676ba61.pth"
-    assert paper["runs"]["voc-0.3-0-erm"]["embeddings"] == "data/raw/voc"
+    assert paper["runs"]["voc-0.3-0-erm"]["embeddings"] == "data/raw/voc/manifest.json"
     assert paper["runs"]["coco-0.3-0-mlgcn"]["embeddings"] == "data/assets/glove/coco_glove_word2vec-a1215dd1.pkl"
     assert paper["assets"] == {
         "imagenet-resnet50": {"path": "data/assets/imagenet/resnet50-0676ba61.pth", "group": "imagenet",
@@ -146,10 +150,53 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
         "glove-coco": {"path": "data/assets/glove/coco_glove_word2vec-a1215dd1.pkl", "group": "glove",
                        "name": "coco"}}
 
+    # under train.loader pil a run reads image folders: they are its dependencies
+    Path("files.yaml").write_text("train: {loader: pil}\n")
+    write(["params.yaml", "files.yaml"], "files_dvc.json")
+    files = json.loads(Path("files_dvc.json").read_text())["dvc"]["runs"]
+    assert (files["coco-0.9-4-ours"]["images"], files["coco-0.9-4-ours"]["raw"]) == ("data/coco/train_images",
+                                                                                   "data/raw/coco")
+    assert files["voc-0.3-0-erm"]["images"] == files["voc-0.3-0-erm"]["raw"] == "data/raw/voc"
+
     Path("demo.yaml").write_text(Path("demo.yaml").read_text() + "\n# edited\n")
-    stale = "dvc.params.yaml is stale: demo.yaml changed.*`noisymlt params params.yaml demo.yaml --out dvc.params.yaml`"
+    stale = "dvc-params.json is stale: demo.yaml changed.*`noisymlt params params.yaml demo.yaml --out dvc-params.json`"
     with pytest.raises(NoisyMLTError, match=stale):
-        load_params("dvc.params.yaml")
+        load_params("dvc-params.json")
+
+
+def test_a_value_the_selection_chooses_reruns_no_stage_when_set_by_hand(tmp_path, monkeypatch):
+    """Ours selects its lr (stage 1), then alpha x beta (stage 2). A hand-set lr does not reach its final runs or
+    its stage-2 candidates (their lr comes from the stage-1 choice file, a dependency): the hashes their DVC
+    stages track stay as they were. Its stage-1 candidates set lr themselves, so they keep theirs too; a
+    threshold the selection does not choose (a schedule key) changes every Ours hash."""
+    from noisymlt.pipeline.params import write
+
+    shutil.copy2(REPO / "params.yaml", tmp_path / "params.yaml")
+    (tmp_path / "demo.yaml").write_text((REPO / "workflow" / "profiles" / "demo" / "params.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+
+    def hashes(*layers):
+        write(["params.yaml", "demo.yaml", *layers], "out.json")
+        block = json.loads(Path("out.json").read_text())["dvc"]
+        return {k: v for k, v in {**block["run_configs"], **block["candidate_configs"]}.items() if "ours" in k}
+
+    base = hashes()
+    assert len(base) == 12 + 24 + 32  # Ours' final runs, its ablation variants' (they take its values), candidates
+    Path("lr.yaml").write_text("train: {lr: 0.05}\nmethods: {ours: {train: {lr: 0.3}}}\n")
+    assert hashes("lr.yaml") == base
+    Path("epochs.yaml").write_text("methods: {ours: {train: {epochs: 15}}}\n")
+    changed = hashes("epochs.yaml")
+    own = [k for k in base if k.endswith("-ours") or k.startswith("toy-ours-")]
+    assert len(own) == 12 + 32 and all(changed[k] != base[k] for k in own)
+
+
+def readme_dag(md: str) -> str:
+    """`dvc dag --collapse-foreach-matrix --md` as the README draws it: one sorted `A --> B` line per edge, by stage
+    name, without the edges from params and code_digests (they feed every stage) and without self-edges."""
+    names = dict(re.findall(r'(node\d+)\["([^"]+)"\]', md))
+    edges = sorted({(names[a], names[b]) for a, b in re.findall(r"(node\d+)-->(node\d+)", md)
+                    if names[a] not in ("params", "code_digests") and a != b})
+    return "```mermaid\nflowchart LR\n" + "".join(f"\t{a} --> {b}\n" for a, b in edges) + "```\n"
 
 
 # ------------------------------------------------------------------------------------ with the CLIs
@@ -185,7 +232,7 @@ def _project_copy(root: Path, params: dict, workflow: bool = False) -> Path:
     if workflow:
         shutil.copytree(REPO / "workflow", root / "workflow", symlinks=True)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "--out", "dvc.params.yaml"], root)  # DVC reads it
+    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "--out", "dvc-params.json"], root)  # DVC reads it
     _run([DVC, "init", "--no-scm", "--quiet"], root)
     return root
 
@@ -200,7 +247,7 @@ def _needs_tools() -> None:
 # it runs and after it fails, which would lose the epochs an interrupted training resumes from.
 UNDECLARED_BY_SNAKEMAKE = ("checkpoint.pt",)
 # Written before either tool runs, by `noisymlt params` (the README's routes and `make demo-dvc` run it).
-BEFORE_EITHER_ROUTE = ("dvc.params.yaml",)
+BEFORE_EITHER_ROUTE = ("dvc-params.json",)
 
 
 def unwritten_outputs(outs: set[str], smk: dict[str, str]) -> list[str]:
@@ -237,15 +284,15 @@ SNAKEMAKE_ONLY = ("reports/ablation_", "reports/inference_time_", "reports/noise
 
 def snakemake_only(path: str) -> bool:
     """Outputs dvc.yaml's header lists as Snakemake's alone: ablation tables and figures, the running-time
-    table, the training-dynamics figures, the README's numbers and each train job's requested config."""
-    return path.startswith(SNAKEMAKE_ONLY) or path.endswith("/requested_config.json")
+    table, the training-dynamics figures and the README's numbers."""
+    return path.startswith(SNAKEMAKE_ONLY)
 
 
 @pytest.mark.slow
 def test_dvc_plans_the_jobs_snakemake_plans(tmp_path):
     """Paper-scale params.yaml, main grid: every file a Snakemake job writes is a DVC output (or lies in
-    one) and the reverse (Snakemake, then `dvc commit`), and both plan the same training runs. (Ablation
-    runs are Snakemake's only.)"""
+    one) and the reverse (Snakemake, then `dvc commit`), and both plan the same training runs. (Without the
+    ablations: their runs are stages too, test_dvc_demo.py.)"""
     _needs_tools()
     if not SNAKEMAKE.exists():
         pytest.skip(f"snakemake is not installed next to {sys.executable}")
@@ -307,3 +354,15 @@ def _digests(root: Path) -> dict[str, str]:
             if p.is_file() and p.name not in ("train_log.jsonl", ".train.lock")  # .dvcignored, not outputs
             and not p.name.endswith(".timing.json") and ".finished" not in p.parts
             and p.parent.name != "trunk"}  # DATASET/cache/trunk/: the trunk cache's memo (a local cache, not an output)
+
+
+def test_readme_draws_the_demo_pipeline_as_dvc_dag_collapses_it(tmp_path):
+    """The README's pipeline drawing is DVC's collapsed graph of the demo's dvc.yaml (stage families, not runs)."""
+    _needs_tools()
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    root = _project_copy(tmp_path / "proj", params, workflow=True)
+    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "workflow/profiles/demo/params.yaml", "--out",
+          "dvc-params.json"], root)
+    md = _run([DVC, "dag", "--collapse-foreach-matrix", "--md"], root)
+    assert readme_dag(md) in (REPO / "README.md").read_text()
+    assert 15 < readme_dag(md).count("-->") < 60  # a drawing a reader can follow

@@ -102,16 +102,19 @@ def test_every_dvc_output_of_the_demo_is_written_by_its_snakemake_route(tmp_path
     scale: test_dvc.test_dvc_plans_the_jobs_snakemake_plans); and DVC covers every Snakemake job."""
     _needs_tools()
     root = _clone(origin, tmp_path / "proj")
-    _run([sys.executable, "-m", "noisymlt", "params", *DEMO, "--out", "dvc.params.yaml"], root)
+    _run([sys.executable, "-m", "noisymlt", "params", *DEMO, "--out", "dvc-params.json"], root)
     _run([DVC, "init", "--quiet"], root)
     outs = {o for paths in dvc_outputs(root).values() for o in paths}
     smk = snakemake_outputs(root, "--profile", "workflow/profiles/demo")
     assert unwritten_outputs(outs, smk) == []
-    # Snakemake-only, as dvc.yaml's header says: ablations, timings, README numbers, job configs
-    ablation_runs = {f"runs/toy/g0.5/s0/{m}/" for m in smk_ablation_methods(root)}
+    # Snakemake-only, as dvc.yaml's header says: ablation tables and figures, timings, README numbers; the
+    # ablations' runs and every job's requested config are DVC outputs too
     uncovered = sorted(f for f in smk if not any(f == o or f.startswith(o + "/") for o in outs)
-                       and not snakemake_only(f) and not any(f.startswith(r) for r in ablation_runs))
+                       and not snakemake_only(f))
     assert uncovered == []
+    ablation_runs = {f"runs/toy/g0.5/s0/{m}/predictions.npz" for m in smk_ablation_methods(root)}
+    assert len(ablation_runs) > 10 and ablation_runs <= outs
+    assert "runs/toy/g0.5/s0/erm/requested_config.json" in outs
     assert {"reports/table_groups_toy.html", "reports/map_vs_gamma.pdf"} <= outs
     assert smk["data/code"] == "code_digests" and smk["data/pretrained/toy_glyphs.pt"] == "pretrain"
     assert {"data/pretrained/toy_glyphs.pt", "data/raw/toy", "runs/toy/g0.9/s0/erm/checkpoint.pt"} <= outs
@@ -175,7 +178,7 @@ def test_snakemake_then_dvc_commit_records_the_same_versions(dvc_demo, origin, t
     # first, as `make demo-dvc` did: `dvc init` stages .dvc/config, which manifests record as a dirty tree
     _run([DVC, "init", "--quiet"], root)
     _run([SNAKEMAKE, "--profile", "workflow/profiles/demo", "--configfile", *LAYERS[1:]], root, timeout=900)
-    _run([sys.executable, "-m", "noisymlt", "params", *LAYERS, "--out", "dvc.params.yaml"], root)
+    _run([sys.executable, "-m", "noisymlt", "params", *LAYERS, "--out", "dvc-params.json"], root)
     _run([DVC, "commit", "--force"], root)
     assert json.loads(_run([DVC, "status", "--json"], root).strip().splitlines()[-1]) == {}
     assert "up to date" in _run([DVC, "repro"], root)

@@ -39,6 +39,21 @@ def _json(out: str):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def readme_exp_show() -> list[str]:
+    """The README's `dvc exp show` recipe, as an argument list (DVC found next to this interpreter)."""
+    import shlex
+
+    line = next(ln for ln in (REPO / "README.md").read_text().splitlines() if ln.startswith("dvc exp show --drop"))
+    return [str(DVC), *shlex.split(line.split("  #")[0])[1:]]
+
+
+def _csv_rows(out: str) -> list[dict]:
+    import csv
+    import io
+
+    return list(csv.DictReader(io.StringIO(out.strip())))
+
+
 def _ran(out: str) -> set[str]:
     """Stages `dvc repro` / `dvc exp run` ran."""
     return {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage '")}
@@ -46,7 +61,7 @@ def _ran(out: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    """The tiny grid reproduced by DVC and committed (dvc.lock, dvc.params.yaml), as a user would."""
+    """The tiny grid reproduced by DVC and committed (dvc.lock, dvc-params.json), as a user would."""
     _needs_tools()
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
@@ -62,7 +77,7 @@ def repo(tmp_path_factory) -> Path:
     _git(["init", "-q"], root)
     # DVC's state folders (test_dvc._env) and `dvc plots show`'s page stay out of the commits
     (root / ".git" / "info" / "exclude").write_text(".dvc-*/\ndvc_plots/\n")
-    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "exp.yaml", "--out", "dvc.params.yaml"], root)
+    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "exp.yaml", "--out", "dvc-params.json"], root)
     _run([DVC, "init", "--quiet"], root)
     _git(["add", "-A"], root)
     _git(["commit", "-q", "-m", "project"], root)
@@ -122,7 +137,7 @@ def test_dag_of_one_stage_shows_what_it_depends_on_and_md_the_whole_graph(repo):
 
 @pytest.mark.slow
 def test_metrics_diff_between_commits_and_exp_run_reruns_only_what_a_param_reaches(repo):
-    """-S on params.yaml: the `params` stage rewrites dvc.params.yaml, and only the runs whose resolved
+    """-S on params.yaml: the `params` stage rewrites dvc-params.json, and only the runs whose resolved
     configuration changed retrain. train.lr does not reach ERM ([DB] schedule): a warning says so."""
     out = _run([DVC, "exp", "run", "-S", "params.yaml:train.lr=0.05"], repo, timeout=600)
     assert "train@toy-0.5-0-ours" in _ran(out) and "train@toy-0.5-0-erm" not in _ran(out), out
@@ -142,6 +157,19 @@ def test_metrics_diff_between_commits_and_exp_run_reruns_only_what_a_param_reach
     assert {"main.total", "ensemble.total"} <= named, header  # ERM's head, Ours' ensemble
     assert len(header) < 40  # what changed, not every leaf of the params file
     assert "0.05" in shown.splitlines()[1].split(",")
+
+    # the README's recipe: the lr beside ERM's gamma 0.5 cell, for the experiment and for its baseline
+    recipe = readme_exp_show()
+    table = _run(recipe, repo)
+    assert max(map(len, table.splitlines())) <= 100, table  # a terminal's width
+    rows = _csv_rows(_run([*recipe, "--csv"], repo))
+    lr, cell = "dvc.train_lr.toy.erm", "cells.erm/main/toy/0.5.mean"
+    assert {row["Experiment"] or row["rev"] for row in rows} >= {"workspace"} and len(rows) >= 3, rows
+    baseline = next(row for row in rows if row["rev"] not in ("workspace", "") and not row["Experiment"])
+    experiment = next(row for row in rows if row["Experiment"] and float(row[lr]) == 0.05)
+    assert float(baseline[lr]) == 0.02  # ERM's own lr ([DB] random schedule), not a blank
+    assert 0 < float(baseline[cell]) <= 100 and 0 < float(experiment[cell]) <= 100
+    assert float(baseline[cell]) != float(experiment[cell])
 
     _git(["add", "-A"], repo)
     _git(["commit", "-q", "-m", "erm lr"], repo)
@@ -192,8 +220,8 @@ def test_params_rewrite_changes_the_run_ids_a_change_reaches_and_warns_about_the
     monkeypatch.chdir(tmp_path)
 
     def ids() -> dict:
-        write(["params.yaml", "demo.yaml", "exp.yaml"], "dvc.params.yaml")
-        return yaml.safe_load(Path("dvc.params.yaml").read_text())["dvc"]["run_configs"]
+        write(["params.yaml", "demo.yaml", "exp.yaml"], "dvc-params.json")
+        return yaml.safe_load(Path("dvc-params.json").read_text())["dvc"]["run_configs"]
 
     before = ids()
     assert capsys.readouterr().err == ""
@@ -223,5 +251,5 @@ def test_params_refuses_more_layers_than_the_params_stage_lists(tmp_path, monkey
     for name in extra:
         Path(name).write_text("{}\n")
     with pytest.raises(NoisyMLTError, match=f"at most {LAYER_SLOTS} layers .* got {LAYER_SLOTS + 1}: params.yaml l0"):
-        write(["params.yaml", *extra], "dvc.params.yaml")
-    assert not Path("dvc.params.yaml").exists()
+        write(["params.yaml", *extra], "dvc-params.json")
+    assert not Path("dvc-params.json").exists()

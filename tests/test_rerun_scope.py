@@ -146,7 +146,7 @@ def _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, dvc) -> None:
         params["methods"]["erm"]["train"] = {**params["methods"]["erm"].get("train", {}), "epochs": epochs,
                                              "lr_steps": [epochs]}
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "--out", "dvc.params.yaml"], dvc)
+    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "--out", "dvc-params.json"], dvc)
     _run([DVC, "repro"], dvc, timeout=1200)
 
     run = smk / RUN.format("erm")
@@ -216,7 +216,7 @@ def _selection_reruns_exactly_its_final_runs(smk, dvc) -> None:
     # (the grid edit reruns stage 1's select, a checkpoint, so Snakemake replans stage 2's remaining candidate:
     # it cannot know stage 1's choice before the checkpoint ran; DVC below retrains none)
     assert json.loads((smk / "runs/toy/g0.5/s0/ours/run_config.json").read_text())["selected"]["values"]["alpha"] == lost
-    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "--out", "dvc.params.yaml"], dvc)
+    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "--out", "dvc-params.json"], dvc)
     stages = _dvc_ran(_run([DVC, "repro"], dvc, timeout=600))
     assert {s for s in stages if s.startswith(("train", "evaluate"))} == {"train@toy-0.5-0-ours",
                                                                          "evaluate@toy-0.5-0-ours"}, stages

@@ -1,10 +1,10 @@
-"""Layered params files -> dvc.params.yaml, the one params file DVC's pipeline (dvc.yaml) reads.
+"""Layered params files -> dvc-params.json, the one params file DVC's pipeline (dvc.yaml) reads.
 
 Snakemake layers a profile over params.yaml itself (``--configfile``). DVC cannot layer files, and its
 templating always loads params.yaml, whose keys another ``vars`` file may not redefine. So
-``noisymlt params LAYER... --out dvc.params.yaml`` writes the merged, validated params (what every
+``noisymlt params LAYER... --out dvc-params.json`` writes the merged, validated params (what every
 stage's command reads and every stage's ``params:`` tracks) plus a ``dvc`` block, the only part dvc.yaml's
-templating loads (``vars: - dvc.params.yaml:dvc``):
+templating loads (``vars: - dvc-params.json:dvc``):
 
   layers        the files it was merged from, with their sha256: load_params (config.check_layers)
                 refuses the file once one of them changed, so DVC never runs on a stale merge
@@ -15,39 +15,53 @@ templating loads (``vars: - dvc.params.yaml:dvc``):
   grid          datasets, gammas, seeds of the main grid (DVC's matrix stages expand them)
   pretrain      the pretrain blocks some run's weights_path names (data/pretrained/NAME.pt)
   fetch_images  datasets whose train images are fetched after the long-tail step (COCO)
-  runs          one entry per training run of the main grid, keyed DATASET-GAMMA-SEED-METHOD: dataset,
-                gamma, seed, method, the folder its train images come from, its weights file and config_key
+  runs          one entry per training run of the main grid and the ablations (paths.all_runs), keyed
+                DATASET-GAMMA-SEED-METHOD: dataset,
+                gamma, seed, method, its raw folder's marker file, the image folders it reads (image_deps), its
+                weights and embeddings files, its selection choice file and config_key
   run_configs   config_key (the run's key with `_` for `.`: DVC splits params keys on dots) -> the run id,
-                the hash of its resolved configuration: the one param a train stage tracks, so a change
+                the hash of its resolved configuration: the param a train stage tracks, so a change
                 reruns exactly the runs whose configuration it changes (a changed train.lr that the
                 [DB] schedule overrides reruns no [DB]-recipe run)
+  train_lr      DATASET -> METHOD -> the lr its runs train at, after every layer (or `selected: CHOICE FILE`):
+                also tracked by the train stages, as a readable column beside the hash in `dvc exp show`, so
+                an experiment's row and its baseline's both show the lr they trained at
 
 When it rewrites an existing file, ``noisymlt params`` warns about a changed train setting that some
 grid methods never see, because their schedule (or their own train block) sets that key: e.g. the
 [DB]-recipe baselines take lr from ``schedules.db.train``, so a changed ``train.lr`` leaves them as they were.
 
 Those lists are computed here because DVC's templating can neither branch nor look a value up by
-another (a run's weights file depends on its resolved config). A run without a weights file (torchvision
-download, scratch) gets its raw-data folder instead, already one of its dependencies: DVC has no optional
-dependencies. The file is generated: git ignores it, and each route writes it from its own layers.
+another (a run's weights file depends on its resolved config). A run without a weights file (scratch) gets its
+raw folder's marker file instead (paths.raw_marker, a file inside the raw stage's output that the run's manifest
+records anyway), already one of its dependencies: DVC has no optional dependencies, and a small file costs
+nothing to hash where a folder costs a walk of every file in it.
+
+The file is JSON, not YAML: DVC reads a params file once per stage that tracks one of its keys, and parses
+YAML with ruamel's pure-Python round-trip loader (0.2 s for the demo's file, so 35 s of every `dvc status`
+over the demo's 180 such stages), JSON with the standard library (under a millisecond). DVC picks the parser
+by everything after the file name's first dot, so the name has one dot: dvc-params.json (a `dvc.params.json`
+would be parsed as YAML). Each clone writes it
+from its own layers and commits it with dvc.lock (DVC loads dvc.yaml through it at every revision it compares).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import sys
 from pathlib import Path
 
-import yaml
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.pipeline.files import write_text
 
 LAYER_SLOTS = 4  # dvc.yaml's `params` stage lists this many layer files (dvc.layer_files[0..3])
 
-HEADER = ("# Written by `noisymlt params {layers} --out {out}`: DVC's view of those params files,\n"
-          "# merged. Do not edit; edit the layers and rerun the command (dvc.yaml reads `dvc` for its templating).\n")
+# JSON has no comments: the note goes first in the dvc block
+WRITTEN_BY = ("written by `noisymlt params {layers} --out {out}`: DVC's view of those params files, merged. Do not "
+              "edit; edit the layers and rerun the command (dvc.yaml reads `dvc` for its templating)")
 
 
 def _sha256(path: Path) -> str:
@@ -61,28 +75,34 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
     from noisymlt.pipeline.config import resolve_run, run_id
 
     grid = params["grid"]
-    runs, run_configs, pretrain = {}, {}, []
+    runs, run_configs, pretrain, train_lr = {}, {}, [], {}
     known_assets, used_assets = assets.entries(params), set()
-    for dataset, gamma, seed, method in paths.grid_runs(params):
+    for dataset, gamma, seed, method in paths.all_runs(params):  # the ablations' runs too: every file in runs/ is
+        # an output of some stage, so a pulled clone's `runs` folder (the aggregate's dependency) is whole
         resolved = resolve_run(params, dataset, method, gamma, seed)
         weights = resolved["train"].get("weights_path")
         name = Path(weights).stem if weights else None
         if weights and weights == f"data/pretrained/{name}.pt" and name in params.get("pretrain", {}):
             pretrain.append(name)
-        raw = paths.raw_dir(params, dataset)
-        coco = params["datasets"][dataset]["kind"] == "coco"
+        marker = paths.raw_marker(params, dataset)
         key = f"{dataset}-{paths.gtag(gamma)}-{seed}-{method}"
         embeddings = resolved["method_cfg"].get("embeddings_file")
         runs[key] = {
-            "dataset": dataset, "gamma": gamma, "seed": seed, "method": method,
-            "images": paths.train_images_dir(dataset) if coco else raw, "weights": weights or raw,
-            "embeddings": embeddings or raw, "config_key": key.replace(".", "_"),
+            "dataset": dataset, "gamma": gamma, "seed": seed, "method": method, "raw_marker": marker,
+            **image_deps(params, dataset, resolved), "weights": weights or marker,
+            "embeddings": embeddings or marker, "config_key": key.replace(".", "_"),
         }
         used_assets.update(f for f in run_files(resolved) if f in known_assets)
+        # the choice file a final run reads (fixed values: the raw marker again); its values are the choice's
+        # to set, so the tracked hash holds placeholders for them (selection.placeholders)
+        choice = selection.final_choice_file(params, dataset, method)
+        runs[key]["choice"] = choice or marker
+        if choice:
+            who = selection.owner(params, method)
+            chosen = selection.placeholders(params, who, len(selection.stages(params, who)))
+            resolved = selection.apply_values(params, resolved, chosen, choice)
         run_configs[key.replace(".", "_")] = run_id(resolved)
-    for key, run in runs.items():  # the choice file a final run reads (fixed values: the raw folder again)
-        run["choice"] = selection.final_choice_file(params, run["dataset"], run["method"]) or \
-            paths.raw_dir(params, run["dataset"])
+        train_lr.setdefault(dataset, {})[method] = f"selected: {choice}" if choice else resolved["train"]["lr"]
     if len(layers) > LAYER_SLOTS:
         raise NoisyMLTError(f"noisymlt params: at most {LAYER_SLOTS} layers (dvc.yaml's `params` stage lists "
                             f"{LAYER_SLOTS} files), got {len(layers)}: {' '.join(map(str, layers))}")
@@ -107,6 +127,7 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
                    for d in grid["datasets"] for part in ("train", "test")},
         "runs": runs,
         "run_configs": run_configs,
+        "train_lr": train_lr,
         **select,
         # DATASET-GAMMA-SEED -> one noisy label set: the grid's and the selection's (a selection set may lie
         # outside the grid, e.g. a second seed when the grid has one)
@@ -114,6 +135,21 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
             [(d, float(g), int(s)) for d in grid["datasets"] for g in grid["gammas"] for s in grid["seeds"]]
             + [(v["dataset"], v["gamma"], v["seed"]) for v in select["select_sets"].values()])},
     }
+
+
+def image_deps(params: dict, dataset: str, resolved: dict) -> dict:
+    """The image folders a run reads: `images` (its train images: COCO's fetched subset, else the raw folder) and
+    `raw` (its test images' raw folder). Under train.loader: cache a run reads the decoded caches instead (their
+    own dependencies), so both name the raw folder's marker file: DVC hashes a folder dependency file by file on
+    every `dvc status`, and 156 demo runs naming a 6,800-file folder three times each made that take minutes."""
+    from noisymlt.pipeline import paths
+
+    if resolved["train"].get("loader", "pil") == "cache":
+        marker = paths.raw_marker(params, dataset)
+        return {"images": marker, "raw": marker}
+    raw = paths.raw_dir(params, dataset)
+    coco = params["datasets"][dataset]["kind"] == "coco"
+    return {"images": paths.train_images_dir(dataset) if coco else raw, "raw": raw}
 
 
 def selection_block(params: dict, runs: dict) -> dict:
@@ -152,13 +188,17 @@ def selection_block(params: dict, runs: dict) -> dict:
                 for tag, values in S.candidates(params, method, stage):
                     for gamma, seed in sets:
                         key = f"{dataset}-{method}-{stage}-{gamma}-{seed}-{tag}"
-                        cfg = S.candidate_config(params, dataset, method, gamma, seed, values)
+                        # earlier stages' values come from `previous`: placeholders here (S.placeholders)
+                        cfg = S.candidate_config(params, dataset, method, gamma, seed,
+                                                 {**S.placeholders(params, method, stage - 1), **values})
                         out["candidates"][key] = {
                             "dataset": dataset, "method": method, "stage": stage, "gamma": gamma, "seed": seed,
                             "tag": tag, "dir": S.candidate_dir(dataset, method, stage, gamma, seed, tag),
                             "previous": previous, "config_key": key.replace(".", "_"),
-                            "weights": cfg["train"].get("weights_path") or paths.raw_dir(params, dataset),
-                            "embeddings": cfg["method_cfg"].get("embeddings_file") or paths.raw_dir(params, dataset)}
+                            **image_deps(params, dataset, cfg),
+                            "weights": cfg["train"].get("weights_path") or paths.raw_marker(params, dataset),
+                            "embeddings": cfg["method_cfg"].get("embeddings_file") or
+                            paths.raw_marker(params, dataset)}
                         out["candidate_configs"][key.replace(".", "_")] = run_id(cfg)
     return out
 
@@ -250,8 +290,8 @@ def selected_changes(old: dict, new: dict) -> list[str]:
 def _previous(out: Path) -> dict | None:
     """The params an existing file of this kind holds (stale or not), without its dvc block."""
     try:
-        previous = yaml.safe_load(out.read_text())
-    except (OSError, yaml.YAMLError):
+        previous = json.loads(out.read_text())
+    except (OSError, ValueError):
         return None
     if not isinstance(previous, dict) or "dvc" not in previous:
         return None
@@ -267,9 +307,8 @@ def write(layers: list[str], out: str | Path) -> Path:
     if previous is not None:
         for note in unreached_changes(previous, params) + selected_changes(previous, params):
             print(f"warning: {note}", file=sys.stderr, flush=True)
-    text = HEADER.format(layers=" ".join(layers), out=out)
-    text += yaml.safe_dump({"dvc": dvc_block(params, layers), **params}, sort_keys=False, width=120)
-    return write_text(Path(out), text)
+    block = {"written_by": WRITTEN_BY.format(layers=" ".join(map(str, layers)), out=out), **dvc_block(params, layers)}
+    return write_text(Path(out), json.dumps({"dvc": block, **params}, indent=1) + "\n")
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -283,9 +322,9 @@ def add_cli(sub) -> None:
         "params", help="merge params files (params.yaml, then a profile's) into the one file DVC reads",
         description="Layer params files left to right as Snakemake's --configfile does, validate the result and "
                     "write it with a `dvc` block (the lists dvc.yaml's stages expand over, the layers' sha256) to "
-                    "OUT. dvc.yaml reads dvc.params.yaml: run this before `dvc repro`, and again after editing a "
+                    "OUT. dvc.yaml reads dvc-params.json: run this before `dvc repro`, and again after editing a "
                     "layer (steps refuse a stale file).",
     )
     p.add_argument("layers", nargs="+", help="params files, layered left to right (params.yaml first)")
-    p.add_argument("--out", default="dvc.params.yaml", help="file to write (default: dvc.params.yaml)")
+    p.add_argument("--out", default="dvc-params.json", help="file to write (default: dvc-params.json)")
     p.set_defaults(func=_cmd)

@@ -285,24 +285,38 @@ def expect_code(method: str) -> list[str]:
     return ["--expect-code", str(path)] if path.is_file() else []
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
+def requested_config(params: dict, dataset: str, method: str, gamma: float, seed: int) -> str:
+    """A run's resolved config with its method's chosen values, as the text both routes write to
+    OUT/requested_config.json (Snakemake's run_config rule, the DVC train stage): the train job reads it."""
     from noisymlt.pipeline.config import resolve_run
+    from noisymlt.pipeline.selection import final_choice_file, final_config
 
-    params = _params(args)
-    loader = resolve_run(params, args.dataset, args.method, args.gamma, args.seed)["train"].get("loader", "pil")
-    argv = ["train", "--params", *args.params, "--dataset", args.dataset, "--method", args.method,
-            "--gamma", gtag(args.gamma), "--seed", str(args.seed), "--train-labels", args.train_labels,
-            "--test-labels", args.test_labels, "--split", args.split,
-            "--train-images", image_root(params, args.dataset, "train"),
-            "--test-images", image_root(params, args.dataset, "test"), "--out", args.out,
-            "--clean-labels", f"data/{args.dataset}/train_labels.parquet",  # the noise log only (analysis)
-            "--provenance", f"raw_manifest={raw_marker(params, args.dataset)}",
-            f"clean_subset=data/{args.dataset}/train_labels.parquet"] + cache_args(args.dataset, loader)
+    choice = final_choice_file(params, dataset, method)
+    cfg = final_config(params, resolve_run(params, dataset, method, gamma, seed), choice)
+    return json.dumps(cfg, sort_keys=True, indent=1) + "\n"
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    """A run as Snakemake's run_config + train rules run it: its requested_config.json, then `noisymlt train`."""
+    from noisymlt.pipeline.files import write_text
     from noisymlt.pipeline.selection import final_choice_file
 
+    params = _params(args)
+    config = Path(args.out) / "requested_config.json"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    write_text(config, requested_config(params, args.dataset, args.method, args.gamma, args.seed))
+    loader = json.loads(config.read_text())["train"].get("loader", "pil")
+    argv = ["train", "--run-config", str(config), "--train-labels", args.train_labels,
+            "--test-labels", args.test_labels, "--split", args.split,
+            "--train-images", image_root(params, args.dataset, "train"),
+            "--test-images", image_root(params, args.dataset, "test"), *cache_args(args.dataset, loader),
+            "--out", args.out, "--no-progress", "--keep-stale", *expect_code(args.method),
+            "--clean-labels", f"data/{args.dataset}/train_labels.parquet",  # the noise log only (analysis)
+            "--provenance", f"raw_manifest={raw_marker(params, args.dataset)}",
+            f"clean_subset=data/{args.dataset}/train_labels.parquet"]
     choice = final_choice_file(params, args.dataset, args.method)
     argv += ["--selection", choice] if choice else []
-    return _run(argv + ["--device", args.device, "--no-progress", "--keep-stale", *expect_code(args.method)])
+    return _run(argv + ["--device", args.device])
 
 
 def _cmd_select_split(args: argparse.Namespace) -> int:
@@ -351,10 +365,7 @@ def _cmd_select_choose(args: argparse.Namespace) -> int:
 
 def _cmd_aggregate(args: argparse.Namespace) -> int:
     params = _params(args)
-    if params["grid"].get("ablations"):
-        print("note: only the main grid is collected; ablation runs (grid.ablations) are Snakemake's "
-              "(`dvc repro` cannot expand them)", flush=True)
-    files = [f"{run_dir(*run, root=args.runs)}/metrics.json" for run in grid_runs(params)]
+    files = [f"{run_dir(*run, root=args.runs)}/metrics.json" for run in all_runs(params)]  # as Snakemake's rule
     missing = [f for f in files if not Path(f).is_file()]
     if missing:
         raise NoisyMLTError(f"{len(missing)} of {len(files)} grid run(s) have no metrics yet, e.g. {missing[:3]}")
@@ -426,7 +437,8 @@ def add_cli(sub) -> None:
     q = step("select-choose", "rank a stage's candidates by validation mAP and write the choice", _cmd_select_choose)
     q.add_argument("--method", required=True)
     q.add_argument("--stage", required=True, type=int)
-    q = step("aggregate", "collect the metrics of exactly the runs in the grid", _cmd_aggregate, dataset=False)
+    q = step("aggregate", "collect the metrics of exactly the runs of the grid and the ablations (grid.ablations), "
+             "as Snakemake's rule does", _cmd_aggregate, dataset=False)
     q.add_argument("--runs", default="runs", help="runs folder (default: runs)")
     q.add_argument("--out", required=True, help="results Parquet to write")
     q.add_argument("--curves", help="per-epoch training records of the runs (JSON rows, DVC's plots)")

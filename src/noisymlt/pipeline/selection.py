@@ -196,6 +196,14 @@ def final_choice_file(params: dict, dataset: str, method: str) -> str | None:
     return choice_file(dataset, who, len(stages(params, who)))
 
 
+def placeholders(params: dict, owner_method: str, stages_done: int) -> dict:
+    """The values the owner's first ``stages_done`` stages choose, each set to a placeholder (0): in place of a
+    choice file's values, what a run's configuration holds before it reads the file. DVC's stages track the hash
+    of that configuration and the choice file itself (noisymlt.pipeline.params), so a hand-set lr that a choice
+    replaces changes neither and reruns nothing, as under Snakemake, whose rules see the filled-in values."""
+    return {k: 0.0 for stage in stages(params, owner_method)[:stages_done] for k in stage}
+
+
 def final_config(params: dict, resolved: dict, choice_path: str | Path | None) -> dict:
     """A final run's resolved config with its method's chosen values (unchanged for fixed values)."""
     if choice_path is None:
