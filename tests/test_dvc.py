@@ -36,8 +36,11 @@ STEP_COMMANDS = {"asset": "fetch-asset", "raw": "make-toy", "train-images": "fet
                  "select-split": "select", "select-choose": "select", "select-cache": "cache-images"}
 
 
-def _commands(cmd: str) -> list[str]:
-    """The noisymlt commands a stage's command line runs: `step X` runs noisymlt/pipeline/paths.py and X's command."""
+def _commands(cmd: str | list[str]) -> list[str]:
+    """The noisymlt commands a stage's command line(s) run: `step X` runs noisymlt/pipeline/paths.py and X's
+    command."""
+    if isinstance(cmd, list):
+        return [c for line in cmd for c in _commands(line)]
     words = cmd.split()
     first = words[words.index("noisymlt") + 1]
     if first != "step":
@@ -66,8 +69,9 @@ def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_sourc
         assert not [d for d in deps if d.startswith("src/")], name
         code = sorted(d for d in deps if d.startswith("data/code/"))
         expected = {f"data/code/{c}.json" for c in _commands(body["cmd"])}
-        if name in ("train", "train_candidate"):
-            expected = {"data/code/step.json", "data/code/train/${item.method}.json"}
+        if name in ("train", "train_candidate"):  # the run's training code, then its evaluation
+            assert isinstance(body["cmd"], list) and "noisymlt evaluate" in body["cmd"][1]
+            expected = {"data/code/step.json", "data/code/train/${item.method}.json", "data/code/evaluate.json"}
         if name == "raw":  # toy data are generated, voc/coco downloaded: one stage runs either
             expected |= {"data/code/download.json"}
         assert set(code) == expected, name

@@ -150,7 +150,7 @@ def test_dvc_demo_route_is_clean_and_round_trips(dvc_demo, tmp_path):
     # a forced rerun of a slice rewrites the same bytes; persist: train resumes from its finished checkpoint
     lock = _lock_outs(root)
     forced = _run([DVC, "repro", "--force", "--single-item", "noise@toy-0.5-0", "train@toy-0.5-0-erm",
-                   "evaluate@toy-0.5-0-erm", "aggregate", "table_total", "figure_map_vs_gamma"], root)
+                   "aggregate", "table_total", "figure_map_vs_gamma"], root)
     assert "resumed runs/toy/g0.5/s0/erm/checkpoint.pt from epoch 1" in forced, forced
     assert _lock_outs(root) == lock
     assert json.loads(_run([DVC, "status", "--json"], root).strip().splitlines()[-1]) == {}
