@@ -14,6 +14,7 @@ Each real route runs in its own clone under tmp_path with its own DVC state, con
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -153,6 +154,13 @@ def test_dvc_demo_route_is_clean_and_round_trips(dvc_demo, tmp_path):
                    "aggregate", "table_total", "figure_map_vs_gamma"], root)
     assert "resumed runs/toy/g0.5/s0/erm/checkpoint.pt from epoch 1" in forced, forced
     assert _lock_outs(root) == lock
+    # outputs are hard links into the cache (make demo-dvc: cache.type hardlink,copy), and the rerun wrote
+    # new files in their place instead of writing into the linked ones: every cache object still has its hash
+    assert (run / "predictions.npz").stat().st_nlink >= 2 and (run / "checkpoint.pt").stat().st_nlink >= 2
+    objects = [f for f in (root / ".dvc" / "cache" / "files" / "md5").rglob("*") if f.is_file()
+               and not f.name.endswith(".dir")]
+    assert len(objects) > 300
+    assert [f for f in objects if hashlib.md5(f.read_bytes()).hexdigest() != f.parent.name + f.name] == []
     assert json.loads(_run([DVC, "status", "--json"], root).strip().splitlines()[-1]) == {}
 
     store = tmp_path / "store"

@@ -165,10 +165,12 @@ def test_metrics_diff_between_commits_and_exp_run_reruns_only_what_a_param_reach
     recipe = readme_exp_show()
     table = _run(recipe, repo)
     assert max(map(len, table.splitlines())) <= 100, table  # a terminal's width
-    rows = _csv_rows(_run([*recipe, "--csv"], repo))
+    assert "workspace" in table and "0.05" in table, table
+    with_rev = [arg.replace("Experiment|", "Experiment|rev|") for arg in recipe]  # rows named in CSV too
+    rows = _csv_rows(_run([*with_rev, "--csv"], repo))
     lr, cell = "dvc.train_lr.toy.erm", "cells.erm/main/toy/0.5.mean"
-    assert {row["Experiment"] or row["rev"] for row in rows} >= {"workspace"} and len(rows) >= 3, rows
-    baseline = next(row for row in rows if row["rev"] not in ("workspace", "") and not row["Experiment"])
+    assert len(rows) >= 3 and rows[0]["rev"] == "workspace", rows
+    baseline = next(row for row in rows[1:] if not row["Experiment"])  # the commit the experiments start from
     experiment = next(row for row in rows if row["Experiment"] and float(row[lr]) == 0.05)
     assert float(baseline[lr]) == 0.02  # ERM's own lr ([DB] random schedule), not a blank
     assert 0 < float(baseline[cell]) <= 100 and 0 < float(experiment[cell]) <= 100
@@ -256,3 +258,26 @@ def test_params_refuses_more_layers_than_the_params_stage_lists(tmp_path, monkey
     with pytest.raises(NoisyMLTError, match=f"at most {LAYER_SLOTS} layers .* got {LAYER_SLOTS + 1}: params.yaml l0"):
         write(["params.yaml", *extra], "dvc-params.json")
     assert not Path("dvc-params.json").exists()
+
+
+@pytest.mark.slow
+def test_offline_plots_page_draws_every_vega_plot_in_headless_chromium_with_the_network_off(repo, monkeypatch):
+    """scripts/dvc_plots_offline.py: DVC's page with vega inline draws every plot with no network, where DVC's own
+    page (scripts from a CDN) draws none."""
+    if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
+        pytest.skip("no headless Chromium (Debian: apt-get install chromium)")
+    sys.path.insert(0, str(REPO / "scripts"))
+    import dvc_plots_offline as offline
+    from noisymlt.data.download import DownloadFailed
+
+    monkeypatch.chdir(repo)
+    try:  # once: the npm registry (a package registry) or download.mirror
+        for name in offline.PACKAGES:
+            offline.package_file(name, None)
+    except DownloadFailed as exc:
+        pytest.skip(f"the vega packages cannot be fetched here: {exc}")
+    out = _run([sys.executable, REPO / "scripts" / "dvc_plots_offline.py", "--packages", "data/assets/vega",
+                "--check", "--out", "offline_plots"], repo)
+    assert "no script from the network" in out and "4 of 4 vega plots drew" in out, out
+    _run([DVC, "plots", "show", "-o", "cdn_plots"], repo)
+    assert offline.check(repo / "cdn_plots" / "index.html") == (4, 0)  # the check can fail: DVC's page, offline
