@@ -39,7 +39,7 @@ SMK_LAYERS := $(filter-out params.yaml,$(DEMO_PARAMS))
 SMK_DEMO = $(VENV)/bin/snakemake --profile workflow/profiles/demo $(if $(SMK_LAYERS),--configfile $(SMK_LAYERS))
 demo-dvc: $(STAMP)
 	test -d .dvc || $(VENV)/bin/dvc init --quiet $$(git rev-parse --git-dir >/dev/null 2>&1 || echo --no-scm)
-	$(VENV)/bin/dvc config cache.type >/dev/null 2>&1 || $(VENV)/bin/dvc config cache.type hardlink,copy
+	test -n "$$($(VENV)/bin/dvc config cache.type 2>/dev/null)" || $(VENV)/bin/dvc config cache.type hardlink,copy
 	$(PY) -m noisymlt params $(DEMO_PARAMS) --out dvc-params.json
 	@if [ ! -f dvc.lock ] && [ -f reports/results.parquet ]; then \
 	  if $(SMK_DEMO) -n 2>&1 | grep -q "Nothing to be done"; then \
