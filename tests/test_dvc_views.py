@@ -233,8 +233,11 @@ def test_params_rewrite_changes_the_run_ids_a_change_reaches_and_warns_about_the
     Path("exp.yaml").write_text("train: {lr: 0.01}\n")
     after = ids()
     changed = {k.rsplit("-", 1)[1] for k in before if before[k] != after[k]}
-    assert changed == {"ours"}  # the [CL] schedule reads train.lr; the [DB] one sets its own
+    # the [DB] schedules set their own lr, and Ours (the [CL] schedule, which reads train.lr) takes the lr its
+    # selection chooses: no run changes, so `dvc exp run` retrains nothing
+    assert changed == set()
     err = capsys.readouterr().err
+    assert "train.lr changed (0.02 -> 0.01) but does not reach ours: model selection chooses it" in err
     assert ("train.lr changed (0.02 -> 0.01) but does not reach rs, rs_focal, dividemix, db, db_focal: "
             "schedules.db.train.lr overrides it") in err
     assert ("train.lr changed (0.02 -> 0.01) but does not reach erm, focal, ldam, bbn, mlgcn: "
