@@ -26,27 +26,26 @@ demo: $(STAMP)
 	@cat reports/table_total.md
 
 # DVC runs `python` from PATH: the venv's. --no-scm only outside a git checkout (a copied tree).
-# A new DVC project keeps its outputs as hard links into .dvc/cache (copies where the file system has none):
-# no second copy of runs/, and `dvc commit` leaves each file's modification time as it was, which Snakemake
-# compares. Outputs are then read-only: `dvc unprotect PATH` before editing one by hand (every step replaces
-# its outputs instead of writing into them).
 # No dvc.lock yet but a finished Snakemake demo (`make demo`; Snakemake's dry run, with the same layers, has
 # nothing to do): `dvc commit --force` records its outputs (DVC hashes them; nothing retrains), then `dvc repro`
-# finds nothing to run. Every DVC output is a Snakemake output (tests/test_dvc_demo.py). Should Snakemake then
-# see newer files (a cache of copies), `snakemake --touch` gives them back their order.
+# finds nothing to run. Every DVC output is a Snakemake output (tests/test_dvc_demo.py). `dvc commit` rewrites
+# the files it records (new modification times), so Snakemake would then rerun the demo: when its dry run
+# plans jobs, `snakemake --touch` gives the files back their order (--keep-incomplete: a failed touch deletes
+# nothing). DVC's default cache type (copies) is kept: with hard links, outputs of equal content share one
+# inode and its time (all empty noise logs, for one), which Snakemake's time order cannot follow (README).
 DVC_ENV := PATH="$(abspath $(VENV))/bin:$$PATH"
 SMK_LAYERS := $(filter-out params.yaml,$(DEMO_PARAMS))
 SMK_DEMO = $(VENV)/bin/snakemake --profile workflow/profiles/demo $(if $(SMK_LAYERS),--configfile $(SMK_LAYERS))
 demo-dvc: $(STAMP)
 	test -d .dvc || $(VENV)/bin/dvc init --quiet $$(git rev-parse --git-dir >/dev/null 2>&1 || echo --no-scm)
-	test -n "$$($(VENV)/bin/dvc config cache.type 2>/dev/null)" || $(VENV)/bin/dvc config cache.type hardlink,copy
 	$(PY) -m noisymlt params $(DEMO_PARAMS) --out dvc-params.json
 	@if [ ! -f dvc.lock ] && [ -f reports/results.parquet ]; then \
 	  if $(SMK_DEMO) -n 2>&1 | grep -q "Nothing to be done"; then \
 	    echo "demo-dvc: the Snakemake demo (make demo) is complete: recording its outputs in dvc.lock" \
 	         "with 'dvc commit --force' instead of rerunning them"; \
 	    $(DVC_ENV) $(VENV)/bin/dvc commit --force --quiet && echo "demo-dvc: recorded every stage"; \
-	    $(SMK_DEMO) -n 2>&1 | grep -q "Nothing to be done" || $(SMK_DEMO) --touch --quiet >/dev/null; \
+	    $(SMK_DEMO) -n 2>&1 | grep -q "Nothing to be done" || \
+	      $(SMK_DEMO) --touch --keep-incomplete --quiet >/dev/null; \
 	  else \
 	    echo "demo-dvc: outputs from an unfinished or outdated Snakemake demo: 'dvc repro' reruns every stage" \
 	         "(to keep them, finish 'make demo' first, then rerun 'make demo-dvc')"; \

@@ -154,9 +154,8 @@ def test_dvc_demo_route_is_clean_and_round_trips(dvc_demo, tmp_path):
                    "aggregate", "table_total", "figure_map_vs_gamma"], root)
     assert "resumed runs/toy/g0.5/s0/erm/checkpoint.pt from epoch 1" in forced, forced
     assert _lock_outs(root) == lock
-    # outputs are hard links into the cache (make demo-dvc: cache.type hardlink,copy), and the rerun wrote
-    # new files in their place instead of writing into the linked ones: every cache object still has its hash
-    assert (run / "predictions.npz").stat().st_nlink >= 2 and (run / "checkpoint.pt").stat().st_nlink >= 2
+    # the rerun wrote new files in place of its outputs instead of writing into them: every cache object still
+    # has its hash (what makes links, `dvc config cache.type hardlink`, safe to use)
     objects = [f for f in (root / ".dvc" / "cache" / "files" / "md5").rglob("*") if f.is_file()
                and not f.name.endswith(".dir")]
     assert len(objects) > 300
