@@ -112,8 +112,7 @@ def _resolved(dataset, method, gamma, seed):
 def final_run_config(w):
     """A run's resolved config, with its method's selected values once the selection has chosen them."""
     choice = final_choice(w)  # select.smk
-    cfg = S.final_config(config, resolved(w), str(choice) if choice else None)
-    return json.dumps(cfg, sort_keys=True, indent=1)
+    return paths.requested_config(config, resolved(w), str(choice) if choice else None)
 
 
 def train_threads(w):

@@ -16,9 +16,9 @@ templating loads (``vars: - dvc-params.json:dvc``):
   pretrain      the pretrain blocks some run's weights_path names (data/pretrained/NAME.pt)
   fetch_images  datasets whose train images are fetched after the long-tail step (COCO)
   runs          one entry per training run of the main grid and the ablations (paths.all_runs), keyed
-                DATASET-GAMMA-SEED-METHOD: dataset,
-                gamma, seed, method, its raw folder's marker file, the image folders it reads (image_deps), its
-                weights and embeddings files, its selection choice file and config_key
+                DATASET-GAMMA-SEED-METHOD: dataset, gamma, seed, method, its raw folder's marker file, the
+                image folders it reads (image_deps), its weights and embeddings files, its selection choice
+                file and config_key
   run_configs   config_key (the run's key with `_` for `.`: DVC splits params keys on dots) -> the run id,
                 the hash of its resolved configuration: the param a train stage tracks, so a change
                 reruns exactly the runs whose configuration it changes (a changed train.lr that the
@@ -41,8 +41,8 @@ The file is JSON, not YAML: DVC reads a params file once per stage that tracks o
 YAML with ruamel's pure-Python round-trip loader (0.2 s for the demo's file, so 35 s of every `dvc status`
 over the demo's 180 such stages), JSON with the standard library (under a millisecond). DVC picks the parser
 by everything after the file name's first dot, so the name has one dot: dvc-params.json (a `dvc.params.json`
-would be parsed as YAML). Each clone writes it
-from its own layers and commits it with dvc.lock (DVC loads dvc.yaml through it at every revision it compares).
+would be parsed as YAML). Each clone writes it from its own layers and commits it with dvc.lock (DVC loads
+dvc.yaml through it at every revision it compares).
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ import hashlib
 import json
 import sys
 from pathlib import Path
-
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.pipeline.files import write_text

@@ -285,27 +285,28 @@ def expect_code(method: str) -> list[str]:
     return ["--expect-code", str(path)] if path.is_file() else []
 
 
-def requested_config(params: dict, dataset: str, method: str, gamma: float, seed: int) -> str:
-    """A run's resolved config with its method's chosen values, as the text both routes write to
-    OUT/requested_config.json (Snakemake's run_config rule, the DVC train stage): the train job reads it."""
-    from noisymlt.pipeline.config import resolve_run
-    from noisymlt.pipeline.selection import final_choice_file, final_config
+def requested_config(params: dict, resolved: dict, choice: str | None) -> str:
+    """A run's resolved config with its method's chosen values (from the choice file, if any), as the text both
+    routes write to OUT/requested_config.json (Snakemake's run_config rule prints it with a final newline, as
+    the DVC train stage writes it): the train job reads it."""
+    from noisymlt.pipeline.selection import final_config
 
-    choice = final_choice_file(params, dataset, method)
-    cfg = final_config(params, resolve_run(params, dataset, method, gamma, seed), choice)
-    return json.dumps(cfg, sort_keys=True, indent=1) + "\n"
+    return json.dumps(final_config(params, resolved, choice), sort_keys=True, indent=1)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     """A run as Snakemake's run_config + train rules run it: its requested_config.json, then `noisymlt train`."""
+    from noisymlt.pipeline.config import resolve_run
     from noisymlt.pipeline.files import write_text
     from noisymlt.pipeline.selection import final_choice_file
 
     params = _params(args)
+    resolved = resolve_run(params, args.dataset, args.method, args.gamma, args.seed)
+    choice = final_choice_file(params, args.dataset, args.method)
     config = Path(args.out) / "requested_config.json"
     config.parent.mkdir(parents=True, exist_ok=True)
-    write_text(config, requested_config(params, args.dataset, args.method, args.gamma, args.seed))
-    loader = json.loads(config.read_text())["train"].get("loader", "pil")
+    write_text(config, requested_config(params, resolved, choice) + "\n")
+    loader = resolved["train"].get("loader", "pil")  # chosen values never set the loader
     argv = ["train", "--run-config", str(config), "--train-labels", args.train_labels,
             "--test-labels", args.test_labels, "--split", args.split,
             "--train-images", image_root(params, args.dataset, "train"),
@@ -314,7 +315,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
             "--clean-labels", f"data/{args.dataset}/train_labels.parquet",  # the noise log only (analysis)
             "--provenance", f"raw_manifest={raw_marker(params, args.dataset)}",
             f"clean_subset=data/{args.dataset}/train_labels.parquet"]
-    choice = final_choice_file(params, args.dataset, args.method)
     argv += ["--selection", choice] if choice else []
     return _run(argv + ["--device", args.device])
 
