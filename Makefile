@@ -31,8 +31,9 @@ demo: $(STAMP)
 # finds nothing to run. Every DVC output is a Snakemake output (tests/test_dvc_demo.py). `dvc commit` rewrites
 # the files it records (new modification times), so Snakemake would then rerun the demo: when its dry run
 # plans jobs, `snakemake --touch` gives the files back their order (--keep-incomplete: a failed touch deletes
-# nothing). DVC's default cache type (copies) is kept: with hard links, outputs of equal content share one
-# inode and its time (all empty noise logs, for one), which Snakemake's time order cannot follow (README).
+# nothing). DVC's default cache type (copies) is kept: with hard links, files of equal content share one inode
+# and its time (a run's run_config.json output and its earlier requested_config.json input), which Snakemake's
+# time order cannot follow (README).
 DVC_ENV := PATH="$(abspath $(VENV))/bin:$$PATH"
 SMK_LAYERS := $(filter-out params.yaml,$(DEMO_PARAMS))
 SMK_DEMO = $(VENV)/bin/snakemake --profile workflow/profiles/demo $(if $(SMK_LAYERS),--configfile $(SMK_LAYERS))
