@@ -37,6 +37,7 @@ COMMAND_MODULES = (
     "noisymlt.pipeline.trace",
     "noisymlt.pipeline.paths",
     "noisymlt.pipeline.params",
+    "noisymlt.pipeline.dvc_shards",
     "noisymlt.pipeline.step_code",
     "noisymlt.pipeline.preload",
 )

@@ -49,6 +49,8 @@ def load_params(*files: str | Path) -> dict:
             raise NoisyMLTError(f"{path}: top level must be a mapping")
         if "dvc" in layer:  # dvc-params.json (noisymlt.pipeline.params): checked against its layers, not a setting
             check_layers(path, layer.pop("dvc"))
+            for key in [k for k in layer if k.startswith("dvc_runs_")]:  # its run stages' lists, one per shard
+                layer.pop(key)
         layers.append((str(path), layer))
         params = deep_merge(params, layer)
     check_layered(params, layers)

@@ -15,14 +15,20 @@ templating loads (``vars: - dvc-params.json:dvc``):
   grid          datasets, gammas, seeds of the main grid (DVC's matrix stages expand them)
   pretrain      the pretrain blocks some run's weights_path names (data/pretrained/NAME.pt)
   fetch_images  datasets whose train images are fetched after the long-tail step (COCO)
-  runs          one entry per training run of the main grid and the ablations (paths.all_runs), keyed
-                DATASET-GAMMA-SEED-METHOD: dataset, gamma, seed, method, its raw folder's marker file, the
-                image folders it reads (image_deps), its weights and embeddings files, its selection choice
-                file and config_key
+  runs          the training runs of the main grid and the ablations (paths.all_runs), keyed
+                DATASET-GAMMA-SEED-METHOD: dataset, gamma, seed, method, its raw folder's marker file, the image
+                folders it reads (image_deps), its weights and embeddings files, its selection choice file and
+                config_key. Not in the `dvc` block but beside it, split by shard: `dvc_runs_SHARD` holds the runs
+                and the selection's candidates (selection_block) whose key falls in that shard (shard_of), the
+                lists workflow/dvc/runs/SHARD/dvc.yaml expands (dvc_shards.py). DVC converts a whole `vars`
+                block for each dvc.yaml that loads it, so each file loads only its own.
   run_configs   config_key (the run's key with `_` for `.`: DVC splits params keys on dots) -> the run id,
                 the hash of its resolved configuration: the param a train stage tracks, so a change
                 reruns exactly the runs whose configuration it changes (a changed train.lr that the
                 [DB] schedule overrides reruns no [DB]-recipe run)
+  preload       the environment prefix of every stage's command: NOISYMLT_PRELOAD=shared with workflow.preload
+                (the demo: DVC starts a process per stage, whose imports cost more than a demo run trains), else
+                NOISYMLT_PRELOAD= (none)
   train_lr      DATASET -> METHOD -> the lr its runs train at, after every layer (or `selected: CHOICE FILE`):
                 also tracked by the train stages, as a readable column beside the hash in `dvc exp show`, so
                 an experiment's row and its baseline's both show the lr they trained at
@@ -51,6 +57,7 @@ import argparse
 import hashlib
 import json
 import sys
+import zlib
 from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
@@ -61,6 +68,31 @@ LAYER_SLOTS = 4  # dvc.yaml's `params` stage lists this many layer files (dvc.la
 # JSON has no comments: the note goes first in the dvc block
 WRITTEN_BY = ("written by `noisymlt params {layers} --out {out}`: DVC's view of those params files, merged. Do not "
               "edit; edit the layers and rerun the command (dvc.yaml reads `dvc` for its templating)")
+
+
+# The run stages are spread over this many dvc.yaml files (workflow/dvc/runs/00 .. 15): DVC rewrites a stage's
+# whole dvc.lock after running it, with ruamel's pure-Python round trip (3.6 s at the demo's 190 runs in one
+# file), so an experiment on one method's 12 runs spent more time rewriting the lock than training. Sixteen
+# keep a shard's lock small at paper scale too (about 50 runs each).
+DVC_SHARDS = 16
+
+
+def shard_of(key: str) -> str:
+    """The shard of a run or candidate key: a stable hash, so adding a run moves no other run's stage (a moved
+    stage would lose its dvc.lock entry and rerun)."""
+    return f"{zlib.crc32(key.encode()) % DVC_SHARDS:02d}"
+
+
+SHARD_BLOCK = "dvc_runs_"  # + SHARD: a top-level key of dvc-params.json
+
+
+def shard_blocks(runs: dict, candidates: dict, preload: str) -> dict:
+    """dvc_runs_SHARD -> {"preload": ..., "runs": ..., "candidates": ...}: the run stages of each shard's dvc.yaml."""
+    out = {f"{SHARD_BLOCK}{i:02d}": {"preload": preload, "runs": {}, "candidates": {}} for i in range(DVC_SHARDS)}
+    for part, entries in (("runs", runs), ("candidates", candidates)):
+        for key, entry in entries.items():
+            out[SHARD_BLOCK + shard_of(key)][part][key] = entry
+    return out
 
 
 def _sha256(path: Path) -> str:
@@ -124,6 +156,9 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
                                    if part == "train" and params["datasets"][d]["kind"] == "coco"
                                    else paths.raw_dir(params, d)}
                    for d in grid["datasets"] for part in ("train", "test")},
+        # the prefix of every command: with workflow.preload, each runs in a child of one shared preload server
+        # (noisymlt.pipeline.preload.SHARED), as Snakemake's jobs run in its own; else in its own process
+        "preload": f"NOISYMLT_PRELOAD={'shared' if params.get('workflow', {}).get('preload') else ''}",
         "runs": runs,
         "run_configs": run_configs,
         "train_lr": train_lr,
@@ -295,7 +330,7 @@ def _previous(out: Path) -> dict | None:
     if not isinstance(previous, dict) or "dvc" not in previous:
         return None
     previous.pop("dvc")
-    return previous
+    return {k: v for k, v in previous.items() if not k.startswith(SHARD_BLOCK)}
 
 
 def write(layers: list[str], out: str | Path) -> Path:
@@ -307,7 +342,8 @@ def write(layers: list[str], out: str | Path) -> Path:
         for note in unreached_changes(previous, params) + selected_changes(previous, params):
             print(f"warning: {note}", file=sys.stderr, flush=True)
     block = {"written_by": WRITTEN_BY.format(layers=" ".join(map(str, layers)), out=out), **dvc_block(params, layers)}
-    return write_text(Path(out), json.dumps({"dvc": block, **params}, indent=1) + "\n")
+    shards = shard_blocks(block.pop("runs"), block.pop("candidates"), block["preload"])
+    return write_text(Path(out), json.dumps({"dvc": block, **shards, **params}, indent=1) + "\n")
 
 
 def _cmd(args: argparse.Namespace) -> int:

@@ -233,6 +233,16 @@ def _run(argv: list[str]) -> int:
     return main(argv)
 
 
+def _train_then_evaluate(train: list[str], out: Path, test_labels: str, split: str, evaluate: bool) -> int:
+    """A training, then (``evaluate``) its evaluation as Snakemake's evaluate rule runs it, in this process: a DVC
+    stage runs one command, whose imports serve both."""
+    code = _run(train)
+    if code or not evaluate:
+        return code
+    return _run(["evaluate", "--predictions", str(out / "predictions.npz"), "--test-labels", test_labels,
+                 "--split", split, "--out", str(out / "metrics.json"), "--map-out", str(out / "map.json")])
+
+
 def _params(args: argparse.Namespace) -> dict:
     from noisymlt.pipeline.config import load_params
 
@@ -316,7 +326,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
             "--provenance", f"raw_manifest={raw_marker(params, args.dataset)}",
             f"clean_subset=data/{args.dataset}/train_labels.parquet"]
     argv += ["--selection", choice] if choice else []
-    return _run(argv + ["--device", args.device])
+    return _train_then_evaluate(argv + ["--device", args.device], Path(args.out), args.test_labels, args.split,
+                                args.evaluate)
 
 
 def _cmd_select_split(args: argparse.Namespace) -> int:
@@ -346,12 +357,13 @@ def _cmd_train_candidate(args: argparse.Namespace) -> int:
     if cfg["train"].get("loader", "pil") == "cache":
         caches = ["--train-cache", S.cache_path(args.dataset, "fit"), "--test-cache", S.cache_path(args.dataset, "val")]
     images = image_root(params, args.dataset, "train")
-    return _run(["train", "--run-config", str(out / "requested_config.json"),
-                 "--train-labels", S.part_path(args.dataset, args.gamma, args.seed, "fit"),
-                 "--test-labels", S.part_path(args.dataset, args.gamma, args.seed, "val"),
-                 "--split", f"data/{args.dataset}/class_split.json", "--train-images", images, "--test-images", images,
-                 *caches, "--out", str(out), "--device", args.device, "--no-progress", "--keep-stale",
-                 *expect_code(args.method)])
+    val, split = S.part_path(args.dataset, args.gamma, args.seed, "val"), f"data/{args.dataset}/class_split.json"
+    return _train_then_evaluate(["train", "--run-config", str(out / "requested_config.json"),
+                                 "--train-labels", S.part_path(args.dataset, args.gamma, args.seed, "fit"),
+                                 "--test-labels", val, "--split", split, "--train-images", images,
+                                 "--test-images", images, *caches, "--out", str(out), "--device", args.device,
+                                 "--no-progress", "--keep-stale", *expect_code(args.method)],
+                                out, val, split, args.evaluate)
 
 
 def _cmd_select_choose(args: argparse.Namespace) -> int:
@@ -421,6 +433,8 @@ def add_cli(sub) -> None:
     for opt in ("--train-labels", "--test-labels", "--split", "--out"):
         q.add_argument(opt, required=True)
     q.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
+    q.add_argument("--evaluate", action="store_true",
+                   help="then evaluate its predictions into OUT/metrics.json and OUT/map.json (Snakemake's evaluate rule)")
     q = step("select-split", "hold out the model-selection split of a dataset (params `selection`)", _cmd_select_split)
     q.add_argument("--out", required=True, help="split file to write (data/NAME/select/split.json)")
     q = step("select-cache", "decode the fit or val images of the selection split into their cache", _cmd_select_cache)
@@ -434,6 +448,8 @@ def add_cli(sub) -> None:
     q.add_argument("--gamma", required=True, type=float)
     q.add_argument("--seed", required=True, type=int)
     q.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
+    q.add_argument("--evaluate", action="store_true",
+                   help="then evaluate its predictions against the val part (OUT/metrics.json, OUT/map.json)")
     q = step("select-choose", "rank a stage's candidates by validation mAP and write the choice", _cmd_select_choose)
     q.add_argument("--method", required=True)
     q.add_argument("--stage", required=True, type=int)
