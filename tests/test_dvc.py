@@ -25,7 +25,18 @@ BIN = Path(sys.executable).parent
 DVC = BIN / "dvc"
 SNAKEMAKE = BIN / "snakemake"
 def _dvc_yaml() -> dict:
-    return yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    """Every stage definition: dvc.yaml's and the run stages' template's (workflow/dvc/run_stages.yaml)."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    return {**stages, **yaml.safe_load((REPO / "workflow" / "dvc" / "run_stages.yaml").read_text())["stages"]}
+
+
+def _runs(block: dict) -> dict:
+    """Every run of a dvc-params.json, from its shard blocks (dvc_runs_SHARD)."""
+    return {k: v for name, shard in block.items() if name.startswith("dvc_runs_") for k, v in shard["runs"].items()}
+
+
+def _candidates(block: dict) -> dict:
+    return {k: v for name, shard in block.items() if name.startswith("dvc_runs_") for k, v in shard["candidates"].items()}
 
 
 def _stage_body(stage: dict) -> dict:
@@ -64,13 +75,13 @@ def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_sourc
             continue
         if name == "params":  # the root: writes the file code_digests reads, so it hashes the package itself
             assert deps == [f"${{dvc.layer_files[{i}]}}" for i in range(4)] + ["src/noisymlt"]
-            assert body["cmd"] == "python -m noisymlt params ${dvc.layer_args} --out dvc-params.json"
+            assert body["cmd"] == "${dvc.preload} python -m noisymlt params ${dvc.layer_args} --out dvc-params.json"
             continue
         assert not [d for d in deps if d.startswith("src/")], name
         code = sorted(d for d in deps if d.startswith("data/code/"))
         expected = {f"data/code/{c}.json" for c in _commands(body["cmd"])}
-        if name in ("train", "train_candidate"):  # the run's training code, then its evaluation
-            assert isinstance(body["cmd"], list) and "noisymlt evaluate" in body["cmd"][1]
+        if name in ("train", "train_candidate"):  # the run's training code, then its evaluation (--evaluate)
+            assert body["cmd"].endswith(" --evaluate")
             expected = {"data/code/step.json", "data/code/train/${item.method}.json", "data/code/evaluate.json"}
         if name == "raw":  # toy data are generated, voc/coco downloaded: one stage runs either
             expected |= {"data/code/download.json"}
@@ -98,21 +109,29 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     once a layer changes, every step refuses it and names the command that rewrites it."""
     from noisymlt.errors import NoisyMLTError
     from noisymlt.pipeline.config import load_params, resolve_run, run_id
-    from noisymlt.pipeline.params import write
+    from noisymlt.pipeline.params import DVC_SHARDS, shard_of, write
 
     shutil.copy2(REPO / "params.yaml", tmp_path / "params.yaml")
     (tmp_path / "demo.yaml").write_text((REPO / "workflow" / "profiles" / "demo" / "params.yaml").read_text())
     monkeypatch.chdir(tmp_path)
     write(["params.yaml", "demo.yaml"], "dvc-params.json")
     assert load_params("dvc-params.json") == load_params("params.yaml", "demo.yaml")
-    block = yaml.safe_load(Path("dvc-params.json").read_text())["dvc"]
+    whole = json.loads(Path("dvc-params.json").read_text())
+    block, runs, candidates = whole["dvc"], _runs(whole), _candidates(whole)
     methods = ["erm", "focal", "rs", "rs_focal", "ldam", "bbn", "mlgcn", "dividemix", "db", "db_focal", "ours"]
     grid = [f"toy-{g}-{s}-{m}" for g in ("0.3", "0.5", "0.7", "0.9") for s in range(3) for m in methods]
-    assert list(block["runs"])[:len(grid)] == grid  # the demo's main grid, then its ablations' runs
-    assert len(block["runs"]) == len(grid) + 24 and "toy-0.5-0-ours_no_both" in block["runs"]
+    assert set(grid) < set(runs)  # the demo's main grid, then its ablations' runs
+    assert len(runs) == len(grid) + 24 and "toy-0.5-0-ours_no_both" in runs
+    # each run in the shard its key hashes to (a stable hash: a new run moves no other), each shard used,
+    # every shard block carries the command prefix: the shared preload server, as the demo asks
+    shards = {name: shard for name, shard in whole.items() if name.startswith("dvc_runs_")}
+    assert list(shards) == [f"dvc_runs_{i:02d}" for i in range(DVC_SHARDS)]
+    assert all(key in shards[f"dvc_runs_{shard_of(key)}"]["runs"] for key in runs)
+    assert all(shard["runs"] for shard in shards.values())
+    assert {shard["preload"] for shard in shards.values()} == {block["preload"]} == {"NOISYMLT_PRELOAD=shared"}
     assert block["caches"]["toy-test"] == {"dataset": "toy", "part": "test", "images": "data/raw/toy"}
     marker = "data/raw/toy/VOCdevkit/TOY/toy_manifest.json"  # the raw folder's marker file: a cheap placeholder
-    assert block["runs"]["toy-0.5-0-erm"] == {"dataset": "toy", "gamma": 0.5, "seed": 0, "method": "erm",
+    assert runs["toy-0.5-0-erm"] == {"dataset": "toy", "gamma": 0.5, "seed": 0, "method": "erm",
                                               "raw_marker": marker, "images": marker, "raw": marker,  # loader: cache
                                               "weights": "data/pretrained/toy_glyphs.pt",
                                               "embeddings": marker,  # no asset file
@@ -120,8 +139,8 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     assert block["assets"] == {}  # the demo reads no external file
     # the demo's model selection: Ours' 4 + 12 candidates on each of two noisy sets; its final runs depend on the
     # last stage's choice
-    assert block["runs"]["toy-0.5-0-ours"]["choice"] == "runs/toy/select/ours/stage2.choice.json"
-    assert len(block["candidates"]) == 32 and list(block["selections"]) == ["toy-ours-1", "toy-ours-2"]
+    assert runs["toy-0.5-0-ours"]["choice"] == "runs/toy/select/ours/stage2.choice.json"
+    assert len(candidates) == 32 and list(block["selections"]) == ["toy-ours-1", "toy-ours-2"]
     assert list(block["select_sets"]) == ["toy-0.5-0", "toy-0.5-1"]
     # a noise stage for each of the grid's noisy sets, and for a selection set outside the grid
     assert list(block["noisy_sets"]) == [f"toy-{g}-{s}" for g in (0.3, 0.5, 0.7, 0.9) for s in range(3)]
@@ -141,8 +160,10 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     assert block["pretrain"] == ["toy_glyphs"] and block["fetch_images"] == []
 
     write(["params.yaml"], "paper.yaml")  # ImageNet weights and GloVe vectors: files the assets stages fetch
-    paper = yaml.safe_load(Path("paper.yaml").read_text())["dvc"]
+    paper_file = json.loads(Path("paper.yaml").read_text())
+    paper = {**paper_file["dvc"], "runs": _runs(paper_file)}
     assert paper["pretrain"] == [] and paper["fetch_images"] == ["coco"]
+    assert paper["preload"] == "NOISYMLT_PRELOAD="  # paper scale: a process per command
     assert paper["runs"]["coco-0.9-4-ours"]["images"] == "data/raw/coco/manifest.json"  # loader: cache
     assert paper["runs"]["voc-0.3-0-erm"]["weights"] == "data/assets/imagenet/resnet50-0676ba61.pth"
     assert paper["runs"]["voc-0.3-0-erm"]["embeddings"] == "data/raw/voc/manifest.json"
@@ -157,7 +178,7 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     # under train.loader pil a run reads image folders: they are its dependencies
     Path("files.yaml").write_text("train: {loader: pil}\n")
     write(["params.yaml", "files.yaml"], "files_dvc.json")
-    files = json.loads(Path("files_dvc.json").read_text())["dvc"]["runs"]
+    files = _runs(json.loads(Path("files_dvc.json").read_text()))
     assert (files["coco-0.9-4-ours"]["images"], files["coco-0.9-4-ours"]["raw"]) == ("data/coco/train_images",
                                                                                    "data/raw/coco")
     assert files["voc-0.3-0-erm"]["images"] == files["voc-0.3-0-erm"]["raw"] == "data/raw/voc"
@@ -173,7 +194,7 @@ def test_a_value_the_selection_chooses_reruns_no_stage_when_set_by_hand(tmp_path
     its stage-2 candidates (their lr comes from the stage-1 choice file, a dependency): the hashes their DVC
     stages track stay as they were. Its stage-1 candidates set lr themselves, so they keep theirs too; a
     threshold the selection does not choose (a schedule key) changes every Ours hash."""
-    from noisymlt.pipeline.params import write
+    from noisymlt.pipeline.params import DVC_SHARDS, shard_of, write
 
     shutil.copy2(REPO / "params.yaml", tmp_path / "params.yaml")
     (tmp_path / "demo.yaml").write_text((REPO / "workflow" / "profiles" / "demo" / "params.yaml").read_text())
@@ -196,8 +217,8 @@ def test_a_value_the_selection_chooses_reruns_no_stage_when_set_by_hand(tmp_path
 
 def readme_dag(md: str) -> str:
     """`dvc dag --collapse-foreach-matrix --md` as the README draws it: one sorted `A --> B` line per edge, by stage
-    name, without the edges from params and code_digests (they feed every stage) and without self-edges."""
-    names = dict(re.findall(r'(node\d+)\["([^"]+)"\]', md))
+    name (the sixteen shards of `train` and of `train_candidate` drawn as one node each), without the edges from params and code_digests (they feed every stage) and without self-edges."""
+    names = {node: stage_name(name) for node, name in re.findall(r'(node\d+)\["([^"]+)"\]', md)}  # shards: one family
     edges = sorted({(names[a], names[b]) for a, b in re.findall(r"(node\d+)-->(node\d+)", md)
                     if names[a] not in ("params", "code_digests") and a != b})
     return "```mermaid\nflowchart LR\n" + "".join(f"\t{a} --> {b}\n" for a, b in edges) + "```\n"
@@ -227,10 +248,17 @@ def _run(args: list, root: Path, timeout: float = 300) -> str:
     return out
 
 
+def stage_name(address: str) -> str:
+    """A stage's name without its dvc.yaml (a run stage's file is its shard's: workflow/dvc/runs/SHARD/dvc.yaml)."""
+    return address.rsplit(":", 1)[-1]
+
+
 def _project_copy(root: Path, params: dict, workflow: bool = False) -> Path:
     root.mkdir()
     for name in ("dvc.yaml", ".dvcignore"):
         shutil.copy2(REPO / name, root / name)
+    if not workflow:  # the run stages' dvc.yaml files (workflow/dvc/runs/SHARD)
+        shutil.copytree(REPO / "workflow" / "dvc", root / "workflow" / "dvc")
     shutil.copytree(REPO / "src" / "noisymlt", root / "src" / "noisymlt", symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     if workflow:
@@ -311,14 +339,14 @@ def test_dvc_plans_the_jobs_snakemake_plans(tmp_path):
     assert uncovered == [], f"Snakemake writes files no DVC stage declares: {uncovered[:10]}"
     assert unwritten_outputs(outs, smk) == []
     assert "data/coco/train_images" in outs and "data/raw/voc" in outs
-    dvc_runs = {Path(o).parent.as_posix() for s, paths in stages.items() if s.startswith("train@")
+    dvc_runs = {Path(o).parent.as_posix() for s, paths in stages.items() if stage_name(s).startswith("train@")
                 for o in paths if o.endswith("predictions.npz")}
     smk_runs = {Path(f).parent.as_posix() for f, rule in smk.items() if rule == "train"}
     grid = params["grid"]
     assert len(dvc_runs) == len(grid["datasets"]) * len(grid["gammas"]) * len(grid["seeds"]) * len(grid["methods"])
     assert dvc_runs == smk_runs and "runs/coco/g0.9/s4/erm" in dvc_runs
     # model selection: the same candidates (ten baselines x 4 lr, Ours 4 lr + 12 alpha x beta, per dataset)
-    dvc_candidates = {Path(o).parent.as_posix() for s, paths in stages.items() if s.startswith("train_candidate@")
+    dvc_candidates = {Path(o).parent.as_posix() for s, paths in stages.items() if stage_name(s).startswith("train_candidate@")
                       for o in paths if o.endswith("predictions.npz")}
     smk_candidates = {Path(f).parent.as_posix() for f, rule in smk.items() if rule == "train_candidate"}
     assert dvc_candidates == smk_candidates and len(dvc_candidates) == 2 * (10 * 4 + 16)

@@ -27,6 +27,8 @@ import yaml
 from test_dvc import (BIN, DVC, SNAKEMAKE, _digests, _needs_tools, _run, dvc_outputs, snakemake_only,
                       snakemake_outputs, unwritten_outputs)
 
+from noisymlt.pipeline.dvc_shards import address
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO = ("params.yaml", "workflow/profiles/demo/params.yaml")
 # The demo reduced to seconds: one noise rate, one epoch, a small source task for the pretrained backbone.
@@ -84,9 +86,11 @@ def _clone(origin: Path, dest: Path) -> Path:
 
 
 def _lock_outs(root: Path) -> dict[str, str]:
-    """Output path -> md5 as dvc.lock records it (a directory: its listing's hash)."""
-    stages = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
-    return {o["path"]: o["md5"] for stage in stages.values() for o in stage.get("outs", [])}
+    """Output path -> md5 as the dvc.lock files record it (a directory: its listing's hash): the root's and the
+    run stages' shards'."""
+    locks = [root / "dvc.lock", *sorted((root / "workflow" / "dvc" / "runs").glob("*/dvc.lock"))]
+    stages = [s for lock in locks for s in yaml.safe_load(lock.read_text())["stages"].values()]
+    return {o["path"]: o["md5"] for stage in stages for o in stage.get("outs", [])}
 
 
 def smk_ablation_methods(root: Path) -> set[str]:
@@ -150,7 +154,7 @@ def test_dvc_demo_route_is_clean_and_round_trips(dvc_demo, tmp_path):
 
     # a forced rerun of a slice rewrites the same bytes; persist: train resumes from its finished checkpoint
     lock = _lock_outs(root)
-    forced = _run([DVC, "repro", "--force", "--single-item", "noise@toy-0.5-0", "train@toy-0.5-0-erm",
+    forced = _run([DVC, "repro", "--force", "--single-item", "noise@toy-0.5-0", address("toy-0.5-0-erm"),
                    "aggregate", "table_total", "figure_map_vs_gamma"], root)
     assert "resumed runs/toy/g0.5/s0/erm/checkpoint.pt from epoch 1" in forced, forced
     assert _lock_outs(root) == lock

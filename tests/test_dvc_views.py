@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_dvc import BIN, DVC, SNAKEMAKE, _needs_tools, _run, _tiny_params
+from test_dvc import BIN, DVC, SNAKEMAKE, _needs_tools, _run, _tiny_params, stage_name
 from test_dvc_demo import LAYERS, _clone, _git, origin  # noqa: F401 (origin: a fixture)
+
+from noisymlt.pipeline.dvc_shards import address
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "runs/toy/g0.5/s0/{}"
@@ -55,8 +57,8 @@ def _csv_rows(out: str) -> list[dict]:
 
 
 def _ran(out: str) -> set[str]:
-    """Stages `dvc repro` / `dvc exp run` ran."""
-    return {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage '")}
+    """Stages `dvc repro` / `dvc exp run` ran, by name (a run stage without its shard's dvc.yaml)."""
+    return {stage_name(line.split("'")[1]) for line in out.splitlines() if line.startswith("Running stage '")}
 
 
 @pytest.fixture(scope="module")
@@ -130,12 +132,14 @@ def test_plots_show_draws_the_training_curves_and_the_map_figure(repo, tmp_path)
 @pytest.mark.slow
 def test_dag_of_one_stage_shows_what_it_depends_on_and_md_the_whole_graph(repo):
     """The whole text graph is too wide to read at demo scale (README); a stage's own graph is not."""
-    out = _run([DVC, "dag", "train@toy-0.5-0-erm"], repo)
-    for stage in ("params", "code_digests", "raw@toy", "noise@toy-0.5-0", "train@toy-0.5-0-erm"):
+    erm = address("toy-0.5-0-erm")  # workflow/dvc/runs/SHARD/dvc.yaml:train@toy-0.5-0-erm
+    assert _run([sys.executable, "-m", "noisymlt", "dvc-shards", "--where", "toy-0.5-0-erm"], repo).strip() == erm
+    out = _run([DVC, "dag", erm], repo)
+    for stage in ("params", "code_digests", "raw@toy", "noise@toy-0.5-0", erm):
         assert f"| {stage} |" in out, out
     assert "ours" not in out and "aggregate" not in out
     md = _run([DVC, "dag", "--md"], repo)
-    assert "```mermaid" in md and "aggregate" in md and "train@toy-0.5-0-ours" in md
+    assert "```mermaid" in md and "aggregate" in md and address("toy-0.5-0-ours") in md
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ import sys
 import pytest
 import yaml
 
-from test_dvc import DVC, SNAKEMAKE, _digests, _needs_tools, _project_copy, _run, _tiny_params
+from test_dvc import DVC, SNAKEMAKE, _digests, _needs_tools, _project_copy, _run, _tiny_params, stage_name
 
 METHODS = ["erm", "bbn", "db_focal", "ours"]  # BBN's family; DB-Focal and Ours use the DB loss; ERM neither
 RUN = "runs/toy/g0.5/s0/{}/"
@@ -186,7 +186,8 @@ def _ran(text: str) -> list[tuple[str, str]]:
 
 
 def _dvc_ran(text: str) -> set[str]:
-    return set(re.findall(r"^Running stage '([^']+)'", text, re.M))
+    """Stages DVC ran, by name (a run stage without its shard's dvc.yaml)."""
+    return {stage_name(s) for s in re.findall(r"^Running stage '([^']+)'", text, re.M)}
 
 
 def _selection_reruns_exactly_its_final_runs(smk, dvc) -> None:
