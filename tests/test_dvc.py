@@ -240,11 +240,11 @@ def _env(root: Path) -> dict:
     return env
 
 
-def _run(args: list, root: Path, timeout: float = 300) -> str:
+def _run(args: list, root: Path, timeout: float = 300, expect: int = 0) -> str:
     proc = subprocess.run([str(a) for a in args], cwd=root, env=_env(root), capture_output=True, text=True,
                           timeout=timeout)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{' '.join(map(str, args))} failed ({proc.returncode}):\n{out[-4000:]}"
+    assert proc.returncode == expect, f"{' '.join(map(str, args))} exited {proc.returncode}:\n{out[-4000:]}"
     return out
 
 
@@ -398,3 +398,28 @@ def test_readme_draws_the_demo_pipeline_as_dvc_dag_collapses_it(tmp_path):
     md = _run([DVC, "dag", "--collapse-foreach-matrix", "--md"], root)
     assert readme_dag(md) in (REPO / "README.md").read_text()
     assert 15 < readme_dag(md).count("-->") < 60  # a drawing a reader can follow
+
+
+def test_the_run_stages_shard_files_are_their_templates(tmp_path):
+    """workflow/dvc/runs/SHARD/dvc.yaml are written from workflow/dvc/run_stages.yaml (`noisymlt dvc-shards`):
+    the committed ones are current, and an edit to the template alone is caught."""
+    from noisymlt.pipeline import dvc_shards
+    from noisymlt.pipeline.params import DVC_SHARDS
+
+    assert dvc_shards.stale(REPO) == []
+    files = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "workflow" / "dvc" / "runs").glob("*/dvc.yaml"))
+    assert files == [f"workflow/dvc/runs/{i:02d}/dvc.yaml" for i in range(DVC_SHARDS)]
+    shard = yaml.safe_load((REPO / files[3]).read_text())
+    assert shard["vars"] == ["../../../../dvc-params.json:dvc_runs_03"]
+    assert shard["stages"]["train"]["foreach"] == "${dvc_runs_03.runs}"
+    assert shard["stages"]["train"]["do"]["wdir"] == "../../../.."  # paths stay the project root's
+    shutil.copytree(REPO / "workflow" / "dvc", tmp_path / "workflow" / "dvc")
+    template = tmp_path / "workflow" / "dvc" / "run_stages.yaml"
+    template.write_text(template.read_text().replace("--evaluate\n", "--evaluate --device cpu\n", 1))
+    assert len(dvc_shards.stale(tmp_path)) == DVC_SHARDS
+    assert _run([sys.executable, "-m", "noisymlt", "dvc-shards", "--check", "--root", tmp_path], tmp_path,
+                expect=1).count("run `noisymlt dvc-shards`") == DVC_SHARDS
+    _run([sys.executable, "-m", "noisymlt", "dvc-shards", "--root", tmp_path], tmp_path)
+    assert dvc_shards.stale(tmp_path) == []
+    assert _run([sys.executable, "-m", "noisymlt", "dvc-shards", "--where", "toy-0.5-0-erm"], tmp_path).strip() == \
+        dvc_shards.address("toy-0.5-0-erm")
