@@ -3,7 +3,10 @@
 
 Clones the committed state (HEAD) into a scratch folder, runs the demo profile there with the current
 interpreter's environment, and writes JSON: wall minutes, cores, number of training runs, job wall seconds
-summed over Snakemake's per-job benchmarks (by rule), the commit. With --readme it then renders the demo's
+summed over Snakemake's per-job benchmarks (by rule), the commit, and the calibration workload of
+scripts/calibration.py timed just before and just after the demo (the machine's speed varies about 2x from day
+to day and between CPU types: two readings compare through their ratio to it; a large gap between the two
+calibrations says the machine's speed changed during the demo). With --readme it then renders the demo's
 numbers, with this timing, into README.md (`noisymlt readme --write`), which keeps them in
 docs/demo_numbers.json for the tests.
 
@@ -62,13 +65,18 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
     env = {**os.environ, "PYTHONPATH": str(clone / "src")}
     snakemake = str(Path(sys.executable).with_name("snakemake"))
+    sys.path.insert(0, str(REPO / "scripts"))
+    from calibration import calibrate
+
+    before = calibrate()
     t0 = time.perf_counter()
     subprocess.run([snakemake, "--profile", "workflow/profiles/demo", "--quiet", "rules"], cwd=clone, env=env,
                    check=True)
     wall = time.perf_counter() - t0
     runs = len(list((clone / "benchmarks" / "train").glob("*.tsv")))
     timing = {"wall_minutes": round(wall / 60, 2), "cores": os.cpu_count(), "runs": runs, "commit": commit,
-              "job_seconds_by_phase": job_seconds(clone)}
+              "job_seconds_by_phase": job_seconds(clone),
+              "calibration": {"before": before, "after": calibrate()}}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(timing, indent=1) + "\n")
     print(json.dumps(timing, indent=1))
