@@ -62,6 +62,8 @@ def main() -> int:
 
     import noisymlt.cli as cli
     import noisymlt.training.trainer  # noqa: F401  (what the preload server imports once)
+    from noisymlt.pipeline.config import load_params
+    from noisymlt.pipeline.paths import image_root
 
     imports = round(time.perf_counter() - start, 2)
     sys.path.insert(0, str(REPO / "scripts"))
@@ -71,19 +73,15 @@ def main() -> int:
     root = Path(args.repo).resolve()
     run = root / "runs" / args.dataset / f"g{args.gamma}" / f"s{args.seed}" / args.method
     os.chdir(root)
+    params = load_params(*args.params)
+    data = f"data/{args.dataset}"
     out = Path(tempfile.mkdtemp(prefix="noisymlt-profile-")) / args.method
     argv = ["train", "--run-config", str(run / "run_config.json"),
-            "--train-labels", f"data/{args.dataset}/noisy/g{args.gamma}_s{args.seed}.parquet",
-            "--test-labels", f"data/{args.dataset}/test_labels.parquet",
-            "--split", f"data/{args.dataset}/class_split.json",
-            "--train-cache", f"data/{args.dataset}/cache/train.npy", "--test-cache", f"data/{args.dataset}/cache/test.npy",
-            "--out", str(out), "--no-progress"]
-    from noisymlt.pipeline.config import load_params
-    from noisymlt.pipeline.paths import image_root
-
-    params = load_params(*args.params)
-    argv += ["--train-images", image_root(params, args.dataset, "train"),
-             "--test-images", image_root(params, args.dataset, "test")]
+            "--train-labels", f"{data}/noisy/g{args.gamma}_s{args.seed}.parquet",
+            "--test-labels", f"{data}/test_labels.parquet", "--split", f"{data}/class_split.json",
+            "--train-cache", f"{data}/cache/train.npy", "--test-cache", f"{data}/cache/test.npy",
+            "--train-images", image_root(params, args.dataset, "train"),
+            "--test-images", image_root(params, args.dataset, "test"), "--out", str(out), "--no-progress"]
     profile = cProfile.Profile()
     start = time.perf_counter()
     profile.enable()

@@ -30,13 +30,9 @@ def _dvc_yaml() -> dict:
     return {**stages, **yaml.safe_load((REPO / "workflow" / "dvc" / "run_stages.yaml").read_text())["stages"]}
 
 
-def _runs(block: dict) -> dict:
-    """Every run of a dvc-params.json, from its shard blocks (dvc_runs_SHARD)."""
-    return {k: v for name, shard in block.items() if name.startswith("dvc_runs_") for k, v in shard["runs"].items()}
-
-
-def _candidates(block: dict) -> dict:
-    return {k: v for name, shard in block.items() if name.startswith("dvc_runs_") for k, v in shard["candidates"].items()}
+def _sharded(whole: dict, part: str = "runs") -> dict:
+    """Every run (or candidate: part) of a dvc-params.json, from its shard blocks (dvc_runs_SHARD)."""
+    return {k: v for name, shard in whole.items() if name.startswith("dvc_runs_") for k, v in shard[part].items()}
 
 
 def _stage_body(stage: dict) -> dict:
@@ -117,7 +113,7 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     write(["params.yaml", "demo.yaml"], "dvc-params.json")
     assert load_params("dvc-params.json") == load_params("params.yaml", "demo.yaml")
     whole = json.loads(Path("dvc-params.json").read_text())
-    block, runs, candidates = whole["dvc"], _runs(whole), _candidates(whole)
+    block, runs, candidates = whole["dvc"], _sharded(whole), _sharded(whole, "candidates")
     methods = ["erm", "focal", "rs", "rs_focal", "ldam", "bbn", "mlgcn", "dividemix", "db", "db_focal", "ours"]
     grid = [f"toy-{g}-{s}-{m}" for g in ("0.3", "0.5", "0.7", "0.9") for s in range(3) for m in methods]
     assert set(grid) < set(runs)  # the demo's main grid, then its ablations' runs
@@ -161,7 +157,7 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
 
     write(["params.yaml"], "paper.yaml")  # ImageNet weights and GloVe vectors: files the assets stages fetch
     paper_file = json.loads(Path("paper.yaml").read_text())
-    paper = {**paper_file["dvc"], "runs": _runs(paper_file)}
+    paper = {**paper_file["dvc"], "runs": _sharded(paper_file)}
     assert paper["pretrain"] == [] and paper["fetch_images"] == ["coco"]
     assert paper["preload"] == "NOISYMLT_PRELOAD="  # paper scale: a process per command
     assert paper["runs"]["coco-0.9-4-ours"]["images"] == "data/raw/coco/manifest.json"  # loader: cache
@@ -178,7 +174,7 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     # under train.loader pil a run reads image folders: they are its dependencies
     Path("files.yaml").write_text("train: {loader: pil}\n")
     write(["params.yaml", "files.yaml"], "files_dvc.json")
-    files = _runs(json.loads(Path("files_dvc.json").read_text()))
+    files = _sharded(json.loads(Path("files_dvc.json").read_text()))
     assert (files["coco-0.9-4-ours"]["images"], files["coco-0.9-4-ours"]["raw"]) == ("data/coco/train_images",
                                                                                    "data/raw/coco")
     assert files["voc-0.3-0-erm"]["images"] == files["voc-0.3-0-erm"]["raw"] == "data/raw/voc"
@@ -194,7 +190,7 @@ def test_a_value_the_selection_chooses_reruns_no_stage_when_set_by_hand(tmp_path
     its stage-2 candidates (their lr comes from the stage-1 choice file, a dependency): the hashes their DVC
     stages track stay as they were. Its stage-1 candidates set lr themselves, so they keep theirs too; a
     threshold the selection does not choose (a schedule key) changes every Ours hash."""
-    from noisymlt.pipeline.params import DVC_SHARDS, shard_of, write
+    from noisymlt.pipeline.params import write
 
     shutil.copy2(REPO / "params.yaml", tmp_path / "params.yaml")
     (tmp_path / "demo.yaml").write_text((REPO / "workflow" / "profiles" / "demo" / "params.yaml").read_text())
@@ -217,7 +213,8 @@ def test_a_value_the_selection_chooses_reruns_no_stage_when_set_by_hand(tmp_path
 
 def readme_dag(md: str) -> str:
     """`dvc dag --collapse-foreach-matrix --md` as the README draws it: one sorted `A --> B` line per edge, by stage
-    name (the sixteen shards of `train` and of `train_candidate` drawn as one node each), without the edges from params and code_digests (they feed every stage) and without self-edges."""
+    name (the sixteen shards of `train` and of `train_candidate` drawn as one node each), without the edges from
+    params and code_digests (they feed every stage) and without self-edges."""
     names = {node: stage_name(name) for node, name in re.findall(r'(node\d+)\["([^"]+)"\]', md)}  # shards: one family
     edges = sorted({(names[a], names[b]) for a, b in re.findall(r"(node\d+)-->(node\d+)", md)
                     if names[a] not in ("params", "code_digests") and a != b})
@@ -346,8 +343,8 @@ def test_dvc_plans_the_jobs_snakemake_plans(tmp_path):
     assert len(dvc_runs) == len(grid["datasets"]) * len(grid["gammas"]) * len(grid["seeds"]) * len(grid["methods"])
     assert dvc_runs == smk_runs and "runs/coco/g0.9/s4/erm" in dvc_runs
     # model selection: the same candidates (ten baselines x 4 lr, Ours 4 lr + 12 alpha x beta, per dataset)
-    dvc_candidates = {Path(o).parent.as_posix() for s, paths in stages.items() if stage_name(s).startswith("train_candidate@")
-                      for o in paths if o.endswith("predictions.npz")}
+    dvc_candidates = {Path(o).parent.as_posix() for s, paths in stages.items()
+                      if stage_name(s).startswith("train_candidate@") for o in paths if o.endswith("predictions.npz")}
     smk_candidates = {Path(f).parent.as_posix() for f, rule in smk.items() if rule == "train_candidate"}
     assert dvc_candidates == smk_candidates and len(dvc_candidates) == 2 * (10 * 4 + 16)
     assert "runs/voc/select/ours/stage2/g0.5/s0/alpha0.8_beta0.3" in dvc_candidates

@@ -35,6 +35,11 @@ def deep_merge(base: dict, override: dict) -> dict:
     return out
 
 
+# dvc-params.json (noisymlt.pipeline.params) holds, beside its `dvc` block, one block of run stages per shard of
+# the DVC pipeline under SHARD_BLOCK + SHARD: templating lists, not settings
+SHARD_BLOCK = "dvc_runs_"
+
+
 def load_params(*files: str | Path) -> dict:
     params: dict = {}
     layers = []
@@ -49,7 +54,7 @@ def load_params(*files: str | Path) -> dict:
             raise NoisyMLTError(f"{path}: top level must be a mapping")
         if "dvc" in layer:  # dvc-params.json (noisymlt.pipeline.params): checked against its layers, not a setting
             check_layers(path, layer.pop("dvc"))
-            for key in [k for k in layer if k.startswith("dvc_runs_")]:  # its run stages' lists, one per shard
+            for key in [k for k in layer if k.startswith(SHARD_BLOCK)]:  # its run stages' lists, one per shard
                 layer.pop(key)
         layers.append((str(path), layer))
         params = deep_merge(params, layer)

@@ -61,6 +61,7 @@ import zlib
 from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline.config import SHARD_BLOCK  # + SHARD: a top-level key of dvc-params.json
 from noisymlt.pipeline.files import write_text
 
 LAYER_SLOTS = 4  # dvc.yaml's `params` stage lists this many layer files (dvc.layer_files[0..3])
@@ -81,9 +82,6 @@ def shard_of(key: str) -> str:
     """The shard of a run or candidate key: a stable hash, so adding a run moves no other run's stage (a moved
     stage would lose its dvc.lock entry and rerun)."""
     return f"{zlib.crc32(key.encode()) % DVC_SHARDS:02d}"
-
-
-SHARD_BLOCK = "dvc_runs_"  # + SHARD: a top-level key of dvc-params.json
 
 
 def shard_blocks(runs: dict, candidates: dict, preload: str) -> dict:

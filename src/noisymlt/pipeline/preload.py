@@ -114,10 +114,11 @@ def _log(line: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- client
-def run_via_server(argv: list[str], path: str | None = None) -> int | None:
-    """Run ``noisymlt ARGV`` in a child of the preload server at ``path`` (default: named by $NOISYMLT_PRELOAD),
-    and return its exit status; None when there is no usable server (the caller then runs the command itself)."""
-    path = path or os.environ.get(ENV)
+def run_via_server(argv: list[str]) -> int | None:
+    """Run ``noisymlt ARGV`` in a child of the preload server named by $NOISYMLT_PRELOAD (a socket path, or
+    SHARED), and return its exit status; None when there is no usable server (the caller then runs the command
+    itself)."""
+    path = os.environ.get(ENV)
     if path == SHARED:
         path = shared_server()
     if not path or not os.path.exists(path):
