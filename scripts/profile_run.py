@@ -56,6 +56,7 @@ def main() -> int:
     ap.add_argument("--params", nargs="+", default=["params.yaml", "workflow/profiles/demo/params.yaml"],
                     help="the params layers the demo ran with (default: the demo's)")
     ap.add_argument("--json", help="file to write the phases to")
+    ap.add_argument("--top", type=int, default=0, help="also print the N functions with the most own time")
     args = ap.parse_args()
     start = time.perf_counter()  # first: the calibration imports torch too
     import torchvision  # noqa: F401
@@ -94,6 +95,8 @@ def main() -> int:
               "phases_s": phase_seconds(pstats.Stats(profile)), "calibration": calibration,
               "note": "phase seconds are under cProfile, which slows Python-heavy code: compare their shares"}
     print(json.dumps(result, indent=1))
+    if args.top:
+        pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
