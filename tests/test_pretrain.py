@@ -110,3 +110,17 @@ def test_cli_writes_weights_and_report(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "noisymlt", "pretrain", "--config", '{"epoch": 3}', "--out",
                           str(tmp_path / "x.pt")], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown key(s) ['epoch']" in bad.stderr
+
+
+def test_bf16_pretraining_autocasts_the_step_and_stays_reproducible(tmp_path):
+    """cpu_precision bf16 (the demo's): the step runs under bf16 autocast, so its weights differ from fp32's,
+    and two runs still give the same bytes."""
+    one = {**SMALL, "epochs": 1}
+    paths = {name: tmp_path / f"{name}.pt" for name in ("fp32", "bf16", "bf16_again")}
+    pretrain(one, paths["fp32"], progress=False)
+    pretrain({**one, "cpu_precision": "bf16"}, paths["bf16"], progress=False)
+    pretrain({**one, "cpu_precision": "bf16"}, paths["bf16_again"], progress=False)
+    w = {name: torch.load(p, weights_only=True) for name, p in paths.items()}
+    assert all(torch.equal(w["bf16"][k], w["bf16_again"][k]) for k in w["bf16"])
+    assert not torch.equal(w["bf16"]["conv1.weight"], w["fp32"]["conv1.weight"])
+    assert all(v.dtype == w["fp32"][k].dtype for k, v in w["bf16"].items())  # the state dict stays fp32

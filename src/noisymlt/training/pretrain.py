@@ -40,6 +40,7 @@ DEFAULTS = {
     "lr": 0.1,
     "weight_decay": 0.0005,
     "cpu_threads": 2,
+    "cpu_precision": "fp32",  # bf16: autocast on the CPU's bf16 units (the demo: twice as fast a step)
 }
 TEXTURES = ("solid", "hstripes", "vstripes", "checker")
 
@@ -123,6 +124,7 @@ def pretrain(config: dict, out: Path, progress: bool = True) -> dict:
     import torch
     from tqdm import tqdm
 
+    from noisymlt.training.devices import autocast
     from noisymlt.training.transforms import train_transform
 
     cfg = resolve(config)
@@ -141,6 +143,7 @@ def pretrain(config: dict, out: Path, progress: bool = True) -> dict:
     if iters < 1:
         raise NoisyMLTError(f"pretrain.batch_size={cfg['batch_size']} exceeds the {len(train_x)} source images")
     total = iters * cfg["epochs"]
+    decoded = [_decode(b) for b in train_x]  # once, not once an epoch (~35 MB for the demo's 2,880 images)
     history = []
     for epoch in range(cfg["epochs"]):
         net.train()
@@ -151,13 +154,14 @@ def pretrain(config: dict, out: Path, progress: bool = True) -> dict:
         bar = tqdm(range(iters), desc=f"pretrain epoch {epoch + 1}/{cfg['epochs']}", disable=not progress, leave=False)
         for it in bar:
             idx = order[it * cfg["batch_size"]:(it + 1) * cfg["batch_size"]]
-            x = torch.stack([train_transform(_decode(train_x[i]), cfg["image_size"], np.random.default_rng(seeds[i]))
+            x = torch.stack([train_transform(decoded[i], cfg["image_size"], np.random.default_rng(seeds[i]))
                              for i in idx]).contiguous(memory_format=torch.channels_last)
             y = torch.as_tensor(train_y[idx], dtype=torch.long)
             step = epoch * iters + it
             for group in opt.param_groups:  # cosine decay to 0 over the whole run
                 group["lr"] = cfg["lr"] * 0.5 * (1 + math.cos(math.pi * step / total))
-            loss = torch.nn.functional.cross_entropy(net(x), y)
+            with autocast(torch.device("cpu"), cfg["cpu_precision"]):
+                loss = torch.nn.functional.cross_entropy(net(x).float(), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
