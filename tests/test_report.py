@@ -328,7 +328,16 @@ def test_sweep_figure_plots_each_methods_swept_value(tmp_path):
     check_layout(fig, internal_names=[*methods, "toy", "voc"])
     # toy results and the paper's VOC numbers never share a scale: a panel each, each titled with its dataset
     measured, paper = fig.axes
-    assert measured.get_title() == "measured on Toy-MLT-Noise\n3 seeds, $\\gamma$ = 0.5"
+    assert measured.get_title() == "measured on Toy-MLT-Noise\n3 seeds, $\\gamma$ = 0.5\nmean ± 95% CI"
+    # an error bar per point: mean ± t(0.975, n - 1) * sd / sqrt(n) of the three seeds' values
+    from scipy import stats
+
+    (bars,) = measured.collections
+    for (x, m), seg in zip(((2, 0.60), (3, 0.55), (4, 0.50)), bars.get_segments()):
+        values = 100 * np.array([m + 0.01 * s for s in range(3)])
+        half = stats.t.ppf(0.975, 2) * values.std(ddof=1) / np.sqrt(3)
+        assert seg[:, 0].tolist() == [x, x]
+        assert seg[:, 1] == pytest.approx([values.mean() - half, values.mean() + half])
     assert paper.get_title() == "paper, VOC-MLT-Noise\n$\\gamma$ = 0.5"
     assert [list(line.get_ydata().round(4)) for line in measured.get_lines()] == [[61.0, 56.0, 51.0]]
     assert [list(line.get_ydata()) for line in paper.get_lines()] == [[68.53, 67.06]]
@@ -347,7 +356,7 @@ def test_sweep_figure_on_the_papers_dataset_shares_one_panel(tmp_path):
     fig = sweep_figure(sweep_points(results, block, xs), block, xs)
     check_layout(fig, internal_names=["voc"])
     (ax,) = fig.axes
-    assert ax.get_title() == "VOC-MLT-Noise\n3 seeds, $\\gamma$ = 0.5"
+    assert ax.get_title() == "VOC-MLT-Noise\n3 seeds, $\\gamma$ = 0.5\nmean ± 95% CI"
     assert [line.get_label() for line in ax.get_lines()] == ["measured, $\\gamma$ = 0.5", "paper, VOC-MLT-Noise"]
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["measured, $\\gamma$ = 0.5", "paper, VOC-MLT-Noise"]
 

@@ -35,7 +35,7 @@ def main() -> int:
     ap.add_argument("--dataset", default="toy")
     ap.add_argument("--versus", default="ldam", help="the method to set beside Ours")
     ap.add_argument("--gammas", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.9])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="+", help="default: every seed folder of the first noise rate")
     ap.add_argument("--taus", type=float, nargs="+", default=[0.0, 0.1, 0.5, 0.9, 1.0])
     ap.add_argument("--json", help="file to write the table to")
     args = ap.parse_args()
@@ -50,11 +50,12 @@ def main() -> int:
     def mean_ap(scores: np.ndarray) -> float:
         return 100 * float(np.nanmean(average_precisions(test.labels, scores)))
 
-    out = {"dataset": args.dataset, "versus": args.versus, "taus": args.taus, "gammas": {}}
+    seeds = args.seeds or sorted(int(p.name[1:]) for p in (root / "runs" / args.dataset / f"g{args.gammas[0]:g}").glob("s*"))
+    out = {"dataset": args.dataset, "versus": args.versus, "taus": args.taus, "seeds": seeds, "gammas": {}}
     for g in args.gammas:
         ours = {t: [] for t in args.taus}
         other = []
-        for s in args.seeds:
+        for s in seeds:
             run = root / "runs" / args.dataset / f"g{g:g}" / f"s{s}"
             z = np.load(run / "ours" / "predictions.npz")
             f, b = logits(z["scores_random"]), logits(z["scores_balanced"])

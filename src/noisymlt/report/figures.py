@@ -112,7 +112,7 @@ def sweep_points(results: pd.DataFrame, block: dict, xs: dict[str, float], group
 
 def sweep_figure(points: pd.DataFrame, block: dict, xs: dict[str, float]):
     """The paper's K / p figures as a Figure: total mAP against the swept option, one line per noise rate
-    (a 95% band from three seeds on). The published points share the axes only when they are on the same
+    (error bars: the 95% CI over seeds, from three seeds on). The published points share the axes only when they are on the same
     dataset; else they get a panel of their own, so that neither scale squeezes the other."""
     import matplotlib.pyplot as plt
 
@@ -128,12 +128,13 @@ def sweep_figure(points: pd.DataFrame, block: dict, xs: dict[str, float]):
             color = (BLUE, VERMILLION, GREEN, ORANGE)[k % 4]
             ax.plot(part["x"], part["mean"], marker=MARKERS[k], color=color, lw=1.2,
                     label=f"$\\gamma$ = {gamma:g}" if beside else f"measured, $\\gamma$ = {gamma:g}")
-            if part["seeds"].min() >= 3:
+            if part["seeds"].min() >= 3:  # error bars: the 95% CI of the mean over seeds (t-based)
                 ci = part["ci95"].fillna(0.0)
-                ax.fill_between(part["x"], part["mean"] - ci, part["mean"] + ci, color=color, alpha=0.15, lw=0)
+                ax.vlines(part["x"], part["mean"] - ci, part["mean"] + ci, color=color, lw=0.9)
         at = f", $\\gamma$ = {gammas[0]:g}" if len(gammas) == 1 else ""
         where = f"measured on {dataset_title(block['dataset'])}" if beside else dataset_title(block["dataset"])
-        ax.set_title(f"{where}\n{seeds} seed{'s' if seeds > 1 else ''}{at}")
+        bars = "\nmean ± 95% CI" if points["seeds"].min() >= 3 else ""
+        ax.set_title(f"{where}\n{seeds} seed{'s' if seeds > 1 else ''}{at}{bars}")
         paper_gammas = block.get("gammas") or []
         paper_at = f", $\\gamma$ = {float(paper_gammas[0]):g}" if len(paper_gammas) == 1 else ""
         if published:
