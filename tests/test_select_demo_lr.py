@@ -163,26 +163,34 @@ def test_the_readme_says_no_ensemble_weight_lifts_ours_above_ldam_and_its_file_a
 
 
 def test_the_readme_account_of_ldams_lead_holds_against_its_runs():
-    """README: LDAM's lead over Ours at gamma 0.3 / 0.5 comes from its margins and its recipe's trained stages
-    (experiments/ldam_cause/result.json)."""
-    cause = json.loads((REPO / "experiments" / "ldam_cause" / "result.json").read_text())["runs"]
-    rows = json.loads((REPO / "docs" / "demo_numbers.json").read_text())["rows"]
+    """README: LDAM's lead over Ours at gamma 0.3 / 0.5 is its margins, with a smaller part from its recipe's
+    trained stages (experiments/ldam_cause/result.json, on the demo's seeds)."""
+    cause = json.loads((REPO / "experiments" / "ldam_cause" / "result.json").read_text())
+    cells = json.loads((REPO / "docs" / "demo_numbers.json").read_text())
+    rows = cells["rows"]
     table = {(r["method"], r["gamma"]): r["mean"] for r in rows if r["group"] == "total"}
+    assert len(cause["seeds"]) == max(r["seeds"] for r in rows) == 5  # every seed of the demo's table
+    runs = cause["runs"]
     for gamma in ("0.3", "0.5"):
-        run = {name: entry[gamma] for name, entry in cause.items()}
-        for method in ("ldam", "erm", "ours"):  # the unchanged runs are the demo's
+        run = {name: entry[gamma] for name, entry in runs.items()}
+        assert all(len(r["per_seed"]) == 5 and r["mean"] == pytest.approx(np.mean(r["per_seed"]), abs=0.01)
+                   for r in run.values())
+        for method in ("ldam", "erm", "ours"):  # the unchanged rows are the demo's
             assert run[method]["mean"] == pytest.approx(table[method, float(gamma)], abs=0.01), (method, gamma)
         assert run["ldam"]["mean"] > run["ours"]["mean"]
-        # without its margins LDAM is below Ours in the mean, on most seeds, and near ERM
+        # without its margins LDAM is below Ours in the mean and on four of five seeds, within two points of ERM
         assert run["ldam without margins"]["mean"] < run["ours"]["mean"]
-        assert sum(a < b for a, b in zip(run["ldam without margins"]["per_seed"], run["ours"]["per_seed"])) >= 2
-        assert abs(run["ldam without margins"]["mean"] - run["erm"]["mean"]) < 1.5
-        # trained from layer4 as Ours is, LDAM loses most of its lead
-        lead, kept = run["ldam"]["mean"] - run["ours"]["mean"], run["ldam trained from layer4"]["mean"] - run["ours"]["mean"]
-        assert kept < lead / 2
+        assert sum(a < b for a, b in zip(run["ldam without margins"]["per_seed"], run["ours"]["per_seed"])) >= 4
+        assert abs(run["ldam without margins"]["mean"] - run["erm"]["mean"]) < 2
+        # trained from layer4 as Ours is, LDAM keeps part of its lead: less than the margins give it
+        lead = run["ldam"]["mean"] - run["ours"]["mean"]
+        kept = run["ldam trained from layer4"]["mean"] - run["ours"]["mean"]
+        assert 0 < kept < lead
+        assert run["ldam"]["mean"] - run["ldam without margins"]["mean"] > lead - kept
         # the dropouts move neither method by more than the seeds' spread
         for base, variant in (("erm", "erm without neck dropout"), ("ours", "ours, balanced branch without dropout")):
             spread = max(run[base]["per_seed"]) - min(run[base]["per_seed"])
             assert abs(run[variant]["mean"] - run[base]["mean"]) < spread, variant
     readme = (REPO / "README.md").read_text()
     assert "experiments/ldam_cause/result.json" in readme and "label-distribution-aware margins on top of" in readme
+    assert "on all five seeds" in readme and "on four of five seeds at each noise rate" in readme

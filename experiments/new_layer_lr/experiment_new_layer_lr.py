@@ -40,6 +40,9 @@ def main() -> int:
     ap.add_argument("--new-layers", nargs="+", metavar="NAME",
                     help="the name components that count as new layers (default: noisymlt.training.schedule.NEW_LAYERS)")
     ap.add_argument("--tag", default="", help="suffix of this run's variant names in the JSON")
+    ap.add_argument("--train-seed", type=int,
+                    help="the training's own seed (initialisation, sampling, views) when it differs from --seed, which "
+                         "then names the noisy label set only")
     ap.add_argument("--clean-train", action="store_true",
                     help="train on the clean labels of the subset (the fit the toy allows; analysis only)")
     ap.add_argument("--values", nargs="*", default=[], metavar="KEY=VALUE",
@@ -75,6 +78,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         for k, (method, mult) in enumerate((m, x) for m in args.methods for x in args.mults):
             cfg = resolve_run(params, "toy", method, args.gamma, args.seed)
+            if args.train_seed is not None:
+                cfg["seed"] = args.train_seed
             if args.values:
                 values = {k: float(v) for k, v in (item.split("=", 1) for item in args.values)}
                 cfg = apply_values(params, cfg, values, "--values")
@@ -121,7 +126,8 @@ def main() -> int:
                   f"{h['test_score_p05']:.2f}-{h['test_score_p95']:.2f}, test mAP {maps}, pseudo labels {pl}, "
                   f"train outputs {crossing}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    record = {"methods": args.methods, "gamma": args.gamma, "seed": args.seed, "set": args.set, "values": args.values,
+    record = {"methods": args.methods, "gamma": args.gamma, "seed": args.seed, "train_seed": args.train_seed,
+              "set": args.set, "values": args.values,
               "method_set": args.method_set,
               "new_layers": sorted(noisymlt.training.schedule.NEW_LAYERS), "runs": out}
     Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
