@@ -194,3 +194,29 @@ def test_the_readme_account_of_ldams_lead_holds_against_its_runs():
     readme = (REPO / "README.md").read_text()
     assert "experiments/ldam_cause/result.json" in readme and "label-distribution-aware margins on top of" in readme
     assert "on all five seeds" in readme and "on four of five seeds at each noise rate" in readme
+
+
+def test_the_readme_account_of_the_spread_of_ours_minus_erm_holds_against_its_runs():
+    """README: the seed spread of Ours - ERM at gamma 0.5 is the noise draw (experiments/ours_spread/result.json)."""
+    spread = json.loads((REPO / "experiments" / "ours_spread" / "result.json").read_text())
+    demo = spread["demo (noisy labels and training seed vary together)"]
+    one_set = next(v for k, v in spread.items() if k.startswith("one noisy label set"))
+    big_batch = spread["balanced batch 256 (demo seeds)"]
+    # the demo rows are the demo's own runs, the README table's numbers
+    rows = json.loads((REPO / "docs" / "demo_numbers.json").read_text())["rows"]
+    table = {(r["method"], r["gamma"]): r["mean"] for r in rows if r["group"] == "total"}
+    for method in ("ours", "erm"):
+        assert demo[method]["mean"] == pytest.approx(table[method, spread["gamma"]], abs=0.01)
+    paired = json.loads((REPO / "docs" / "demo_numbers.json").read_text())["claims"]["ours_minus"]
+    erm = next(r for r in paired if r["method"] == "erm" and r["gamma"] == spread["gamma"])
+    assert demo["ours - erm"]["mean"] == pytest.approx(erm["mean"], abs=0.01)
+    assert demo["ours - erm"]["ci95"] == pytest.approx(erm["ci95"], abs=0.01) and erm["ci95"] > abs(erm["mean"])
+    # training seeds on one label set: under a point; the demo's label sets: about two and a half
+    assert one_set["ours - erm"]["sd"] < 1 < 2 < demo["ours - erm"]["sd"] < 3
+    assert abs(big_batch["ours - erm"]["sd"] - demo["ours - erm"]["sd"]) < 0.5
+    for entry in (demo, one_set, big_batch):
+        for s in entry.values():
+            assert s["sd"] == pytest.approx(np.std(s["per_seed"], ddof=1), abs=0.01)
+    readme = (REPO / "README.md").read_text()
+    assert "experiments/ours_spread/result.json" in readme
+    assert "the noise\n  draw, not the training's randomness" in readme

@@ -50,7 +50,8 @@ def main() -> int:
     def mean_ap(scores: np.ndarray) -> float:
         return 100 * float(np.nanmean(average_precisions(test.labels, scores)))
 
-    seeds = args.seeds or sorted(int(p.name[1:]) for p in (root / "runs" / args.dataset / f"g{args.gammas[0]:g}").glob("s*"))
+    first = root / "runs" / args.dataset / f"g{args.gammas[0]:g}"
+    seeds = args.seeds or sorted(int(p.name[1:]) for p in first.glob("s*"))
     out = {"dataset": args.dataset, "versus": args.versus, "taus": args.taus, "seeds": seeds, "gammas": {}}
     for g in args.gammas:
         ours = {t: [] for t in args.taus}

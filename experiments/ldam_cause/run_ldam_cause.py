@@ -27,13 +27,14 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = "experiments/new_layer_lr/experiment_new_layer_lr.py"
-# name -> (method, the demo's run it changes, extra flags); every run keeps the demo's new-layer factor (10)
+# name -> (the method whose demo runs it changes, extra flags); every run keeps the demo's new-layer factor (10)
 CHANGES = {
     "ldam without margins": ("ldam", ["--method-set", "loss_params.max_margin=0.000001"]),
     "ldam trained from layer4": ("ldam", ["--set", "trainable=layer4"]),
     "erm trained from layer4": ("erm", ["--set", "trainable=layer4"]),
     "erm without neck dropout": ("erm", ["--set", "neck_dropout=0.0"]),
-    "ours, balanced branch without dropout": ("ours", ["--method-set", "branches={random: {}, balanced: {dropout: 0.0}}"]),
+    "ours, balanced branch without dropout": ("ours", ["--method-set",
+                                                       "branches={random: {}, balanced: {dropout: 0.0}}"]),
 }
 HEAD = {"ours": "ensemble"}  # the head the tables report per method (default: main)
 

@@ -112,8 +112,8 @@ def sweep_points(results: pd.DataFrame, block: dict, xs: dict[str, float], group
 
 def sweep_figure(points: pd.DataFrame, block: dict, xs: dict[str, float]):
     """The paper's K / p figures as a Figure: total mAP against the swept option, one line per noise rate
-    (error bars: the 95% CI over seeds, from three seeds on). The published points share the axes only when they are on the same
-    dataset; else they get a panel of their own, so that neither scale squeezes the other."""
+    (error bars: the 95% CI over seeds, from three seeds on). The published points share the axes only when they
+    are on the same dataset; else they get a panel of their own, so that neither scale squeezes the other."""
     import matplotlib.pyplot as plt
 
     published = sorted((xs[m], v[0]) for m, v in (block.get("paper") or {}).items() if m in xs and v[0] is not None)
