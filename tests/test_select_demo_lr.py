@@ -203,11 +203,11 @@ def test_the_readme_account_of_the_spread_of_ours_minus_erm_holds_against_its_ru
     one_set = next(v for k, v in spread.items() if k.startswith("one noisy label set"))
     big_batch = spread["balanced batch 256 (demo seeds)"]
     # the demo rows are the demo's own runs, the README table's numbers
-    rows = json.loads((REPO / "docs" / "demo_numbers.json").read_text())["rows"]
-    table = {(r["method"], r["gamma"]): r["mean"] for r in rows if r["group"] == "total"}
+    numbers = json.loads((REPO / "docs" / "demo_numbers.json").read_text())
+    table = {(r["method"], r["gamma"]): r["mean"] for r in numbers["rows"] if r["group"] == "total"}
     for method in ("ours", "erm"):
         assert demo[method]["mean"] == pytest.approx(table[method, spread["gamma"]], abs=0.01)
-    paired = json.loads((REPO / "docs" / "demo_numbers.json").read_text())["claims"]["ours_minus"]
+    paired = numbers["claims"]["ours_minus"]
     erm = next(r for r in paired if r["method"] == "erm" and r["gamma"] == spread["gamma"])
     assert demo["ours - erm"]["mean"] == pytest.approx(erm["mean"], abs=0.01)
     assert demo["ours - erm"]["ci95"] == pytest.approx(erm["ci95"], abs=0.01) and erm["ci95"] > abs(erm["mean"])

@@ -17,16 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = "experiments/new_layer_lr/experiment_new_layer_lr.py"
+sys.path.insert(0, str(REPO / "experiments" / "new_layer_lr"))
+from demo_variants import SCRIPT, demo_map, ours_values, variant_map  # noqa: E402
+
 # name -> (the method whose demo runs it changes, extra flags); every run keeps the demo's new-layer factor (10)
 CHANGES = {
     "ldam without margins": ("ldam", ["--method-set", "loss_params.max_margin=0.000001"]),
@@ -36,25 +36,11 @@ CHANGES = {
     "ours, balanced branch without dropout": ("ours", ["--method-set",
                                                        "branches={random: {}, balanced: {dropout: 0.0}}"]),
 }
-HEAD = {"ours": "ensemble"}  # the head the tables report per method (default: main)
-
-
-def demo_map(root: Path, method: str, gamma: float, seed: int) -> float:
-    metrics = json.loads((root / "runs" / "toy" / f"g{gamma:g}" / f"s{seed}" / method / "metrics.json").read_text())
-    return round(100 * metrics["heads"][HEAD.get(method, "main")]["map"]["total"], 2)
 
 
 def changed_map(name: str, gamma: float, seed: int, values: list[str]) -> float:
     method, flags = CHANGES[name]
-    with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch) / "run.json"
-        argv = [sys.executable, SCRIPT, "--gamma", f"{gamma:g}", "--seed", str(seed), "--mults", "10",
-                "--methods", method, "--json", str(out), *flags]
-        if method == "ours":
-            argv += ["--values", *values]
-        subprocess.run(argv, cwd=REPO, check=True, capture_output=True, text=True)
-        maps = json.loads(out.read_text())["runs"][method]["x10"]["test_map"]
-    return maps[HEAD.get(method, "main")]
+    return variant_map(method, gamma, seed, [*flags, *(["--values", *values] if method == "ours" else [])])
 
 
 def command(name: str, values: list[str]) -> str:
@@ -70,18 +56,16 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", help="default: the demo's main-grid seeds")
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
-    numbers = json.loads((REPO / "reports" / "readme_numbers.json").read_text())
     cells = json.loads((REPO / "reports" / "table_total.cells.json").read_text())["cells"]
     seeds = args.seeds or sorted({run["seed"] for cell in cells.values() for run in cell["runs"]})
-    chosen = next(s for s in numbers["selection"] if s["method"] == "ours")["chosen"]
-    values = [f"{k}={v:g}" for k, v in sorted(chosen.items())]
+    values = ours_values()
     todo = [(name, g, s) for name in CHANGES for g in args.gammas for s in seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
         maps = dict(zip(todo, pool.map(lambda c: changed_map(*c, values), todo)))
     runs: dict[str, dict] = {}
     for method in ("ldam", "erm", "ours"):
         runs[method] = {"command": "the demo's own runs (runs/toy/gG/sS/%s/metrics.json)" % method,
-                        **{f"{g:g}": [demo_map(REPO, method, g, s) for s in seeds] for g in args.gammas}}
+                        **{f"{g:g}": [demo_map(method, g, s) for s in seeds] for g in args.gammas}}
     for name in CHANGES:
         runs[name] = {"command": command(name, values), **{f"{g:g}": [maps[name, g, s] for s in seeds]
                                                           for g in args.gammas}}

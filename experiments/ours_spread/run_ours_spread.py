@@ -19,33 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = "experiments/new_layer_lr/experiment_new_layer_lr.py"
-HEAD = {"ours": "ensemble", "erm": "main"}
-
-
-def train(method: str, gamma: float, seed: int, train_seed: int | None, flags: list[str]) -> float:
-    with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch) / "run.json"
-        argv = [sys.executable, SCRIPT, "--gamma", f"{gamma:g}", "--seed", str(seed), "--mults", "10",
-                "--methods", method, "--json", str(out), *flags]
-        if train_seed is not None:
-            argv += ["--train-seed", str(train_seed)]
-        subprocess.run(argv, cwd=REPO, check=True, capture_output=True, text=True)
-        return json.loads(out.read_text())["runs"][method]["x10"]["test_map"][HEAD[method]]
-
-
-def demo_map(method: str, gamma: float, seed: int) -> float:
-    metrics = json.loads((REPO / "runs" / "toy" / f"g{gamma:g}" / f"s{seed}" / method / "metrics.json").read_text())
-    return round(100 * metrics["heads"][HEAD[method]]["map"]["total"], 2)
+sys.path.insert(0, str(REPO / "experiments" / "new_layer_lr"))
+from demo_variants import SCRIPT, demo_map, ours_values, variant_map  # noqa: E402
 
 
 def summary(values: list[float]) -> dict:
@@ -65,15 +47,13 @@ def main() -> int:
     ap.add_argument("--label-seed", type=int, default=0, help="the noisy label set of the training-seed runs")
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
-    numbers = json.loads((REPO / "reports" / "readme_numbers.json").read_text())
-    chosen = next(s for s in numbers["selection"] if s["method"] == "ours")["chosen"]
-    values = ["--values", *(f"{k}={v:g}" for k, v in sorted(chosen.items()))]
+    values = ["--values", *ours_values()]
     g = args.gamma
-    todo = {("ours_bb256", s): ("ours", g, s, None, [*values, "--set", "balanced_batch_size=256"]) for s in args.seeds}
-    todo |= {(f"{m}_train_seed", s): (m, g, args.label_seed, s, values if m == "ours" else [])
+    todo = {("ours_bb256", s): ("ours", g, s, [*values, "--set", "balanced_batch_size=256"]) for s in args.seeds}
+    todo |= {(f"{m}_train_seed", s): (m, g, args.label_seed, values if m == "ours" else [], s)
              for m in ("ours", "erm") for s in args.seeds}
     with ThreadPoolExecutor(args.jobs) as pool:
-        maps = dict(zip(todo, pool.map(lambda job: train(*job), todo.values())))
+        maps = dict(zip(todo, pool.map(lambda job: variant_map(*job), todo.values())))
     demo = {m: [demo_map(m, g, s) for s in args.seeds] for m in ("ours", "erm")}
     row = {name: [maps[name, s] for s in args.seeds] for name in ("ours_bb256", "ours_train_seed", "erm_train_seed")}
     record = {
