@@ -128,8 +128,7 @@ def test_no_selection_job_of_the_workflow_names_a_test_or_clean_label_file(tmp_p
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     blocks = re.split(r"\n(?=(?:local)?(?:rule|checkpoint) \w+:)", proc.stdout)
-    selection_rules = {"select_split", "select_parts", "cache_select_images", "candidate_config", "train_candidate",
-                       "evaluate_candidate", "select"}
+    selection_rules = {"select_split", "select_parts", "cache_select_images", "train_candidate", "select"}
     seen = set()
     for block in blocks:
         m = re.match(r"(?:local)?(?:rule|checkpoint) (\w+):", block.strip())

@@ -51,13 +51,13 @@ TINY_PARAMS = {
 
 # Each rule run through SLURM costs Snakemake start-ups (sbatch -> jobstep, then srun -> one per
 # rule), about 15 s per rule here. So the cheap data steps run locally first, and the SLURM run does
-# the rest: the profile's `run` group (train, evaluate) and `report` group (aggregate, table,
-# figure), i.e. two sbatch jobs.
+# the rest: the profile's `run` group (train, which evaluates its predictions) and `report` group (aggregate,
+# table, figure), i.e. two sbatch jobs, and the selection's two candidates.
 DATA_TARGETS = ["data/toy/noisy/g0.5_s0.parquet", "data/toy/test_labels.parquet", "data/toy/class_split.json",
                 "data/pretrained/toy_glyphs.pt", "data/code",  # data/code: DVC's digests (`rule all` asks for them)
                 "data/toy/select/g0.5_s0_fit.parquet", "data/toy/cache/select_fit.npy", "data/toy/cache/select_val.npy"]
-SLURM_GROUPS = {"run": ["evaluate", "train"], "report": ["aggregate", "figure_map_vs_gamma", "table_total"],
-                "select": ["evaluate_candidate", "train_candidate"]}
+SLURM_GROUPS = {"run": ["train"], "report": ["aggregate", "figure_map_vs_gamma", "table_total"],
+                "select": ["train_candidate"]}
 GROUP_JOBS = {"run": 1, "report": 1, "select": 2}  # sbatch jobs per group: ERM's final run, the report, 2 candidates
 # one sbatch job each
 SLURM_SINGLE_RULES = {"cache_train_images", "cache_test_images", "readme_numbers", "table_groups", "table_fit"}

@@ -74,42 +74,33 @@ rule cache_select_images:
 CANDIDATE = "runs/{dataset}/select/{method}/stage{stage}/g{gamma}/s{seed}/{tag}"
 
 
-rule candidate_config:
-    input:
-        previous_choice,
-    output:
-        f"{CANDIDATE}/requested_config.json",
-    params:
-        config=candidate_config,
-    localrule: True
-    conda:
-        "../envs/noisymlt.yaml"
-    log:
-        "logs/select/{dataset}_{method}_stage{stage}_g{gamma}_s{seed}_{tag}.config.log",
-    shell:
-        "printf '%s\\n' {params.config:q} > {output} 2> {log}"
-
-
-# A candidate is an ordinary training run: on the fit part, its "test" set the validation part (train images).
+# A candidate is an ordinary training run: on the fit part, its "test" set the validation part (train images),
+# then evaluated against it, in one job as a final run (train.smk).
 rule train_candidate:
     input:
         train="data/{dataset}/select/g{gamma}_s{seed}_fit.parquet",
         val="data/{dataset}/select/g{gamma}_s{seed}_val.parquet",
-        config=f"{CANDIDATE}/requested_config.json",
         split="data/{dataset}/class_split.json",
         images=lambda w: train_images_ready(w.dataset),
         files=run_files,
         caches=candidate_caches,
+        previous=previous_choice,
     output:
+        requested=f"{CANDIDATE}/requested_config.json",
         predictions=f"{CANDIDATE}/predictions.npz",
         manifest=f"{CANDIDATE}/manifest.json",
         config=f"{CANDIDATE}/run_config.json",
+        metrics=f"{CANDIDATE}/metrics.json",
+        map=f"{CANDIDATE}/map.json",  # validation mAP per head and group: DVC's metrics file
+        evaluation=f"{CANDIDATE}/metrics.manifest.json",
     params:
         cli=NOISYMLT,
         out=lambda w: S.candidate_dir(w.dataset, w.method, int(w.stage), float(w.gamma), int(w.seed), w.tag),
         images=lambda w: image_root(w.dataset, "train"),
         caches=candidate_cache_args,
+        config=candidate_config,
         code=run_code,
+        evaluate_code=code("evaluate"),
     threads: train_threads
     resources:
         gpu=1,
@@ -120,30 +111,12 @@ rule train_candidate:
     benchmark:
         "benchmarks/select/{dataset}_{method}_stage{stage}_g{gamma}_s{seed}_{tag}.tsv"
     shell:
-        "{params.cli} train --run-config {input.config} --train-labels {input.train} --test-labels {input.val} "
+        "printf '%s\\n' {params.config:q} > {output.requested} && "
+        "{params.cli} train --run-config {output.requested} --train-labels {input.train} --test-labels {input.val} "
         "--split {input.split} --train-images {params.images} --test-images {params.images} {params.caches} "
-        "--out {params.out} --cores {threads} --no-progress --keep-stale --expect-code {params.code} > {log} 2>&1"
-
-
-rule evaluate_candidate:
-    input:
-        predictions=f"{CANDIDATE}/predictions.npz",
-        val="data/{dataset}/select/g{gamma}_s{seed}_val.parquet",
-        split="data/{dataset}/class_split.json",
-    output:
-        metrics=f"{CANDIDATE}/metrics.json",
-        map=f"{CANDIDATE}/map.json",  # validation mAP per head and group: DVC's metrics file
-        manifest=f"{CANDIDATE}/metrics.manifest.json",
-    params:
-        cli=NOISYMLT,
-        code=code("evaluate"),
-    conda:
-        "../envs/noisymlt.yaml"
-    log:
-        "logs/select/{dataset}_{method}_stage{stage}_g{gamma}_s{seed}_{tag}.evaluate.log",
-    shell:
-        "{params.cli} evaluate --predictions {input.predictions} --test-labels {input.val} "
-        "--split {input.split} --out {output.metrics} --map-out {output.map} > {log} 2>&1"
+        "--out {params.out} --cores {threads} --no-progress --keep-stale --expect-code {params.code} > {log} 2>&1 && "
+        "{params.cli} evaluate --predictions {output.predictions} --test-labels {input.val} --split {input.split} "
+        "--out {output.metrics} --map-out {output.map} >> {log} 2>&1"
 
 
 checkpoint select:

@@ -21,38 +21,22 @@ rule pretrain:
         "{params.cli} {params.args} > {log} 2>&1"
 
 
-# The resolved configuration of a run, written to a file the train job reads: a failed job then shows
-# a short command line, and a changed configuration (Snakemake's params trigger) rewrites this file,
-# which reruns the training.
-
-
-rule run_config:
-    input:
-        final_choice,  # the method's selection (select.smk), if it has one
-    output:
-        "runs/{dataset}/g{gamma}/s{seed}/{method}/requested_config.json",
-    params:
-        config=final_run_config,
-    localrule: True
-    conda:
-        "../envs/noisymlt.yaml"
-    log:
-        "logs/train/{dataset}_g{gamma}_s{seed}_{method}.config.log",
-    # a shell job (milliseconds): a `run:` block would start a whole Snakemake process per run
-    shell:
-        "printf '%s\\n' {params.config:q} > {output} 2> {log}"
-
-
-# One training run per (dataset, noise rate, seed, method). The job picks its own GPU
-# (CUDA_VISIBLE_DEVICES under SLURM, else a per-GPU lock), so --resources gpu=N spreads jobs over N cards.
-# The clean subset goes in twice: its hash into the manifest, its labels into the noise-level log (analysis
-# only; training never reads them). The log is empty for methods that publish no targets.
+# One training run per (dataset, noise rate, seed, method), then its evaluation: AP per class and mAP
+# total/head/medium/tail of its predictions on the clean test set. One job, as DVC's train stage runs it: the
+# demo's ~300 runs would otherwise be ~900 Snakemake jobs (a config file, the training, a 0.2 s evaluation),
+# and Snakemake's own CPU per job competes with the runs for the cores. An evaluate-only edit reruns the job
+# (its code param holds both digests), which resumes the finished checkpoint and predicts the same bytes.
+# The resolved configuration is a param (a changed configuration reruns the job) that the job writes to
+# requested_config.json before training reads it; a failed job's command line shows it.
+# The job picks its own GPU (CUDA_VISIBLE_DEVICES under SLURM, else a per-GPU lock), so --resources gpu=N
+# spreads jobs over N cards. The clean subset goes in twice: its hash into the manifest, its labels into the
+# noise-level log (analysis only; training never reads them). The log is empty for methods that publish no
+# targets.
 
 
 rule train:
     input:
         train="data/{dataset}/noisy/g{gamma}_s{seed}.parquet",
-        config="runs/{dataset}/g{gamma}/s{seed}/{method}/requested_config.json",
         test="data/{dataset}/test_labels.parquet",
         split="data/{dataset}/class_split.json",
         images=lambda w: train_images_ready(w.dataset),
@@ -60,20 +44,27 @@ rule train:
         subset="data/{dataset}/train_labels.parquet",
         files=run_files,
         caches=run_caches,
+        choice=final_choice,  # the method's selection (select.smk), if it has one
     output:
+        requested="runs/{dataset}/g{gamma}/s{seed}/{method}/requested_config.json",
         predictions="runs/{dataset}/g{gamma}/s{seed}/{method}/predictions.npz",
         manifest="runs/{dataset}/g{gamma}/s{seed}/{method}/manifest.json",
         config="runs/{dataset}/g{gamma}/s{seed}/{method}/run_config.json",
         # checkpoint.pt is written too (and is a DVC output) but not declared: Snakemake deletes a job's
         # outputs before it runs and after it fails, which would throw away the epochs a rerun resumes from
         noise="runs/{dataset}/g{gamma}/s{seed}/{method}/noise_level.jsonl",
+        metrics="runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.json",
+        map="runs/{dataset}/g{gamma}/s{seed}/{method}/map.json",  # mAP per head and group: DVC's metrics file
+        evaluation="runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.manifest.json",
     params:
         cli=NOISYMLT,
         out=run_dir,
         train_images=lambda w: image_root(w.dataset, "train"),
         test_images=lambda w: image_root(w.dataset, "test"),
         caches=cache_args,
+        config=final_run_config,
         code=run_code,
+        evaluate_code=code("evaluate"),
         selection=lambda w: f"--selection {f}" if (f := S.final_choice_file(config, w.dataset, w.method)) else "",
     threads: train_threads
     resources:
@@ -85,8 +76,11 @@ rule train:
     benchmark:
         "benchmarks/train/{dataset}_g{gamma}_s{seed}_{method}.tsv"
     shell:
-        "{params.cli} train --run-config {input.config} --train-labels {input.train} "
+        "printf '%s\\n' {params.config:q} > {output.requested} && "
+        "{params.cli} train --run-config {output.requested} --train-labels {input.train} "
         "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
         "--test-images {params.test_images} {params.caches} --out {params.out} --cores {threads} --no-progress "
         "--keep-stale --expect-code {params.code} --clean-labels {input.subset} --provenance raw_manifest={input.raw} clean_subset={input.subset} "
-        "{params.selection} > {log} 2>&1"
+        "{params.selection} > {log} 2>&1 && "
+        "{params.cli} evaluate --predictions {output.predictions} --test-labels {input.test} --split {input.split} "
+        "--out {output.metrics} --map-out {output.map} >> {log} 2>&1"

@@ -234,8 +234,8 @@ def _run(argv: list[str]) -> int:
 
 
 def _train_then_evaluate(train: list[str], out: Path, test_labels: str, split: str, evaluate: bool) -> int:
-    """A training, then (``evaluate``) its evaluation as Snakemake's evaluate rule runs it, in this process: a DVC
-    stage runs one command, whose imports serve both."""
+    """A training, then (``evaluate``) its evaluation as Snakemake's train job runs it after training, in this
+    process: a DVC stage runs one command, whose imports serve both."""
     code = _run(train)
     if code or not evaluate:
         return code
@@ -297,7 +297,7 @@ def expect_code(method: str) -> list[str]:
 
 def requested_config(params: dict, resolved: dict, choice: str | None) -> str:
     """A run's resolved config with its method's chosen values (from the choice file, if any), as the text both
-    routes write to OUT/requested_config.json (Snakemake's run_config rule prints it with a final newline, as
+    routes write to OUT/requested_config.json (Snakemake's train job prints it with a final newline, as
     the DVC train stage writes it): the train job reads it."""
     from noisymlt.pipeline.selection import final_config
 
@@ -305,7 +305,7 @@ def requested_config(params: dict, resolved: dict, choice: str | None) -> str:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    """A run as Snakemake's run_config + train rules run it: its requested_config.json, then `noisymlt train`."""
+    """A run as Snakemake's train job runs it: its requested_config.json, then `noisymlt train`."""
     from noisymlt.pipeline.config import resolve_run
     from noisymlt.pipeline.files import write_text
     from noisymlt.pipeline.selection import final_choice_file
@@ -339,7 +339,7 @@ def _cmd_select_cache(args: argparse.Namespace) -> int:
 
 
 def _cmd_train_candidate(args: argparse.Namespace) -> int:
-    """A model-selection candidate as Snakemake's candidate_config + train_candidate rules run it: its resolved
+    """A model-selection candidate as Snakemake's train_candidate job runs it: its resolved
     config written to OUT/requested_config.json, then `noisymlt train` on the fit part, validated on the val part."""
     from noisymlt.pipeline import selection as S
 
@@ -434,7 +434,7 @@ def add_cli(sub) -> None:
         q.add_argument(opt, required=True)
     q.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
     q.add_argument("--evaluate", action="store_true",
-                   help="then evaluate its predictions into OUT/metrics.json and OUT/map.json (Snakemake's evaluate rule)")
+                   help="then evaluate its predictions into OUT/metrics.json and OUT/map.json (as Snakemake's train job does)")
     q = step("select-split", "hold out the model-selection split of a dataset (params `selection`)", _cmd_select_split)
     q.add_argument("--out", required=True, help="split file to write (data/NAME/select/split.json)")
     q = step("select-cache", "decode the fit or val images of the selection split into their cache", _cmd_select_cache)
