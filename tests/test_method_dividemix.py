@@ -318,3 +318,58 @@ def test_co_divide_separates_truly_noisy_from_clean_images(tiny_toy, tmp_path):
     # Noisy rows carry more labels (kept + replacements): the split must beat that cue by far, not echo it.
     by_count = roc_auc_score(clean, -table[classes].to_numpy().sum(1))
     assert min(aucs) > 0.7 and min(aucs) > by_count + 0.1, (aucs, by_count)
+
+
+@pytest.mark.parametrize("epoch", [0, 1])  # warm-up, then a MixMatch step with labelled and unlabelled images
+def test_nets_with_one_frozen_prefix_run_it_once_for_the_same_loss_gradients_and_scores(epoch):
+    """Both nets from one pretrained file (here: a copy) with the same frozen stages: the prefix runs once on
+    the images both see; loss, gradients, co-divide losses and test scores are those of two whole forwards."""
+    from noisymlt.models.branch import build_branch
+
+    torch.manual_seed(0)
+    cfg = {"backbone": "resnet_tiny", "pretrained": False, "weights_path": None, "neck_dim": 16,
+           "trainable": "layer2", "frozen_bn": True}
+    a = build_branch(cfg, 3)
+    b = copy.deepcopy(a)
+    for part in (b.backbone.layer2, b.backbone.layer3, b.backbone.layer4, b.neck, b.head):  # the trained parts differ
+        for p in part.parameters():
+            nn.init.normal_(p, std=0.1)
+    n = 8
+    noisy = torch.randint(0, 2, (n, 3)).float()
+    images = torch.randn(n, 2, 3, 16, 16)
+    batch = {"main": {"index": torch.arange(n)[:, None].repeat(1, 2), "images": images}}
+
+    def run(share: bool):
+        model = copy.deepcopy(nn.ModuleDict({"a": a, "b": b})).train()
+        method = DivideMix(make_ctx(noisy, lambda: iter([(torch.arange(n), images[:, 0])]), warmup_epochs=1))
+        method._shares_prefix = share
+        method.prob = torch.tensor([[0.9, 0.1, 0.8, 0.2, 0.7, 0.3, 0.6, 0.4]] * 2)
+        loss, _ = method.training_loss(model, batch, epoch, 3)
+        loss.backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+        model.eval()
+        with torch.no_grad():
+            scores = method.predict(model, images[:, 1])["main"]
+        return loss.detach(), grads, method.sample_losses(model), scores
+
+    with torch.no_grad():
+        assert frozen_trunks_identical_of(a, b)
+    shared, whole = run(True), run(False)
+    torch.testing.assert_close(shared[0], whole[0], rtol=1e-6, atol=1e-7)
+    assert shared[1].keys() == whole[1].keys() and shared[1]  # the frozen prefix has no gradient either way
+    for name in whole[1]:
+        torch.testing.assert_close(shared[1][name], whole[1][name], rtol=1e-5, atol=1e-7)
+    for net in ("a", "b"):
+        np.testing.assert_allclose(shared[2][net], whole[2][net], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(shared[3], whole[3], rtol=1e-6, atol=1e-7)
+    # and sharing is switched on by itself only for such nets
+    method = DivideMix(make_ctx(noisy))
+    assert method.shared_prefix(nn.ModuleDict({"a": a, "b": b}), images[:, 0]) is not None
+    method = DivideMix(make_ctx(noisy))
+    assert method.shared_prefix(nn.ModuleDict({"a": a, "b": build_branch(cfg, 3)}), images[:, 0]) is None
+
+
+def frozen_trunks_identical_of(a, b) -> bool:
+    from noisymlt.models.twobranch import frozen_trunks_identical
+
+    return frozen_trunks_identical([a, b])

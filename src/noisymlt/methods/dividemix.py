@@ -35,6 +35,10 @@ partner).
   DivideMix's lambda_u divided by its class count (25 / 10 on CIFAR-10, 150 / 100 on CIFAR-100 at
   50% noise).
 * Test logits: the mean of both nets' logits (DivideMix tests with both networks).
+* Both nets start from the same pretrained file with the same frozen stages (stem and layer1 in the [DB]
+  recipe), so their frozen prefixes are one function (``frozen_trunks_identical``): it runs once on the
+  images that both nets see (warm-up, the own and peer predictions of a step, co-divide, test), and each
+  net goes on from its output. The mixed images are each net's own and take the whole forward.
 
 All randomness of a step comes from ``numpy.random.default_rng([seed, epoch, step, net])`` and the GMM
 from ``random_state=seed``, so runs are reproducible and a resumed run replays its epochs exactly.
@@ -54,7 +58,8 @@ from noisymlt.errors import NoisyMLTError
 from noisymlt.losses import build_loss
 from noisymlt.methods.base import Method, eval_mode, register_family
 from noisymlt.methods.options import DIVIDEMIX_DEFAULTS as DEFAULTS
-from noisymlt.models.branch import build_branch
+from noisymlt.models.branch import Branch, build_branch
+from noisymlt.models.twobranch import frozen_trunks_identical
 from noisymlt.training.loaders import StreamSpec
 from noisymlt.training.sampling import build_sampler
 
@@ -75,6 +80,14 @@ def refine_labels(noisy: torch.Tensor, w: torch.Tensor, own_probs: torch.Tensor)
     ``w`` holds one clean probability per sample (B,), the others are (B, C)."""
     w = w.unsqueeze(1).to(own_probs.dtype)
     return w * noisy.to(own_probs.dtype) + (1 - w) * own_probs
+
+
+def net_logits(net: nn.Module, x: torch.Tensor | None, frozen: torch.Tensor | None = None) -> torch.Tensor:
+    """``net(x)``, or with ``frozen`` (the output of the net's frozen prefix on the images) the rest of
+    the net from there: the same logits, without running the prefix again."""
+    if frozen is None:
+        return net(x)
+    return net.head(net.embed(net.trained_stages(frozen)))
 
 
 def mixmatch_lambda(rng: np.random.Generator, alpha: float) -> float:
@@ -143,6 +156,14 @@ class DivideMix(Method):
         # prob[i]: clean probability of every training image for training net NETS[i] (from the peer)
         self.prob: torch.Tensor | None = None
         self.divided_epoch = -1
+        self._shares_prefix: bool | None = None  # decided on first use: the weights are loaded by then
+
+    def shared_prefix(self, model: nn.ModuleDict, x: torch.Tensor) -> torch.Tensor | None:
+        """The frozen prefix of both nets on ``x``, when they share it (else None: each net runs whole)."""
+        if self._shares_prefix is None:
+            nets = [model[n] for n in NETS]
+            self._shares_prefix = all(isinstance(m, Branch) for m in nets) and frozen_trunks_identical(nets)
+        return model[NETS[0]].frozen_prefix(x) if self._shares_prefix else None
 
     @property
     def warmup(self) -> int:
@@ -172,8 +193,9 @@ class DivideMix(Method):
         with eval_mode(model):
             for idx, images in iterate():
                 y = self.ctx.noisy[idx]
+                frozen = self.shared_prefix(model, images)
                 for name in NETS:
-                    out[name][idx] = self.bce.elementwise(model[name](images).float(), y).mean(1)
+                    out[name][idx] = self.bce.elementwise(net_logits(model[name], images, frozen).float(), y).mean(1)
         losses = {name: v.cpu().numpy() for name, v in out.items()}
         if any(np.isnan(v).any() for v in losses.values()):
             raise RuntimeError("dividemix: iterate_train did not cover every training image")
@@ -207,7 +229,8 @@ class DivideMix(Method):
         x1, x2 = b["images"][:, 0], b["images"][:, 1]
         y = self.targets(idx)
         if epoch < self.warmup:
-            parts = {n: self.bce(model[n](x1).float(), y) for n in NETS}
+            frozen = self.shared_prefix(model, x1)
+            parts = {n: self.bce(net_logits(model[n], x1, frozen).float(), y) for n in NETS}
             loss = sum(parts.values())
             return loss, {"loss": loss.detach(), **{f"loss_{n}": v.detach() for n, v in parts.items()}}
         if self.prob is None:
@@ -216,9 +239,11 @@ class DivideMix(Method):
                                            self.o["rampup_epochs"])
         logs: dict[str, torch.Tensor | float] = {"lambda_u": weight}
         total = 0.0
+        frozen = self.shared_prefix(model, torch.cat([x1, x2]))
         for i, name in enumerate(NETS):
             rng = np.random.default_rng([self.ctx.seed, epoch, step, i])
-            lx, lu, frac = self.net_loss(model[name], model[NETS[1 - i]], x1, x2, y, self.prob[i][idx], rng)
+            lx, lu, frac = self.net_loss(model[name], model[NETS[1 - i]], x1, x2, y, self.prob[i][idx], rng,
+                                         frozen=frozen)
             loss = lx + weight * lu
             total = total + loss
             logs.update({f"loss_{name}": loss.detach(), f"lx_{name}": lx.detach(), f"lu_{name}": lu.detach(),
@@ -227,20 +252,23 @@ class DivideMix(Method):
         return total, logs
 
     def net_loss(self, net: nn.Module, peer: nn.Module, x1: torch.Tensor, x2: torch.Tensor, y: torch.Tensor,
-                 w: torch.Tensor, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """(labelled BCE, unlabelled MSE, labelled fraction) of one net's MixMatch step."""
+                 w: torch.Tensor, rng: np.random.Generator, *, frozen: torch.Tensor | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """(labelled BCE, unlabelled MSE, labelled fraction) of one net's MixMatch step; ``frozen``: the
+        shared frozen prefix of both nets on ``cat([x1, x2])``, if they share one."""
         T = self.o["temperature"]
         lab = w > self.o["p_threshold"]
         unl = ~lab
         bsz = x1.shape[0]
         with torch.no_grad():
-            own = torch.sigmoid(net(torch.cat([x1, x2])).float())
+            own = torch.sigmoid(net_logits(net, torch.cat([x1, x2]), frozen).float())
             own = (own[:bsz] + own[bsz:]) / 2
             t_lab = sharpen(refine_labels(y[lab], w[lab], own[lab]), T)
             t_unl = own[unl][:0]
             if unl.any():
-                with eval_mode(peer):
-                    other = torch.sigmoid(peer(torch.cat([x1[unl], x2[unl]])).float())
+                with eval_mode(peer):  # per image: its rows of the shared prefix are its own
+                    both = None if frozen is None else torch.cat([frozen[:bsz][unl], frozen[bsz:][unl]])
+                    other = torch.sigmoid(net_logits(peer, torch.cat([x1[unl], x2[unl]]), both).float())
                 n_u = int(unl.sum())
                 t_unl = sharpen((own[unl] + (other[:n_u] + other[n_u:]) / 2) / 2, T)
         inputs = torch.cat([x1[lab], x2[lab], x1[unl], x2[unl]])
@@ -257,7 +285,8 @@ class DivideMix(Method):
         return lx, lu, float(lab.float().mean())
 
     def predict(self, model, images) -> dict[str, torch.Tensor]:
-        return {"main": (model["a"](images).float() + model["b"](images).float()) / 2}
+        frozen = self.shared_prefix(model, images)
+        return {"main": (net_logits(model["a"], images, frozen).float() + net_logits(model["b"], images, frozen).float()) / 2}
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict:
