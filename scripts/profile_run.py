@@ -57,6 +57,7 @@ def main() -> int:
                     help="the params layers the demo ran with (default: the demo's)")
     ap.add_argument("--json", help="file to write the phases to")
     ap.add_argument("--top", type=int, default=0, help="also print the N functions with the most own time")
+    ap.add_argument("--sort", default="tottime", help="order of the --top list: tottime (own time) or cumulative")
     args = ap.parse_args()
     start = time.perf_counter()  # first: the calibration imports torch too
     import torchvision  # noqa: F401
@@ -96,7 +97,7 @@ def main() -> int:
               "note": "phase seconds are under cProfile, which slows Python-heavy code: compare their shares"}
     print(json.dumps(result, indent=1))
     if args.top:
-        pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+        pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
