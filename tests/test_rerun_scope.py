@@ -38,6 +38,9 @@ EDITS = {
     "the pseudo-label rule": (
         "methods/pseudo_labels.py", "out = torch.where(q > alpha_t, one, noisy_targets)",
         "out = torch.where(q >= alpha_t, one, noisy_targets)", {"ours"}, set(), RESULTS),
+    "the evaluation": (  # every run's job reruns (train + evaluate is one job) and retrains nothing: see below
+        "evaluation/evaluate.py", '"num_test_images": len(ids),', '"num_test_images": len(ids), "edited": True,',
+        set(), set(), ("runs/toy/", *RESULTS)),
     "the model-selection code": (  # the stage files change, the choice does not: no final run retrains
         "pipeline/selection.py", '"metric": f"mAP (%) of the {head} head', '"metric": f"mAP (percent) of the {head} head',
         set(), set(), ("runs/toy/select/ours/stage", "data/code/", "reports/")),
@@ -116,6 +119,13 @@ def test_an_edit_changes_exactly_the_results_it_can_reach(tmp_path, capsys):
                         for tool, root in (("snakemake", smk), ("dvc", dvc))}
         assert "Nothing to be done" in _run([SNAKEMAKE, "-n"], smk), name
         assert _dvc_changed(dvc) == set(), name
+        if name == "the evaluation":  # the finished checkpoints predict the same bytes; only the metrics move
+            for tool, root in (("snakemake", smk), ("dvc", dvc)):
+                changed = _changed(before[root], after[root])
+                in_runs = {p for p in changed if p.startswith("runs/")}
+                assert {RUN.format(m) + "metrics.json" for m in METHODS} <= in_runs, (tool, sorted(in_runs))
+                assert all(p.endswith(("/metrics.json", "/metrics.manifest.json")) for p in in_runs), \
+                    (tool, sorted(p for p in in_runs if not p.endswith("metrics.json")))
         for method in retrains if not name.endswith("restored") else ():  # each log says it started over, and why
             for root in (smk, dvc):
                 log = (root / RUN.format(method) / "train_log.jsonl").read_text().splitlines()
