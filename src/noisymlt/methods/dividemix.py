@@ -82,12 +82,16 @@ def refine_labels(noisy: torch.Tensor, w: torch.Tensor, own_probs: torch.Tensor)
     return w * noisy.to(own_probs.dtype) + (1 - w) * own_probs
 
 
-def net_logits(net: nn.Module, x: torch.Tensor | None, frozen: torch.Tensor | None = None) -> torch.Tensor:
-    """``net(x)``, or with ``frozen`` (the output of the net's frozen prefix on the images) the rest of
-    the net from there: the same logits, without running the prefix again."""
+def net_logits(net: nn.Module, x: torch.Tensor, frozen: torch.Tensor | None = None,
+               rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``net(x[rows])``, or with ``frozen`` (the output of the net's frozen prefix on ``x``) the rest of the net
+    from ``frozen[rows]``: the same logits, without running the prefix again; ``rows``: all when None."""
+    source = x if frozen is None else frozen
+    if rows is not None:
+        source = source[rows]
     if frozen is None:
-        return net(x)
-    return net.head(net.embed(net.trained_stages(frozen)))
+        return net(source)
+    return net.head(net.embed(net.trained_stages(source)))
 
 
 def mixmatch_lambda(rng: np.random.Generator, alpha: float) -> float:
@@ -260,15 +264,15 @@ class DivideMix(Method):
         lab = w > self.o["p_threshold"]
         unl = ~lab
         bsz = x1.shape[0]
+        views = torch.cat([x1, x2])
         with torch.no_grad():
-            own = torch.sigmoid(net_logits(net, torch.cat([x1, x2]), frozen).float())
+            own = torch.sigmoid(net_logits(net, views, frozen).float())
             own = (own[:bsz] + own[bsz:]) / 2
             t_lab = sharpen(refine_labels(y[lab], w[lab], own[lab]), T)
             t_unl = own[unl][:0]
             if unl.any():
-                with eval_mode(peer):  # per image: its rows of the shared prefix are its own
-                    both = None if frozen is None else torch.cat([frozen[:bsz][unl], frozen[bsz:][unl]])
-                    other = torch.sigmoid(net_logits(peer, torch.cat([x1[unl], x2[unl]]), both).float())
+                with eval_mode(peer):  # per image, so the unlabelled rows of both views: x1[unl], then x2[unl]
+                    other = torch.sigmoid(net_logits(peer, views, frozen, rows=torch.cat([unl, unl])).float())
                 n_u = int(unl.sum())
                 t_unl = sharpen((own[unl] + (other[:n_u] + other[n_u:]) / 2) / 2, T)
         inputs = torch.cat([x1[lab], x2[lab], x1[unl], x2[unl]])
