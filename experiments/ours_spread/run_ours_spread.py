@@ -36,11 +36,12 @@ from demo_variants import SCRIPT, demo_map, ours_values, variant_map  # noqa: E4
 
 
 def summary(values: list[float]) -> dict:
-    from scipy import stats
+    """Per seed, mean, sd and the tables' 95% CI half-width (noisymlt.report.tables.mean_ci), rounded as printed."""
+    from noisymlt.report.tables import mean_ci
 
     x = np.asarray(values, dtype=float)
-    half = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
-    return {"per_seed": [round(float(v), 2) for v in x], "mean": round(float(x.mean()), 2),
+    mean, half = mean_ci(x)
+    return {"per_seed": [round(float(v), 2) for v in x], "mean": round(mean, 2),
             "sd": round(float(x.std(ddof=1)), 2), "ci95": round(half, 2)}
 
 
