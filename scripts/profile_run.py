@@ -19,6 +19,7 @@ import cProfile
 import json
 import os
 import pstats
+import shutil
 import sys
 import tempfile
 import time
@@ -91,7 +92,8 @@ def main() -> int:
     profile.disable()
     total = round(time.perf_counter() - start, 2)
     if code:
-        raise SystemExit(f"noisymlt train exited {code}")
+        raise SystemExit(f"noisymlt train exited {code}, its outputs kept in {out}")
+    shutil.rmtree(out.parent)  # the profiled run's checkpoint and predictions are not the point
     result = {"run": str(run.relative_to(root)), "imports_s": imports, "command_s": total,
               "phases_s": phase_seconds(pstats.Stats(profile)), "calibration": calibration,
               "note": "phase seconds are under cProfile, which slows Python-heavy code: compare their shares"}

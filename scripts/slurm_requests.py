@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -145,6 +146,7 @@ def measure(args: argparse.Namespace) -> dict:
                         "loader_workers": timing["loader_workers"]}
         print(f"{method}: peak {rows[method]['peak_pss_mib']} MiB (job + {timing['loader_workers']} loader "
               f"processes), {rows[method]['seconds']} s", flush=True)
+    shutil.rmtree(work)  # gigabytes of stand-in images and runs; a failed method above keeps them for its log
     import platform
 
     import torch
