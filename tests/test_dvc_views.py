@@ -188,6 +188,38 @@ def test_metrics_diff_between_commits_and_exp_run_reruns_only_what_a_param_reach
     assert json.loads(_run([DVC, "status", "--json"], repo).strip().splitlines()[-1]) == {}
 
 
+def readme_experiment() -> str:
+    """The README's first DVC experiment recipe: the line that writes the layer (printf) and the line that
+    reproduces and saves, as one shell script."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("dvc repro && dvc exp save"))
+    assert lines[at - 1].startswith("printf 'methods:") and lines[at - 1].rstrip().split("  #")[0].endswith("exp.yaml")
+    return "\n".join(ln.split("  #")[0] for ln in lines[at - 1:at + 1])
+
+
+@pytest.mark.slow
+def test_the_readmes_experiment_recipe_retrains_one_method_and_saves_a_row_exp_show_prints(repo):
+    """`dvc repro` on the written layer, then `dvc exp save`: the experiment `dvc exp run -S` would record,
+    without its per-stage git bookkeeping (README, treeverse/dvc#8809)."""
+    script = readme_experiment()
+    name = script.split("dvc exp save -n ")[1].split()[0]
+    out = _run(["bash", "-c", f"set -e\n{script}"], repo, timeout=600)
+    ran = _ran(out)
+    assert {"params", "train@toy-0.5-0-erm", "aggregate"} <= ran, out
+    assert not {s for s in ran if s.endswith("-ours")}, out  # the layer reaches ERM's runs only
+    lr = yaml.safe_load((repo / "exp.yaml").read_text())["methods"]["erm"]["train"]["lr"]
+    with_rev = [arg.replace("Experiment|", "Experiment|rev|") for arg in readme_exp_show()]
+    rows = _csv_rows(_run([*with_rev, "--csv"], repo))
+    saved = next(row for row in rows if row["Experiment"] == name)
+    assert float(saved["dvc.train_lr.toy.erm"]) == lr != 0.02, rows  # its lr, beside its cell
+    assert 0 < float(saved["cells.erm/main/toy/0.5.mean"]) <= 100
+    runs = json.loads((repo / RUN.format("erm") / "run_config.json").read_text())
+    assert runs["train"]["lr"] == lr  # the workspace holds the experiment's results, as after `dvc exp run`
+    _git(["add", "-A"], repo)
+    _git(["commit", "-q", "-m", "erm lr, saved"], repo)
+    assert json.loads(_run([DVC, "status", "--json"], repo).strip().splitlines()[-1]) == {}
+
+
 @pytest.mark.slow
 def test_make_demo_dvc_after_make_demo_records_the_finished_demo_instead_of_rerunning_it(origin, tmp_path):
     """`make demo` (Snakemake) and then `make demo-dvc` in the same clone: dvc commit, no stage runs."""
