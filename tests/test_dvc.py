@@ -30,9 +30,19 @@ def _dvc_yaml() -> dict:
     return {**stages, **yaml.safe_load((REPO / "workflow" / "dvc" / "run_stages.yaml").read_text())["stages"]}
 
 
-def _sharded(whole: dict, part: str = "runs") -> dict:
-    """Every run (or candidate: part) of a dvc-params.json, from its shard blocks (dvc_runs_SHARD)."""
-    return {k: v for name, shard in whole.items() if name.startswith("dvc_runs_") for k, v in shard[part].items()}
+def _shards(out: str | Path) -> dict:
+    """dvc_runs_SHARD -> its block, from the shard files `noisymlt params --out OUT` writes beside OUT."""
+    from noisymlt.pipeline.params import DVC_SHARDS, runs_file
+
+    blocks = {}
+    for i in range(DVC_SHARDS):
+        blocks.update(json.loads(runs_file(out, f"{i:02d}").read_text()))
+    return blocks
+
+
+def _sharded(out: str | Path, part: str = "runs") -> dict:
+    """Every run (or candidate: part) of a params file's shard files (dvc_runs_SHARD)."""
+    return {k: v for shard in _shards(out).values() for k, v in shard[part].items()}
 
 
 def _stage_body(stage: dict) -> dict:
@@ -113,14 +123,15 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     write(["params.yaml", "demo.yaml"], "dvc-params.json")
     assert load_params("dvc-params.json") == load_params("params.yaml", "demo.yaml")
     whole = json.loads(Path("dvc-params.json").read_text())
-    block, runs, candidates = whole["dvc"], _sharded(whole), _sharded(whole, "candidates")
+    block, runs, candidates = whole["dvc"], _sharded("dvc-params.json"), _sharded("dvc-params.json", "candidates")
+    assert not [k for k in whole if k.startswith("dvc_runs_")]  # the lists are in their shard files, not here
     methods = ["erm", "focal", "rs", "rs_focal", "ldam", "bbn", "mlgcn", "dividemix", "db", "db_focal", "ours"]
     grid = [f"toy-{g}-{s}-{m}" for g in ("0.3", "0.5", "0.7", "0.9") for s in range(5) for m in methods]
     assert set(grid) < set(runs)  # the demo's main grid, then its ablations' runs (24 variants, three seeds)
     assert len(runs) == len(grid) + 24 * 3 and {f"toy-0.5-{s}-ours_no_both" for s in range(3)} < set(runs)
     # each run in the shard its key hashes to (a stable hash: a new run moves no other), each shard used,
     # every shard block carries the command prefix: the shared preload server, as the demo asks
-    shards = {name: shard for name, shard in whole.items() if name.startswith("dvc_runs_")}
+    shards = _shards("dvc-params.json")
     assert list(shards) == [f"dvc_runs_{i:02d}" for i in range(DVC_SHARDS)]
     assert all(key in shards[f"dvc_runs_{shard_of(key)}"]["runs"] for key in runs)
     assert all(shard["runs"] for shard in shards.values())
@@ -157,7 +168,7 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
 
     write(["params.yaml"], "paper.yaml")  # ImageNet weights and GloVe vectors: files the assets stages fetch
     paper_file = json.loads(Path("paper.yaml").read_text())
-    paper = {**paper_file["dvc"], "runs": _sharded(paper_file)}
+    paper = {**paper_file["dvc"], "runs": _sharded("paper.yaml")}
     assert paper["pretrain"] == [] and paper["fetch_images"] == ["coco"]
     assert paper["preload"] == "NOISYMLT_PRELOAD="  # paper scale: a process per command
     assert paper["runs"]["coco-0.9-4-ours"]["images"] == "data/raw/coco/manifest.json"  # loader: cache
@@ -174,7 +185,7 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     # under train.loader pil a run reads image folders: they are its dependencies
     Path("files.yaml").write_text("train: {loader: pil}\n")
     write(["params.yaml", "files.yaml"], "files_dvc.json")
-    files = _sharded(json.loads(Path("files_dvc.json").read_text()))
+    files = _sharded("files_dvc.json")
     assert (files["coco-0.9-4-ours"]["images"], files["coco-0.9-4-ours"]["raw"]) == ("data/coco/train_images",
                                                                                    "data/raw/coco")
     assert files["voc-0.3-0-erm"]["images"] == files["voc-0.3-0-erm"]["raw"] == "data/raw/voc"
@@ -276,7 +287,7 @@ def _needs_tools() -> None:
 # it runs and after it fails, which would lose the epochs an interrupted training resumes from.
 UNDECLARED_BY_SNAKEMAKE = ("checkpoint.pt",)
 # Written before either tool runs, by `noisymlt params` (the README's routes and `make demo-dvc` run it).
-BEFORE_EITHER_ROUTE = ("dvc-params.json",)
+BEFORE_EITHER_ROUTE = ("dvc-params.json", "dvc-runs")
 
 
 def unwritten_outputs(outs: set[str], smk: dict[str, str]) -> list[str]:
@@ -407,7 +418,7 @@ def test_the_run_stages_shard_files_are_their_templates(tmp_path):
     files = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "workflow" / "dvc" / "runs").glob("*/dvc.yaml"))
     assert files == [f"workflow/dvc/runs/{i:02d}/dvc.yaml" for i in range(DVC_SHARDS)]
     shard = yaml.safe_load((REPO / files[3]).read_text())
-    assert shard["vars"] == ["../../../../dvc-params.json:dvc_runs_03"]
+    assert shard["vars"] == ["../../../../dvc-runs/03.json:dvc_runs_03"]
     assert shard["stages"]["train"]["foreach"] == "${dvc_runs_03.runs}"
     assert shard["stages"]["train"]["do"]["wdir"] == "../../../.."  # paths stay the project root's
     shutil.copytree(REPO / "workflow" / "dvc", tmp_path / "workflow" / "dvc")

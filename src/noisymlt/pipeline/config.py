@@ -35,8 +35,9 @@ def deep_merge(base: dict, override: dict) -> dict:
     return out
 
 
-# dvc-params.json (noisymlt.pipeline.params) holds, beside its `dvc` block, one block of run stages per shard of
-# the DVC pipeline under SHARD_BLOCK + SHARD: templating lists, not settings
+# The DVC pipeline's lists of run stages, one block per shard under SHARD_BLOCK + SHARD: templating lists, not
+# settings (noisymlt.pipeline.params writes them to dvc-runs/SHARD.json; dvc-params.json files written before
+# held them beside their `dvc` block)
 SHARD_BLOCK = "dvc_runs_"
 
 

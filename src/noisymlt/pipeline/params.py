@@ -18,10 +18,13 @@ templating loads (``vars: - dvc-params.json:dvc``):
   runs          the training runs of the main grid and the ablations (paths.all_runs), keyed
                 DATASET-GAMMA-SEED-METHOD: dataset, gamma, seed, method, its raw folder's marker file, the image
                 folders it reads (image_deps), its weights and embeddings files, its selection choice file and
-                config_key. Not in the `dvc` block but beside it, split by shard: `dvc_runs_SHARD` holds the runs
-                and the selection's candidates (selection_block) whose key falls in that shard (shard_of), the
-                lists workflow/dvc/runs/SHARD/dvc.yaml expands (dvc_shards.py). DVC converts a whole `vars`
-                block for each dvc.yaml that loads it, so each file loads only its own.
+                config_key. Not in this file but split by shard into files of their own (RUNS_FOLDER, beside it):
+                dvc-runs/SHARD.json holds, as `dvc_runs_SHARD`, the runs and the selection's candidates
+                (selection_block) whose key falls in that shard (shard_of), the lists workflow/dvc/runs/SHARD/dvc.yaml
+                expands (dvc_shards.py). Why apart: DVC converts a whole `vars` block for each dvc.yaml that loads
+                it, and it looks up each param a stage tracks by walking every leaf of the params file (dpath),
+                once per stage and key: at the demo's 292 runs these lists were three quarters of the leaves, and
+                their walks 40% of a `dvc status`.
   run_configs   config_key (the run's key with `_` for `.`: DVC splits params keys on dots) -> the run id,
                 the hash of its resolved configuration: the param a train stage tracks, so a change
                 reruns exactly the runs whose configuration it changes (a changed train.lr that the
@@ -61,8 +64,8 @@ import zlib
 from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.config import SHARD_BLOCK  # + SHARD: a top-level key of dvc-params.json
-from noisymlt.pipeline.files import write_text
+from noisymlt.pipeline.config import SHARD_BLOCK  # + SHARD: the key of a shard's file in RUNS_FOLDER
+from noisymlt.pipeline.files import write_json, write_text
 
 LAYER_SLOTS = 4  # dvc.yaml's `params` stage lists this many layer files (dvc.layer_files[0..3])
 
@@ -76,6 +79,7 @@ WRITTEN_BY = ("written by `noisymlt params {layers} --out {out}`: DVC's view of 
 # file), so an experiment on one method's 12 runs spent more time rewriting the lock than training. Sixteen
 # keep a shard's lock small at paper scale too (about 50 runs each).
 DVC_SHARDS = 16
+RUNS_FOLDER = "dvc-runs"  # beside dvc-params.json: SHARD.json, the run stages' lists of one shard (dvc_runs_SHARD)
 
 
 def shard_of(key: str) -> str:
@@ -341,7 +345,14 @@ def write(layers: list[str], out: str | Path) -> Path:
             print(f"warning: {note}", file=sys.stderr, flush=True)
     block = {"written_by": WRITTEN_BY.format(layers=" ".join(map(str, layers)), out=out), **dvc_block(params, layers)}
     shards = shard_blocks(block.pop("runs"), block.pop("candidates"), block["preload"])
-    return write_text(Path(out), json.dumps({"dvc": block, **shards, **params}, indent=1) + "\n")
+    for name, shard in shards.items():  # first: DVC loads a shard's dvc.yaml through its file
+        write_json(runs_file(out, name[len(SHARD_BLOCK):]), {name: shard})
+    return write_text(Path(out), json.dumps({"dvc": block, **params}, indent=1) + "\n")
+
+
+def runs_file(out: str | Path, shard: str) -> Path:
+    """The file of a shard's run stages' lists, beside the params file ``out``."""
+    return Path(out).parent / RUNS_FOLDER / f"{shard}.json"
 
 
 def _cmd(args: argparse.Namespace) -> int:
