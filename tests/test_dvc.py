@@ -189,6 +189,8 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     assert (files["coco-0.9-4-ours"]["images"], files["coco-0.9-4-ours"]["raw"]) == ("data/coco/train_images",
                                                                                    "data/raw/coco")
     assert files["voc-0.3-0-erm"]["images"] == files["voc-0.3-0-erm"]["raw"] == "data/raw/voc"
+    # each params file has its own shard files (OUT-STEM-runs/): writing the two above left the demo's alone
+    assert _sharded("dvc-params.json") == runs and Path("paper-runs/00.json").is_file()
 
     Path("demo.yaml").write_text(Path("demo.yaml").read_text() + "\n# edited\n")
     stale = "dvc-params.json is stale: demo.yaml changed.*`noisymlt params params.yaml demo.yaml --out dvc-params.json`"
@@ -287,7 +289,7 @@ def _needs_tools() -> None:
 # it runs and after it fails, which would lose the epochs an interrupted training resumes from.
 UNDECLARED_BY_SNAKEMAKE = ("checkpoint.pt",)
 # Written before either tool runs, by `noisymlt params` (the README's routes and `make demo-dvc` run it).
-BEFORE_EITHER_ROUTE = ("dvc-params.json", "dvc-runs")
+BEFORE_EITHER_ROUTE = ("dvc-params.json", "dvc-params-runs")
 
 
 def unwritten_outputs(outs: set[str], smk: dict[str, str]) -> list[str]:
@@ -418,7 +420,7 @@ def test_the_run_stages_shard_files_are_their_templates(tmp_path):
     files = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "workflow" / "dvc" / "runs").glob("*/dvc.yaml"))
     assert files == [f"workflow/dvc/runs/{i:02d}/dvc.yaml" for i in range(DVC_SHARDS)]
     shard = yaml.safe_load((REPO / files[3]).read_text())
-    assert shard["vars"] == ["../../../../dvc-runs/03.json:dvc_runs_03"]
+    assert shard["vars"] == ["../../../../dvc-params-runs/03.json:dvc_runs_03"]
     assert shard["stages"]["train"]["foreach"] == "${dvc_runs_03.runs}"
     assert shard["stages"]["train"]["do"]["wdir"] == "../../../.."  # paths stay the project root's
     shutil.copytree(REPO / "workflow" / "dvc", tmp_path / "workflow" / "dvc")

@@ -36,7 +36,7 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 
 # The DVC pipeline's lists of run stages, one block per shard under SHARD_BLOCK + SHARD: templating lists, not
-# settings (noisymlt.pipeline.params writes them to dvc-runs/SHARD.json; dvc-params.json files written before
+# settings (noisymlt.pipeline.params writes them to dvc-params-runs/SHARD.json; dvc-params.json files written before
 # held them beside their `dvc` block)
 SHARD_BLOCK = "dvc_runs_"
 

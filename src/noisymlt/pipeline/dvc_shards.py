@@ -2,7 +2,7 @@
 
 DVC keeps one dvc.lock per dvc.yaml and rewrites all of it after each stage it runs. The pipeline's run
 stages (a training run or a selection candidate each: most of its stages) are therefore spread over
-params.DVC_SHARDS files by a stable hash of their key (params.shard_of); dvc-runs/SHARD.json (written with
+params.DVC_SHARDS files by a stable hash of their key (params.shard_of); dvc-params-runs/SHARD.json (written with
 dvc-params.json) lists each shard's runs and candidates under config.SHARD_BLOCK + SHARD, e.g. dvc_runs_03. The files
 differ only in their shard number, so they are written from workflow/dvc/run_stages.yaml (edit that, then run
 `noisymlt dvc-shards`); the test suite checks that the committed files are the template's.

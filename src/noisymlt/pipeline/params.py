@@ -18,8 +18,8 @@ templating loads (``vars: - dvc-params.json:dvc``):
   runs          the training runs of the main grid and the ablations (paths.all_runs), keyed
                 DATASET-GAMMA-SEED-METHOD: dataset, gamma, seed, method, its raw folder's marker file, the image
                 folders it reads (image_deps), its weights and embeddings files, its selection choice file and
-                config_key. Not in this file but split by shard into files of their own (RUNS_FOLDER, beside it):
-                dvc-runs/SHARD.json holds, as `dvc_runs_SHARD`, the runs and the selection's candidates
+                config_key. Not in this file but split by shard into files of their own, beside it (runs_file):
+                dvc-params-runs/SHARD.json holds, as `dvc_runs_SHARD`, the runs and the selection's candidates
                 (selection_block) whose key falls in that shard (shard_of), the lists workflow/dvc/runs/SHARD/dvc.yaml
                 expands (dvc_shards.py). Why apart: DVC converts a whole `vars` block for each dvc.yaml that loads
                 it, and it looks up each param a stage tracks by walking every leaf of the params file (dpath),
@@ -64,7 +64,7 @@ import zlib
 from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.config import SHARD_BLOCK  # + SHARD: the key of a shard's file in RUNS_FOLDER
+from noisymlt.pipeline.config import SHARD_BLOCK  # + SHARD: the key of a shard's file (runs_file)
 from noisymlt.pipeline.files import write_json, write_text
 
 LAYER_SLOTS = 4  # dvc.yaml's `params` stage lists this many layer files (dvc.layer_files[0..3])
@@ -79,7 +79,6 @@ WRITTEN_BY = ("written by `noisymlt params {layers} --out {out}`: DVC's view of 
 # file), so an experiment on one method's 12 runs spent more time rewriting the lock than training. Sixteen
 # keep a shard's lock small at paper scale too (about 50 runs each).
 DVC_SHARDS = 16
-RUNS_FOLDER = "dvc-runs"  # beside dvc-params.json: SHARD.json, the run stages' lists of one shard (dvc_runs_SHARD)
 
 
 def shard_of(key: str) -> str:
@@ -351,8 +350,10 @@ def write(layers: list[str], out: str | Path) -> Path:
 
 
 def runs_file(out: str | Path, shard: str) -> Path:
-    """The file of a shard's run stages' lists, beside the params file ``out``."""
-    return Path(out).parent / RUNS_FOLDER / f"{shard}.json"
+    """The file of a shard's run stages' lists: OUT-STEM-runs/SHARD.json beside the params file ``out``
+    (dvc-params-runs/03.json), named after it so that writing another params file beside it leaves it alone."""
+    out = Path(out)
+    return out.parent / f"{out.stem}-runs" / f"{shard}.json"
 
 
 def _cmd(args: argparse.Namespace) -> int:
