@@ -44,7 +44,8 @@ SMK_DRY = [str(BIN / "snakemake"), "--profile", "workflow/profiles/demo", "--con
 ERM_EXPERIMENT = "exp.yaml:++methods.erm.train.lr=0.01"
 ERM_LAYER = "methods:\n  erm:\n    train: {lr: 0.01}\n"  # what the README's printf writes: the same change
 NOOP_EXPERIMENT = "exp.yaml:++train.lr=0.05"
-TRACKED = ["exp.yaml", "dvc-params.json", "dvc-params-runs", "dvc.lock", "workflow/dvc/runs"]  # what an experiment rewrites
+# what an experiment rewrites
+TRACKED = ["exp.yaml", "dvc-params.json", "dvc-params-runs", "dvc.lock", "workflow/dvc/runs"]
 
 
 def _env(root: Path) -> dict:
