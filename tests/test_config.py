@@ -79,6 +79,12 @@ def test_a_bad_layer_is_named_with_the_key_in_one_short_line(tmp_path, capsys):
         "methods: {erm: {colour: red}}\n": "methods.erm.colour: unknown key",
         "grid: {gammas: [0.5, 1.5]}\n": "grid.gammas.1: 1.5 is greater than the maximum of 1",
         "methods: {ours: {stitchup: {k: many}}}\n": "methods.ours.stitchup.k: 'many' is not of type 'integer'",
+        # issue 40: a NaN passed every bound and the run died with a non-finite loss naming neither file nor key;
+        # YAML 1.1 reads 1e-3 as text, and the message said only that it is not a number
+        "train: {lr: .nan}\n": "train.lr: not a finite number (NaN or infinity)",
+        "methods: {erm: {train: {weight_decay: -.inf}}}\n": "methods.erm.train.weight_decay: not a finite number (NaN or infinity)",
+        "train: {lr: 1e-3}\n": "train.lr: '1e-3' is not of type 'number' (YAML 1.1 reads '1e-3' as text: write the "
+                                "number with a dot, e.g. 1.0e-3)",
     }
     for text, message in cases.items():
         layer = tmp_path / "layer.yaml"

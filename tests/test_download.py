@@ -296,6 +296,10 @@ MALICIOUS_TARS = {
     # each name looks harmless alone; together a/a/b resolves two levels above the target
     "through_link": ([_link("a", "."), _link("a/a/b", "../..")], "a/a/b", "lies under link 'a'"),
     "device": ([_file("ok.txt", b"ok"), _device()], "dev/evil", "device or special file"),
+    # issue 40: d1/l stays inside, and d1/m -> l/../.. folds to d1 on paper, but through l it is the target's parent;
+    # refused by the project's own check, not only by Python's tarfile filter
+    "link_chain": ([_file("ok.txt", b"ok"), _link("d1/l", ".."), _link("d1/m", "l/../..")], "d1/m",
+                   "through link 'd1/l'"),
 }
 
 

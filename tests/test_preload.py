@@ -285,6 +285,27 @@ def test_the_server_exits_with_the_workflow_that_started_it(tmp_path):
         time.sleep(0.1)
 
 
+def test_a_killed_workflow_leaves_no_preload_folder_behind(tmp_path):
+    """issue 40: Snakemake killed with SIGKILL left its empty noisymlt-preload-* folder in the temporary directory;
+    the server, orphaned, removes its socket and the folder start_server made for it."""
+    starter = tmp_path / "starter.py"
+    starter.write_text(
+        "import os, signal, sys\n"
+        "from noisymlt.pipeline import preload\n"
+        "path, _ = preload.start_server(idle_timeout=60)\n"
+        "print(path, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n")
+    run = subprocess.run([sys.executable, str(starter)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert run.returncode == -9
+    folder = Path(run.stdout.split()[0]).parent
+    assert folder.parent == tmp_path and folder.name.startswith("noisymlt-preload-")
+    deadline = time.monotonic() + 15
+    while folder.exists():
+        assert time.monotonic() < deadline, f"{folder} outlived the killed workflow: {list(folder.iterdir())}"
+        time.sleep(0.1)
+
+
 def test_manifests_record_the_same_environment_in_a_preloaded_process():
     """A step's manifest lists the installed library versions, not what its process happened to import:
     a light step run in the server (torch already imported) records what a fresh process records."""
@@ -321,6 +342,8 @@ def test_shared_starts_one_server_that_later_commands_reuse_and_only_in_a_privat
         for proc in _shared_servers(folder):
             proc.terminate()
             proc.wait(10)
-    folder.chmod(0o755)  # open to others: no server there, the command runs itself
+    folder.chmod(0o755)  # open to others: no server there, the command runs itself, and says so in one line
     opened = cli(["--version"], env, cwd=tmp_path)
     assert opened.returncode == 0 and opened.stdout.startswith("noisymlt ") and not _shared_servers(folder)
+    said = [line for line in opened.stderr.splitlines() if str(folder) in line]
+    assert len(said) == 1 and "without the shared preload server" in said[0], opened.stderr

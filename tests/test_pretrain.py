@@ -113,7 +113,7 @@ def test_cli_writes_weights_and_report(tmp_path):
 
 
 def test_bf16_pretraining_autocasts_the_step_and_stays_reproducible(tmp_path):
-    """cpu_precision bf16 (the demo's): the step runs under bf16 autocast, so its weights differ from fp32's,
+    """cpu_precision bf16: the step runs under bf16 autocast, so its weights differ from fp32's,
     and two runs still give the same bytes."""
     one = {**SMALL, "epochs": 1}
     paths = {name: tmp_path / f"{name}.pt" for name in ("fp32", "bf16", "bf16_again")}

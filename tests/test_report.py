@@ -116,6 +116,37 @@ def test_trace_flags_every_kind_of_mismatch(tmp_path, capsys):
     assert rc == 1 and "STALE: the table shows" in text and f"CHANGED {runs[2] / 'metrics.json'}" in text
 
 
+@pytest.mark.parametrize("style", ["md", "tex", "html"])
+def test_trace_fails_a_hand_edited_table_value_naming_file_and_cell(tmp_path, capsys, style):
+    """A reader sees the rendered tables: a value typed over one of them (issue 40: 39.48 -> 44.48 in the .md and
+    .tex) must fail trace, naming the file and the cell, whichever cell was traced."""
+    files = []
+    for seed in (0, 1, 2):
+        files.append(fake_run(tmp_path, "erm", 0.5, seed, [0.39 + seed / 100]))
+        files.append(fake_run(tmp_path, "db", 0.5, seed, [0.70 + seed / 100]))
+        files.append(fake_run(tmp_path, "ours", 0.5, seed, [0.5, 0.9, 0.1], heads=("ensemble", "random", "balanced")))
+    out = tmp_path / "table.tex"
+    sidecar = write_table(aggregate(files), out, {"erm": "ERM", "db": "DB", "ours": "Ours"})
+    cells = str(out.with_suffix(".cells.json"))
+    assert main(["trace", "db/main/toy/0.5", "--sidecar", cells]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    shown = sidecar["cells"]["erm/main/toy/0.5"]["shown"][style]
+    assert shown.startswith("40.00") or "40.00" in shown
+    path = out.with_suffix(f".{style}")
+    text = path.read_text()
+    assert text.count("40.00") == 1
+    path.write_text(text.replace("40.00", "45.00"))
+    rc = main(["trace", "db/main/toy/0.5", "--sidecar", cells])
+    printed = capsys.readouterr().out
+    assert rc == 1 and f"TABLE: {path} cell erm/main/toy/0.5 (row ERM, column 1) shows" in printed, printed
+    assert "45.00" in printed
+    path.write_text(text + "\n% a note\n")  # no value touched, but not the file that was rendered
+    assert main(["trace", "db/main/toy/0.5", "--sidecar", cells]) == 1
+    assert f"TABLE: {path} changed since it was rendered" in capsys.readouterr().out
+    path.write_text(text)
+    assert main(["trace", "db/main/toy/0.5", "--sidecar", cells]) == 0
+
+
 def test_trace_names_a_missing_run_and_notices_predictions_of_another_checkpoint(tmp_path, capsys):
     from noisymlt.pipeline.manifest import file_sha256
 

@@ -165,15 +165,43 @@ def test_choose_takes_the_best_mean_score_and_breaks_ties_by_grid_order(tmp_path
     assert rec["chosen"] == {"lr": 0.08} and rec["winner"] == "lr0.08"
     assert [c["mean"] for c in rec["candidates"]] == [30.0, 39.0, 32.5, 10.0]
     assert "ensemble head" in rec["metric"]
-    # stage 2 at the chosen lr: alpha 0.8 / 0.7 tie with beta 0.2 at 0.01 points; the grid lists alpha from 0.9
-    # down, so 0.8 (earlier) wins; differences below 0.005 points are ties
+    # stage 2 at the chosen lr: alpha 0.8 / 0.7 tie with beta 0.2 at 0.01 points (differences below 0.005 points
+    # are ties); params.yaml prefers the references' alpha 0.7, so it wins although the grid lists 0.8 first
     tie = {(0.8, 0.2): 0.50001, (0.7, 0.2): 0.50003}
     _fake_stage(tmp_path, params, "ours", 2, lambda v, g, s: tie.get((v["alpha"], v["beta"]), 0.2))
     rec2 = S.select_stage(params, "toy", "ours", 2, tmp_path, tmp_path / S.choice_file("toy", "ours", 1))
-    assert rec2["chosen"] == {"lr": 0.08, "alpha": 0.8, "beta": 0.2}
+    assert rec2["chosen"] == {"lr": 0.08, "alpha": 0.7, "beta": 0.2}
+    assert rec2["tied"] == ["alpha0.8_beta0.2", "alpha0.7_beta0.2"] and rec2["tie_margin"] == 0
+    assert "references' values (alpha 0.7, beta 0.1)" in rec2["tie_rule"]
     assert rec2["previous"] == {"lr": 0.08} and rec2["earlier_stages"][0]["winner"] == "lr0.08"
     choice = json.loads((tmp_path / S.choice_file("toy", "ours", 2)).read_text())
     assert choice["chosen"] == rec2["chosen"] and "candidates" not in choice  # the choice only
+
+
+AB = [{"alpha": a, "beta": b} for a in (0.9, 0.8, 0.7) for b in (0.1, 0.2, 0.3, 0.4)]  # params.yaml's grid order
+
+
+def test_near_ties_within_the_margin_go_to_the_references_values_then_grid_order():
+    """Candidates closer than tie_margin are tied; among them the fewest departures from `prefer` win, then the
+    grid order. Scores: the demo's alpha x beta stage of the AMD EPYC (bf16) demo of ad52e32."""
+    amd = dict(zip([(v["alpha"], v["beta"]) for v in AB],
+                   [29.30, 29.33, 30.68, 29.85, 29.44, 29.38, 30.85, 30.17, 29.67, 29.62, 30.97, 30.39]))
+    scores = [amd[(v["alpha"], v["beta"])] for v in AB]
+    prefer = {"alpha": 0.7, "beta": 0.1}
+    win, tied = S.choose(scores, AB, {"tie_margin": 0.0, "prefer": prefer})
+    assert AB[win] == {"alpha": 0.7, "beta": 0.3} and len(tied) == 1  # no tie: the best score
+    win, tied = S.choose(scores, AB, {"tie_margin": 0.5, "prefer": prefer})
+    # 30.97, 30.85, 30.68 tie; alpha 0.7 is the references' value
+    assert [AB[i] for i in tied] == [{"alpha": 0.9, "beta": 0.3}, {"alpha": 0.8, "beta": 0.3}, {"alpha": 0.7, "beta": 0.3}]
+    assert AB[win] == {"alpha": 0.7, "beta": 0.3}
+    win, _ = S.choose(scores, AB, {"tie_margin": 1.3, "prefer": prefer})
+    assert AB[win] == {"alpha": 0.7, "beta": 0.1}  # the references' own values, 1.30 below the best
+    win, _ = S.choose(scores, AB, {"tie_margin": 0.5})
+    assert AB[win] == {"alpha": 0.9, "beta": 0.3}  # no preference: the first tied in grid order
+    # the Intel Xeon (AMX) reading of issue 36: alpha 0.7 and 0.8 at beta 0.1 both 32.86; grid order alone took 0.8
+    two = [{"alpha": 0.8, "beta": 0.1}, {"alpha": 0.7, "beta": 0.1}]
+    assert S.choose([32.86, 32.86], two, {"tie_margin": 0.0})[0] == 0
+    assert S.choose([32.86, 32.86], two, {"tie_margin": 0.0, "prefer": prefer})[0] == 1
 
 
 def test_choose_refuses_a_missing_candidate(tmp_path):

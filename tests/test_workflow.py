@@ -34,6 +34,21 @@ def snakemake(cwd: Path, *args: str, timeout: int = 600) -> subprocess.Completed
     return proc
 
 
+def other_venv(where: Path) -> Path:
+    """A second venv at ``where`` (another interpreter path, as a colleague's or a rebuilt one) that sees this
+    venv's packages: its python."""
+    import site
+    import venv
+
+    venv.EnvBuilder(with_pip=False).create(where)
+    python = where / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    # an `import` line of a .pth file runs: addsitedir also reads this venv's own .pth files (the editable install)
+    Path(purelib, "this_venv.pth").write_text(f"import site; site.addsitedir({site.getsitepackages()[0]!r})\n")
+    return python
+
+
 def job_counts(text: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", text, re.M)}
 
@@ -238,6 +253,20 @@ def test_demo_profile_runs_end_to_end(tmp_path):
     # Everything is up to date: a second invocation plans nothing.
     again = snakemake(wf, *args, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
+    # Nothing machine-specific decides a rerun (issue 40: the interpreter's path was a param of every rule): the
+    # finished project copied to another folder and driven by another venv's `python -m snakemake` plans nothing,
+    # nor does the original under the other spelling of the interpreter.
+    moved = tmp_path.parent / (tmp_path.name + "_moved")
+    shutil.copytree(wf, moved, symlinks=True)
+    try:
+        other = other_venv(tmp_path.parent / (tmp_path.name + "_venv"))
+        for python, where in ((other, moved), (Path(sys.executable), wf)):
+            plan = subprocess.run([str(python), "-m", "snakemake", *args, "-n"], cwd=where, capture_output=True,
+                                  text=True, timeout=300)
+            assert "Nothing to be done" in plan.stdout + plan.stderr, (python, where, plan.stdout[-3000:])
+    finally:
+        shutil.rmtree(moved, ignore_errors=True)
+        shutil.rmtree(tmp_path.parent / (tmp_path.name + "_venv"), ignore_errors=True)
     # Model selection: Ours' two stages wrote every candidate's score and the choice, its final runs trained with
     # the choice (ERM, whose selection the demo turns off, with its fixed values), and trace shows it.
     stage2 = json.loads((wf / "runs/toy/select/ours/stage2.json").read_text())

@@ -12,7 +12,6 @@ rule code_digests:
     output:
         directory("data/code"),
     params:
-        cli=NOISYMLT,
         config=lambda w: json.dumps(config, sort_keys=True),  # a function: Snakemake formats plain strings
         digests=lambda w: json.dumps(step_code.digests(config), sort_keys=True),  # rerun when a file would change
     conda:
@@ -22,4 +21,4 @@ rule code_digests:
     benchmark:
         "benchmarks/code_digests.tsv"
     shell:
-        "{params.cli} code-deps --params-json {params.config:q} --out {output} > {log} 2>&1"
+        "{NOISYMLT} code-deps --params-json {params.config:q} --out {output} > {log} 2>&1"

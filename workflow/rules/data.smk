@@ -6,7 +6,6 @@ rule make_toy:
     output:
         "data/raw/toy/VOCdevkit/TOY/toy_manifest.json",
     params:
-        cli=NOISYMLT,
         args=lambda w: argv(paths.raw_argv(config, dataset_of_raw("data/raw/toy"))),
         code=code("make-toy"),
     conda:
@@ -16,7 +15,7 @@ rule make_toy:
     benchmark:
         "benchmarks/data/make_toy.tsv"
     shell:
-        "{params.cli} {params.args} > {log} 2>&1"
+        "{NOISYMLT} {params.args} > {log} 2>&1"
 
 
 # A VOC stand-in drawn by the toy generator in VOC's layout (kind voc with a toy block: the smoke profile).
@@ -26,7 +25,6 @@ use rule make_toy as make_voc_toy with:
     output:
         "data/raw/voc_toy/manifest.json",
     params:
-        cli=NOISYMLT,
         args=lambda w: argv(paths.raw_argv(config, dataset_of_raw("data/raw/voc_toy"))),
         code=code("make-toy"),
     log:
@@ -55,7 +53,6 @@ rule fetch_asset:
     wildcard_constraints:
         group="imagenet|glove",
     params:
-        cli=NOISYMLT,
         args=asset_args,
     conda:
         "../envs/noisymlt.yaml"
@@ -64,7 +61,7 @@ rule fetch_asset:
     benchmark:
         "benchmarks/data/fetch_asset_{group}_{file}.tsv"
     shell:
-        "{params.cli} {params.args} > {log} 2>&1"
+        "{NOISYMLT} {params.args} > {log} 2>&1"
 
 
 rule download:
@@ -73,7 +70,6 @@ rule download:
     wildcard_constraints:
         kind="voc|coco",
     params:
-        cli=NOISYMLT,
         args=lambda w: argv(paths.raw_argv(config, dataset_of_raw(f"data/raw/{w.kind}"))),
     conda:
         "../envs/noisymlt.yaml"
@@ -82,7 +78,7 @@ rule download:
     benchmark:
         "benchmarks/data/download_{kind}.tsv"
     shell:
-        "{params.cli} {params.args} > {log} 2>&1"
+        "{NOISYMLT} {params.args} > {log} 2>&1"
 
 
 rule parse_labels:
@@ -93,7 +89,6 @@ rule parse_labels:
     wildcard_constraints:
         part="train_source|test",
     params:
-        cli=NOISYMLT,
         args=lambda w, output: argv(paths.parse_argv(config, w.dataset, w.part, output[0])),
         code=code("parse"),
     conda:
@@ -103,7 +98,7 @@ rule parse_labels:
     benchmark:
         "benchmarks/data/parse_{dataset}_{part}.tsv"
     shell:
-        "{params.cli} {params.args} > {log} 2>&1"
+        "{NOISYMLT} {params.args} > {log} 2>&1"
 
 
 rule longtail:
@@ -113,7 +108,6 @@ rule longtail:
         labels="data/{dataset}/train_labels.parquet",
         split="data/{dataset}/class_split.json",
     params:
-        cli=NOISYMLT,
         args=lambda w, input, output: argv(
             paths.longtail_argv(config, w.dataset, input[0], output.labels, output.split)
         ),
@@ -125,7 +119,7 @@ rule longtail:
     benchmark:
         "benchmarks/data/longtail_{dataset}.tsv"
     shell:
-        "{params.cli} {params.args} > {log} 2>&1"
+        "{NOISYMLT} {params.args} > {log} 2>&1"
 
 
 rule fetch_coco_train_images:
@@ -135,7 +129,6 @@ rule fetch_coco_train_images:
     output:
         "data/{dataset}/train_images/train2017/manifest.json",
     params:
-        cli=NOISYMLT,
         args=lambda w, input: argv(
             paths.train_images_argv(config, w.dataset, input.labels, paths.train_images_dir(w.dataset))
         ),
@@ -146,7 +139,7 @@ rule fetch_coco_train_images:
     benchmark:
         "benchmarks/data/fetch_images_{dataset}.tsv"
     shell:
-        "{params.cli} {params.args} > {log} 2>&1"
+        "{NOISYMLT} {params.args} > {log} 2>&1"
 
 
 # Every image of the train subset / test set decoded once into a uint8 array (train.loader: cache reads it).
@@ -165,7 +158,6 @@ rule cache_train_images:
     wildcard_constraints:
         part="train",
     params:
-        cli=NOISYMLT,
         args=lambda w, output: argv(paths.cache_argv(config, w.dataset, w.part, output.array)),
         code=code("cache-images"),
     conda:
@@ -175,7 +167,7 @@ rule cache_train_images:
     benchmark:
         "benchmarks/data/cache_images_{dataset}_{part}.tsv"
     shell:
-        "{params.cli} {params.args} > {log} 2>&1"
+        "{NOISYMLT} {params.args} > {log} 2>&1"
 
 
 use rule cache_train_images as cache_test_images with:

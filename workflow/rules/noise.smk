@@ -8,7 +8,6 @@ rule noise:
         labels="data/{dataset}/noisy/g{gamma}_s{seed}.parquet",
         stats="data/{dataset}/noisy/g{gamma}_s{seed}.json",
     params:
-        cli=NOISYMLT,
         code=code("noise"),
     conda:
         "../envs/noisymlt.yaml"
@@ -17,5 +16,5 @@ rule noise:
     benchmark:
         "benchmarks/noise/{dataset}_g{gamma}_s{seed}.tsv"
     shell:
-        "{params.cli} noise --labels {input} --gamma {wildcards.gamma} --seed {wildcards.seed} "
+        "{NOISYMLT} noise --labels {input} --gamma {wildcards.gamma} --seed {wildcards.seed} "
         "--out {output.labels} --stats {output.stats} > {log} 2>&1"

@@ -10,7 +10,6 @@ rule aggregate:
         curves="reports/training_curves.json",
         pseudo_labels="reports/pseudo_label_curves.json",
     params:
-        cli=NOISYMLT,
         code=code("aggregate"),
     conda:
         "../envs/noisymlt.yaml"
@@ -19,7 +18,7 @@ rule aggregate:
     benchmark:
         "benchmarks/report/aggregate.tsv"
     shell:
-        "{params.cli} aggregate {input} --out {output.results} --curves {output.curves} "
+        "{NOISYMLT} aggregate {input} --out {output.results} --curves {output.curves} "
         "--pseudo-label-curves {output.pseudo_labels} > {log} 2>&1"
 
 
@@ -32,7 +31,6 @@ rule table_total:
         cells="reports/table_total.cells.json",
         html=report("reports/table_total.html", caption="../report/table_total.rst", category="Tables"),
     params:
-        cli=NOISYMLT,
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
         code=code("table"),
@@ -43,7 +41,7 @@ rule table_total:
     benchmark:
         "benchmarks/report/table_total.tsv"
     shell:
-        "{params.cli} table --results {input} --out {output.tex} --labels {params.labels:q} --methods {params.methods} > {log} 2>&1"
+        "{NOISYMLT} table --results {input} --out {output.tex} --labels {params.labels:q} --methods {params.methods} > {log} 2>&1"
 
 
 # Whether the regime is the paper's: the runs fit their training labels, reach their learning rate, and
@@ -60,7 +58,6 @@ rule table_fit:
         html=report("reports/fit_{dataset}.html", caption="../report/fit.rst", category="Diagnostics",
                     labels={"table": "fit diagnostics", "dataset": "{dataset}"}),
     params:
-        cli=NOISYMLT,
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
         code=code("fit-table"),
@@ -71,7 +68,7 @@ rule table_fit:
     benchmark:
         "benchmarks/report/fit_{dataset}.tsv"
     shell:
-        "{params.cli} fit-table --results {input} --dataset {wildcards.dataset} --out {output.tex} "
+        "{NOISYMLT} fit-table --results {input} --dataset {wildcards.dataset} --out {output.tex} "
         "--methods {params.methods} --labels {params.labels:q} > {log} 2>&1"
 
 
@@ -85,7 +82,6 @@ rule table_paired:
         html=report("reports/paired_{dataset}.html", caption="../report/paired.rst", category="Tables",
                     labels={"table": "paired differences", "dataset": "{dataset}"}),
     params:
-        cli=NOISYMLT,
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
         code=code("paired-table"),
@@ -96,7 +92,7 @@ rule table_paired:
     benchmark:
         "benchmarks/report/paired_{dataset}.tsv"
     shell:
-        "{params.cli} paired-table --results {input} --dataset {wildcards.dataset} --out {output.tex} "
+        "{NOISYMLT} paired-table --results {input} --dataset {wildcards.dataset} --out {output.tex} "
         "--methods {params.methods} --labels {params.labels:q} > {log} 2>&1"
 
 
@@ -107,7 +103,6 @@ rule figure_map_vs_gamma:
         png=report("reports/map_vs_gamma.png", caption="../report/map_vs_gamma.rst", category="Figures"),
         pdf="reports/map_vs_gamma.pdf",
     params:
-        cli=NOISYMLT,
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),  # the compared methods only: the ablation variants have their figures
         code=code("figure"),
@@ -118,7 +113,7 @@ rule figure_map_vs_gamma:
     benchmark:
         "benchmarks/report/map_vs_gamma.tsv"
     shell:
-        "{params.cli} figure --results {input} --out {output.png} --methods {params.methods} "
+        "{NOISYMLT} figure --results {input} --out {output.png} --methods {params.methods} "
         "--labels {params.labels:q} > {log} 2>&1"
 
 
@@ -132,7 +127,6 @@ rule table_ablation:
         html=report("reports/ablation_{name}.html", caption="../report/ablation.rst", category="Ablations",
                     labels={"ablation": "{name}"}),
     params:
-        cli=NOISYMLT,
         labels=method_labels(),
         spec=lambda w: json.dumps(config["ablations"][w.name]),
         code=code("table"),
@@ -143,7 +137,7 @@ rule table_ablation:
     benchmark:
         "benchmarks/report/ablation_{name}.tsv"
     shell:
-        "{params.cli} table --results {input} --out {output.tex} --ablation-spec {params.spec:q} "
+        "{NOISYMLT} table --results {input} --out {output.tex} --ablation-spec {params.spec:q} "
         "--labels {params.labels:q} > {log} 2>&1"
 
 
@@ -157,7 +151,6 @@ rule table_groups:
         html=report("reports/table_groups_{dataset}.html", caption="../report/table_groups.rst", category="Tables",
                     labels={"table": "head / medium / tail", "dataset": "{dataset}"}),
     params:
-        cli=NOISYMLT,
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
         code=code("table"),
@@ -168,7 +161,7 @@ rule table_groups:
     benchmark:
         "benchmarks/report/table_groups_{dataset}.tsv"
     shell:
-        "{params.cli} table --results {input} --out {output.tex} --groups {wildcards.dataset} "
+        "{NOISYMLT} table --results {input} --out {output.tex} --groups {wildcards.dataset} "
         "--labels {params.labels:q} --methods {params.methods} > {log} 2>&1"
 
 
@@ -181,7 +174,6 @@ rule figure_sweep:
         pdf="reports/ablation_{name}.pdf",
         csv="reports/ablation_{name}.csv",
     params:
-        cli=NOISYMLT,
         spec=lambda w: json.dumps(config["ablations"][w.name]),
         x=sweep_values,
         code=code("figure"),
@@ -192,7 +184,7 @@ rule figure_sweep:
     benchmark:
         "benchmarks/report/figure_{name}.tsv"
     shell:
-        "{params.cli} figure --results {input} --out {output.png} --ablation-spec {params.spec:q} --x {params.x:q} "
+        "{NOISYMLT} figure --results {input} --out {output.png} --ablation-spec {params.spec:q} --x {params.x:q} "
         "> {log} 2>&1"
 
 
@@ -207,7 +199,6 @@ rule inference_time:
         html=report("reports/inference_time_{dataset}.html", caption="../report/inference_time.rst",
                     category="Tables", labels={"table": "inference time", "dataset": "{dataset}"}),
     params:
-        cli=NOISYMLT,
         runs=lambda w, input: " ".join(str(Path(m).parent) for m in input.runs),
         train_images=lambda w: image_root(w.dataset, "train"),
         test_images=lambda w: image_root(w.dataset, "test"),
@@ -229,7 +220,7 @@ rule inference_time:
     benchmark:
         "benchmarks/report/inference_time_{dataset}.tsv"
     shell:
-        "{params.cli} inference-time --runs {params.runs} --test-labels {input.test} "
+        "{NOISYMLT} inference-time --runs {params.runs} --test-labels {input.test} "
         "--train-images {params.train_images} --test-images {params.test_images} --batch-sizes {params.batch_sizes} "
         "--trials {params.trials} --labels {params.labels:q} --paper {params.paper:q} --out {output.tex} > {log} 2>&1"
 
@@ -241,7 +232,6 @@ rule readme_numbers:
     output:
         "reports/readme_numbers.json",
     params:
-        cli=NOISYMLT,
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
         code=code("readme-numbers"),
@@ -252,7 +242,7 @@ rule readme_numbers:
     benchmark:
         "benchmarks/report/readme_numbers.tsv"
     shell:
-        "{params.cli} readme-numbers --results {input.results} --methods {params.methods} --labels {params.labels:q} "
+        "{NOISYMLT} readme-numbers --results {input.results} --methods {params.methods} --labels {params.labels:q} "
         "--selection {input.selection} --out {output} > {log} 2>&1"
 
 
@@ -269,7 +259,6 @@ rule figure_noise_level:
         csv="reports/noise_level_{dataset}.csv",
         md="reports/noise_level_{dataset}.md",
     params:
-        cli=NOISYMLT,
         title=lambda w: f"{dataset_title(w.dataset)}: {config['methods'][FIGURE_METHOD].get('label', FIGURE_METHOD)}, "
         f"noise rate {FIGURE_GAMMA}",
         code=code("noise-figure"),
@@ -280,7 +269,7 @@ rule figure_noise_level:
     benchmark:
         "benchmarks/report/noise_level_{dataset}.tsv"
     shell:
-        "{params.cli} noise-figure --logs {input} --out {output.png} --title {params.title:q} --smooth 5 > {log} 2>&1"
+        "{NOISYMLT} noise-figure --logs {input} --out {output.png} --title {params.title:q} --smooth 5 > {log} 2>&1"
 
 
 rule figure_pseudo_labels:
@@ -295,7 +284,6 @@ rule figure_pseudo_labels:
         png=report("reports/pseudo_labels_{dataset}.png", caption="../report/pseudo_labels.rst", category="Figures"),
         pdf="reports/pseudo_labels_{dataset}.pdf",
     params:
-        cli=NOISYMLT,
         run=lambda w: figure_run(w.dataset, figure_seeds(w.dataset)[0], "").rstrip("/"),
         train_images=lambda w: image_root(w.dataset, "train"),
         code=code("pseudo-label-figure"),
@@ -306,5 +294,5 @@ rule figure_pseudo_labels:
     benchmark:
         "benchmarks/report/pseudo_labels_{dataset}.tsv"
     shell:
-        "{params.cli} pseudo-label-figure --run {params.run} --train-labels {input.noisy} --clean-labels {input.clean} "
+        "{NOISYMLT} pseudo-label-figure --run {params.run} --train-labels {input.noisy} --clean-labels {input.clean} "
         "--split {input.split} --train-images {params.train_images} --out {output.png} > {log} 2>&1"

@@ -19,7 +19,6 @@ rule select_split:
     output:
         "data/{dataset}/select/split.json",
     params:
-        cli=NOISYMLT,
         args=lambda w, output: argv(paths.select_split_argv(config, w.dataset, output[0])),
         code=code("select"),
     conda:
@@ -27,7 +26,7 @@ rule select_split:
     log:
         "logs/select/split_{dataset}.log",
     shell:
-        "{params.cli} {params.args} > {log} 2>&1"
+        "{NOISYMLT} {params.args} > {log} 2>&1"
 
 
 rule select_parts:
@@ -38,14 +37,13 @@ rule select_parts:
         fit="data/{dataset}/select/g{gamma}_s{seed}_fit.parquet",
         val="data/{dataset}/select/g{gamma}_s{seed}_val.parquet",
     params:
-        cli=NOISYMLT,
         code=code("select"),
     conda:
         "../envs/noisymlt.yaml"
     log:
         "logs/select/parts_{dataset}_g{gamma}_s{seed}.log",
     shell:
-        "{params.cli} select parts --noisy {input.noisy} --split {input.split} --fit {output.fit} "
+        "{NOISYMLT} select parts --noisy {input.noisy} --split {input.split} --fit {output.fit} "
         "--val {output.val} > {log} 2>&1"
 
 
@@ -60,7 +58,6 @@ rule cache_select_images:
     wildcard_constraints:
         part="fit|val",
     params:
-        cli=NOISYMLT,
         args=lambda w, output: argv(paths.select_cache_argv(config, w.dataset, w.part, output.array)),
         code=code("cache-images"),
     conda:
@@ -68,7 +65,7 @@ rule cache_select_images:
     log:
         "logs/data/cache_images_{dataset}_select_{part}.log",
     shell:
-        "{params.cli} {params.args} > {log} 2>&1"
+        "{NOISYMLT} {params.args} > {log} 2>&1"
 
 
 CANDIDATE = "runs/{dataset}/select/{method}/stage{stage}/g{gamma}/s{seed}/{tag}"
@@ -94,7 +91,6 @@ rule train_candidate:
         map=f"{CANDIDATE}/map.json",  # validation mAP per head and group: DVC's metrics file
         evaluation=f"{CANDIDATE}/metrics.manifest.json",
     params:
-        cli=NOISYMLT,
         out=lambda w: S.candidate_dir(w.dataset, w.method, int(w.stage), float(w.gamma), int(w.seed), w.tag),
         images=lambda w: image_root(w.dataset, "train"),
         caches=candidate_cache_args,
@@ -112,10 +108,10 @@ rule train_candidate:
         "benchmarks/select/{dataset}_{method}_stage{stage}_g{gamma}_s{seed}_{tag}.tsv"
     shell:
         "printf '%s\\n' {params.config:q} > {output.requested} && "
-        "{params.cli} train --run-config {output.requested} --train-labels {input.train} --test-labels {input.val} "
+        "{NOISYMLT} train --run-config {output.requested} --train-labels {input.train} --test-labels {input.val} "
         "--split {input.split} --train-images {params.images} --test-images {params.images} {params.caches} "
         "--out {params.out} --cores {threads} --no-progress --keep-stale --expect-code {params.code} > {log} 2>&1 && "
-        "{params.cli} evaluate --predictions {output.predictions} --test-labels {input.val} --split {input.split} "
+        "{NOISYMLT} evaluate --predictions {output.predictions} --test-labels {input.val} --split {input.split} "
         "--out {output.metrics} --map-out {output.map} >> {log} 2>&1"
 
 
@@ -127,7 +123,6 @@ checkpoint select:
         stage="runs/{dataset}/select/{method}/stage{stage}.json",
         choice="runs/{dataset}/select/{method}/stage{stage}.choice.json",
     params:
-        cli=NOISYMLT,
         selection=lambda w: json.dumps(config["selection"], sort_keys=True),
         previous=lambda w, input: f"--previous {input.previous}" if input.previous else "",
         code=code("select"),
@@ -137,6 +132,6 @@ checkpoint select:
     log:
         "logs/select/{dataset}_{method}_stage{stage}.log",
     shell:
-        "{params.cli} select choose --selection {params.selection:q} --dataset {wildcards.dataset} "
+        "{NOISYMLT} select choose --selection {params.selection:q} --dataset {wildcards.dataset} "
         "--method {wildcards.method} --stage {wildcards.stage} {params.previous} > {log} 2>&1"
 

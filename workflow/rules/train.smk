@@ -7,7 +7,6 @@ rule pretrain:
         weights="data/pretrained/{name}.pt",
         report="data/pretrained/{name}.json",
     params:
-        cli=NOISYMLT,
         args=pretrain_args,
         code=code("pretrain"),
     threads: 2
@@ -18,7 +17,7 @@ rule pretrain:
     benchmark:
         "benchmarks/pretrain/{name}.tsv"
     shell:
-        "{params.cli} {params.args} > {log} 2>&1"
+        "{NOISYMLT} {params.args} > {log} 2>&1"
 
 
 # One training run per (dataset, noise rate, seed, method), then its evaluation: AP per class and mAP
@@ -57,7 +56,6 @@ rule train:
         map="runs/{dataset}/g{gamma}/s{seed}/{method}/map.json",  # mAP per head and group: DVC's metrics file
         evaluation="runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.manifest.json",
     params:
-        cli=NOISYMLT,
         out=run_dir,
         train_images=lambda w: image_root(w.dataset, "train"),
         test_images=lambda w: image_root(w.dataset, "test"),
@@ -77,10 +75,10 @@ rule train:
         "benchmarks/train/{dataset}_g{gamma}_s{seed}_{method}.tsv"
     shell:
         "printf '%s\\n' {params.config:q} > {output.requested} && "
-        "{params.cli} train --run-config {output.requested} --train-labels {input.train} "
+        "{NOISYMLT} train --run-config {output.requested} --train-labels {input.train} "
         "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
         "--test-images {params.test_images} {params.caches} --out {params.out} --cores {threads} --no-progress "
         "--keep-stale --expect-code {params.code} --clean-labels {input.subset} --provenance raw_manifest={input.raw} clean_subset={input.subset} "
         "{params.selection} > {log} 2>&1 && "
-        "{params.cli} evaluate --predictions {output.predictions} --test-labels {input.test} --split {input.split} "
+        "{NOISYMLT} evaluate --predictions {output.predictions} --test-labels {input.test} --split {input.split} "
         "--out {output.metrics} --map-out {output.map} >> {log} 2>&1"

@@ -143,6 +143,25 @@ def _check_link(archive: Path, name: str, link: str, base: str) -> None:
         raise NoisyMLTError(f"{archive}: member {name!r} links to {link!r}, outside the target folder")
 
 
+def _check_link_chains(archive: Path, symlinks: dict[str, str], links: set[str]) -> None:
+    """Refuse a symlink whose target walks through another link member: ``d1/l -> ..`` then ``d1/m -> l/../..``
+    each stay inside on their own (normpath folds ``l/..`` away), but ``m`` resolves through ``l`` to outside."""
+    for name, link in symlinks.items():
+        walked: list[str] = posixpath.dirname(name).split("/") if "/" in name else []
+        for part in link.replace("\\", "/").split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if walked:
+                    walked.pop()
+                continue
+            walked.append(part)
+            through = "/".join(walked)
+            if through in links and through != name:
+                raise NoisyMLTError(f"{archive}: member {name!r} links to {link!r} through link {through!r}: "
+                                    "a chain of links may leave the target folder")
+
+
 def _check_through_links(archive: Path, names: list[str], links: set[str]) -> None:
     """Refuse members placed under a link member: a link chain can escape while every name
     looks harmless on its own (``a -> .`` then ``a/a/b -> ../..``)."""
@@ -159,12 +178,13 @@ def _check_tar(archive: Path) -> list[str]:
             infos = tf.getmembers()
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise NoisyMLTError(f"{archive}: not a readable tar archive ({exc})") from exc
-    names, links = [], set()
+    names, links, symlinks = [], set(), {}
     for info in infos:
         name = _clean_name(archive, info.name)
         if info.issym():
             _check_link(archive, info.name, info.linkname, posixpath.dirname(name))
             links.add(name)
+            symlinks[name] = info.linkname
         elif info.islnk():  # hard link targets are archive paths, relative to the root
             _check_link(archive, info.name, info.linkname, "")
             links.add(name)
@@ -173,6 +193,7 @@ def _check_tar(archive: Path) -> list[str]:
         if name:
             names.append(name)
     _check_through_links(archive, names, links)
+    _check_link_chains(archive, symlinks, links)
     return names
 
 

@@ -193,6 +193,11 @@ class Server:
                 self._kill(pid, signal.SIGKILL)
             self.listener.close()
             self.path.unlink(missing_ok=True)
+            if self.parent is not None:  # a workflow's own folder (start_server): gone with it, even after kill -9
+                try:
+                    self.path.parent.rmdir()
+                except OSError:
+                    pass
 
     def stop(self) -> None:
         self.stopping = True
@@ -411,6 +416,15 @@ def _accepts(path: Path) -> bool:
         sock.close()
 
 
+_SAID: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line, file=sys.stderr, flush=True)
+
+
 def shared_server() -> str | None:
     """The socket of the shared server, started now if none accepts (one starter at a time: a lock file);
     None when the folder is not private to this user or the server does not start."""
@@ -420,6 +434,8 @@ def shared_server() -> str | None:
     folder = shared_folder()
     folder.mkdir(mode=0o700, exist_ok=True)
     if not _private(folder):
+        _say_once(f"noisymlt: {folder} is not private to this user (made by another, or opened to others): "
+                  "commands run without the shared preload server (the same results, a few seconds more each)")
         return None
     path = folder / "socket"
     if _accepts(path):

@@ -35,9 +35,15 @@ from noisymlt.pipeline.files import write_json
 
 log = logging.getLogger(__name__)
 
-TIE_RULE = ("scores are compared at 0.01 mAP points (the tables' precision); of tied candidates the first in the "
-            "stage's grid order wins (each grid lists its values from the most conservative: the smallest lr, "
-            "the highest alpha, the lowest beta)")
+def tie_rule(block: dict) -> str:
+    """The stated rule a stage's winner follows (recorded in every stage file and shown by the README)."""
+    margin = float(block.get("tie_margin", 0.0))
+    prefer = ", ".join(f"{k} {v:g}" for k, v in (block.get("prefer") or {}).items())
+    return (f"scores are compared at 0.01 mAP points (the tables' precision); candidates within {margin:g} points of "
+            "the best are tied (selection.tie_margin: closer than the selection can resolve)"
+            + (f"; of tied candidates the one with the most of the references' values ({prefer}) wins" if prefer else "")
+            + ", then the first in the stage's grid order (each grid lists its values from the most conservative: "
+              "the smallest lr, the highest alpha, the lowest beta)")
 
 
 # ------------------------------------------------------------------------------------------ layout
@@ -290,12 +296,23 @@ def write_parts(noisy: Path, split: Path, fit_out: Path, val_out: Path) -> tuple
 
 # ------------------------------------------------------------------------------------------ choice
 
-def choose(scores: list[float]) -> int:
-    """Index of the winning candidate (see TIE_RULE); scores are validation mAP in percent."""
+def choose(scores: list[float], values: list[dict] | None = None, block: dict | None = None) -> tuple[int, list[int]]:
+    """(winner, tied) indices by ``tie_rule``: scores are validation mAP in percent, in grid order; ``values`` the
+    candidates' values and ``block`` the params' selection block (its tie_margin and prefer)."""
+    block = block or {}
     rounded = [round(float(s), 2) for s in scores]
     if any(np.isnan(rounded)):
         raise NoisyMLTError("a candidate has no validation score")
-    return rounded.index(max(rounded))
+    margin = float(block.get("tie_margin", 0.0))
+    best = max(rounded)
+    tied = [i for i, s in enumerate(rounded) if best - s <= margin + 1e-9]
+    prefer = block.get("prefer") or {}
+
+    def departures(i: int) -> int:  # how many of a candidate's values differ from the references'
+        given = (values or [{}] * len(scores))[i]
+        return sum(1 for k, v in given.items() if k in prefer and abs(float(v) - float(prefer[k])) > 1e-12)
+
+    return min(tied, key=lambda i: (departures(i), i)), tied
 
 
 def candidate_score(metrics_path: Path) -> tuple[float, str, str | None]:
@@ -326,19 +343,21 @@ def select_stage(params: dict, dataset: str, method: str, stage: int, runs: str 
             scores[f"g{gtag(gamma)}_s{seed}"], ids[f"g{gtag(gamma)}_s{seed}"] = round(score, 4), run
         rows.append({"tag": tag, "values": values, "scores": scores, "mean": round(float(np.mean(list(scores.values()))), 4),
                      "run_ids": ids})
-    best = choose([r["mean"] for r in rows])
+    best, tied = choose([r["mean"] for r in rows], [r["values"] for r in rows], params["selection"])
     chosen = {**prior, **rows[best]["values"]}
     keys = stages(params, method)[stage - 1]
     record = {
         "dataset": dataset, "method": method, "stage": stage, "keys": keys,
         "metric": f"mAP (%) of the {head} head against the held-out noisy labels, mean over the selection sets",
         "sets": [{"gamma": g, "seed": s} for g, s in sets], "held_out": params["selection"]["held_out"],
-        "tie_rule": TIE_RULE, "previous": prior, "candidates": rows, "winner": rows[best]["tag"], "chosen": chosen,
+        "tie_rule": tie_rule(params["selection"]), "tie_margin": float(params["selection"].get("tie_margin", 0.0)),
+        "tied": [rows[i]["tag"] for i in tied], "previous": prior, "candidates": rows, "winner": rows[best]["tag"],
+        "chosen": chosen,
     }
     if previous:
         earlier = json.loads(Path(str(previous).replace(".choice.json", ".json")).read_text())
         record["earlier_stages"] = earlier.get("earlier_stages", []) + [
-            {k: earlier[k] for k in ("stage", "keys", "candidates", "winner", "chosen")}]
+            {k: earlier.get(k) for k in ("stage", "keys", "candidates", "tie_margin", "tied", "winner", "chosen")}]
     write_json(root / stage_file(dataset, method, stage), record)
     write_json(root / choice_file(dataset, method, stage),
                {"dataset": dataset, "method": method, "stage": stage, "chosen": chosen})

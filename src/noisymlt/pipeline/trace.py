@@ -1,6 +1,7 @@
 """`noisymlt trace`: from a table cell to every run behind it, checking files, values and code.
 
-A cell's runs must be the runs the table used; every file their training and evaluation manifests record must
+The table files a reader sees (.tex, .md, .html) must show each cell as it was rendered from its runs; a cell's
+runs must be the runs the table used; every file their training and evaluation manifests record must
 still hash as recorded; the runs' metrics must still give the cell's value; and each result must be the work
 of the code its manifest names: the predictions' weights trained by that code, and the source on disk still
 giving it (noisymlt.pipeline.codedeps).
@@ -143,6 +144,48 @@ def trace(sidecar: Path, cell: str) -> list[dict]:
     return report
 
 
+def table_grid(style: str, text: str) -> list[list[str]]:
+    """The body rows of a rendered table as cells (the row title first), as noisymlt.report.tables writes them."""
+    import re
+
+    if style == "md":
+        rows = [line for line in text.splitlines() if line.startswith("|")][2:]  # past the header and |---|
+        return [[c.strip() for c in line.strip().strip("|").split("|")] for line in rows]
+    if style == "tex":
+        body = text.split("\\bottomrule", 1)[0].rsplit("\\midrule", 1)[-1]  # the header has rules of its own
+        rows = [line.strip().removeprefix("\\rowcolor{Gray}").strip() for line in body.split("\\\\")]
+        return [[c.strip() for c in row.split(" & ")] for row in rows if row]
+    body = text.split("<tbody>", 1)[-1]
+    return [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)]
+
+
+def rendered_problems(sidecar: dict) -> list[str]:
+    """The table files a reader sees (.tex, .md, .html) against the cells they were rendered from: each cell's
+    text where the renderer put it, then the whole file's hash. Sidecars written before this check: none."""
+    problems = []
+    for style, rec in sidecar.get("rendered", {}).items():
+        path = Path(rec["path"])
+        if not path.is_file():
+            problems.append(f"MISSING table {path} (rendered from these cells; rerun the workflow)")
+            continue
+        grid = table_grid(style, path.read_text())
+        wrong = []
+        for key, cell in sidecar["cells"].items():
+            at = cell.get("shown")
+            if at is None:
+                continue
+            row = grid[at["row"]] if at["row"] < len(grid) else []
+            got = row[at["col"]] if at["col"] < len(row) else None
+            if got != at[style]:
+                wrong.append(f"TABLE: {path} cell {key} (row {at['title']}, column {at['col']}) shows {got!r}; "
+                             f"its runs gave {at[style]!r} (edited by hand? rerun the workflow to render it again)")
+        if not wrong and file_sha256(path) != rec["sha256"]:
+            wrong.append(f"TABLE: {path} changed since it was rendered (sha256 {rec['sha256'][:16]} recorded), "
+                         "outside its value cells")
+        problems += wrong
+    return problems
+
+
 def selection_report(cfg: dict) -> tuple[list[str], list[str]]:
     """What model selection chose for a run (its config's `selected` record) and how: each stage's candidates
     with their validation mAP, from the stage file beside the choice file the run read. Problems: the scores
@@ -171,6 +214,7 @@ def selection_report(cfg: dict) -> tuple[list[str], list[str]]:
 
 def _cmd_trace(args: argparse.Namespace) -> int:
     from noisymlt.errors import NoisyMLTError
+    from noisymlt.report.sentinels import describe
 
     if args.list:
         try:
@@ -181,7 +225,11 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     if not args.cell:
         raise NoisyMLTError("name a cell (METHOD/HEAD/DATASET/GAMMA, e.g. erm/main/voc/0.5) or pass --list")
     problems = 0
-    for run in trace(Path(args.sidecar), args.cell):
+    report = trace(Path(args.sidecar), args.cell)  # reads the sidecar first, naming it when it cannot
+    for problem in rendered_problems(json.loads(Path(args.sidecar).read_text())):
+        print(f"PROBLEM  {problem}")
+        problems += 1
+    for run in report:
         m = run.get("summary")
         if m is None:  # the run's manifest is gone: name the run from the sidecar
             print(f"run {run['run_id']}  seed={run['seed']}  MISSING (the table used {run['manifest']})")
@@ -193,6 +241,7 @@ def _cmd_trace(args: argparse.Namespace) -> int:
             print(f"    code {m.get('code_digest')}  ({len(m.get('code_modules', []))} package modules)"
                   + (f"  checkpoint content {m['checkpoint_content_sha256'][:16]}"
                      if m.get("checkpoint_content_sha256") else ""))
+            print(f"    numerics {describe(m.get('numerics'))}")
             for line in run.get("selection", []):
                 print(f"    {line}")
         for step, direction, name, rec, status in run["lines"]:

@@ -29,7 +29,7 @@ COLUMNS = {
     "run_id": "string", "dataset": "string", "method": "string", "gamma": "float64", "seed": "int64",
     "head": "string", "group": "string", "class_name": "string", "metric": "string", "value": "float64",
     "git_commit": "string", "git_dirty": "boolean", "code_digest": "string", "noisy_labels_sha256": "string",
-    "manifest": "string", "epoch": "Int64",
+    "manifest": "string", "epoch": "Int64", "numerics": "string",
 }  # no time column: results.parquet is a tracked output (the run's times are in manifest.timing.json)
 
 
@@ -48,6 +48,8 @@ def rows_for_run(metrics_path: Path) -> list[dict]:
         "code_digest": manifest["code_digest"],
         "noisy_labels_sha256": manifest["inputs"]["train_labels"]["sha256"],
         "manifest": str(manifest_path),
+        # the kernels that made the numbers (noisymlt.training.numerics), as JSON; None for older runs
+        "numerics": json.dumps(manifest["numerics"], sort_keys=True) if manifest.get("numerics") else None,
     }
     rows = fit_rows(manifest.get("fit"), base)
     for head, rec in metrics["heads"].items():

@@ -76,8 +76,9 @@ class RunImages:
 
         from noisymlt.training.augment import augment
         from noisymlt.training.loaders import CacheRows
+        from noisymlt.training.numerics import fingerprint
         from noisymlt.training.trunkcache import (
-            CHUNK, Memo, TrunkCache, check_fixed, device_settings, frozen_parts, memo_key)
+            CHUNK, Memo, TrunkCache, check_fixed, frozen_parts, memo_key)
 
         tcfg = self.cfg["train"]
         views = int(tcfg.get("trunk_cache_views", 0) or 0)
@@ -106,7 +107,9 @@ class RunImages:
         # everything the values depend on besides the rows and the parts (noisymlt.training.trunkcache's module doc)
         settings = {"views": views, "seed": self.cfg["seed"], "photometric": tcfg["photometric"],
                     "image_size": tcfg["image_size"], "channels_last": tcfg["channels_last"],
-                    "trainable": tcfg["trainable"], "precision": precision, **device_settings(self.device),
+                    "trainable": tcfg["trainable"],
+                    # the machine's kernels (noisymlt.training.numerics): a store made on AMX is not one of AVX-512
+                    **fingerprint(self.device, precision, torch.get_num_threads()),
                     "torch": torch.__version__, "torchvision": torchvision.__version__, "chunk": CHUNK,
                     "code": code}
         memo = Memo(self.caches["train"].parent / "trunk", memo_key(rows, parts, settings))

@@ -470,6 +470,7 @@ class Trainer:
 
         from noisymlt.pipeline.codedeps import check_unchanged
         from noisymlt.pipeline.manifest import write_manifest
+        from noisymlt.training.numerics import cpu_model, fingerprint
 
         # recorded under the code that ran, or not at all: an edit on disk since the start would otherwise be
         # credited with a result it did not make (and, once reverted, hide one it did)
@@ -490,6 +491,9 @@ class Trainer:
             extra={"run_id": self.run_id, "run": self.cfg, "history": history, "fit": fit,
                    "checkpoint_content_sha256": self.checkpoint_sha256,
                    "iterations_per_epoch": self.iters, "cpu_threads": torch.get_num_threads(),
+                   # which kernels made these numbers (the same run is another draw on another CPU type)
+                   "numerics": {**fingerprint(self.device, self.precision, torch.get_num_threads()),
+                                "cpu": cpu_model()},
                    # fixed views (train.trunk_cache_views) or, with the reason, fresh ones
                    "trunk_cache": self.images.trunk_status,
                    # the build as well as the release (the environment block has the release only)

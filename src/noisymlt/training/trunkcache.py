@@ -19,8 +19,8 @@ The outputs are memoised on disk, beside the training image cache (``cache/trunk
 demo's runs build the very same tensors (same images, seed, frozen weights and views): 0.9 CPU s of a 6 s ERM
 run, where loading them takes 0.03-0.13 s. The name is content-addressed: KEY is the sha256 (``memo_key``) of
 everything the values are a function of: the image cache's pixels, the frozen parts' structure and state (names,
-dtypes, shapes, bytes), V, the seed, the augmentation and model settings, the precision in effect, the device
-(GPU model, or CPU instruction set and thread count), the torch and torchvision releases, the chunk size and the
+dtypes, shapes, bytes), V, the seed, the augmentation and model settings, the device's numerics fingerprint
+(noisymlt.training.numerics: the precision, the GPU model or the CPU's kernels and thread count), the torch and torchvision releases, the chunk size and the
 code that computes them (the trainer's import closure, ``noisymlt.pipeline.codedeps``). So a memo holds exactly the values
 the run would compute, or there is none: nothing ever needs invalidating, and a run (a resume included) trains on
 the same tensors whether it computed or loaded them. The manifest records the key; whether this execution
@@ -133,15 +133,6 @@ def memo_key(rows, parts: list[nn.Module], settings: dict) -> str:
             _update(h, value)
     _update(h, rows.array)
     return h.hexdigest()
-
-
-def device_settings(device: torch.device) -> dict:
-    """What of the machine a store's values depend on: the GPU model and CUDA/cuDNN releases, or the CPU's
-    instruction set and the thread count (float results depend on both)."""
-    if device.type == "cuda":
-        return {"device": "cuda", "gpu": torch.cuda.get_device_name(device), "cuda": torch.version.cuda,
-                "cudnn": torch.backends.cudnn.version()}
-    return {"device": device.type, "cpu": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
 
 
 @dataclass(frozen=True)
