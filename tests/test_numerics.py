@@ -36,7 +36,8 @@ def test_this_machines_fingerprint_names_what_decides_its_numbers():
     fp = fingerprint("cpu", "fp32", 1)
     assert fp == {"torch": torch.__version__, "device": "cpu", "kernels": cpu_kernels("fp32"),
                   "aten": torch.backends.cpu.get_cpu_capability(), "threads": 1, "precision": "fp32"}
-    assert identity({**fp, "cpu": "any model"}) == identity(fp) != identity({**fp, "threads": 2})
+    assert identity({**fp, "cpu": "a model"}) == identity({**fp, "cpu": "a model"}) != identity({**fp, "threads": 2})
+    assert identity({**fp, "cpu": "a model"}) != identity({**fp, "cpu": "another model"})
     assert describe(fp).startswith(f"torch {torch.__version__}, CPU: ") and describe(fp).endswith("1 thread, fp32")
 
 
@@ -92,3 +93,19 @@ def test_the_other_cpu_types_readings_are_held_through_the_readmes_intervals():
             foreign = {**got, "numerics": {**reading["numerics"], "kernels": "unrecorded"}}
             mode, ok, message = check(key, foreign, NUMBERS["sentinels"], READINGS)
             assert (mode, ok) == ("interval", True), f"{reading['made_by']}: {message}"
+
+
+def test_the_demo_profile_says_what_its_precision_and_tie_margin_measurements_gave():
+    """The profile's choices rest on experiments/cpu_numerics: its sentences quote the frozen results."""
+    import yaml
+
+    text = (REPO / "workflow" / "profiles" / "demo" / "params.yaml").read_text()
+    profile = yaml.safe_load(text)
+    cost = json.loads((REPO / "experiments" / "cpu_numerics" / "result.json").read_text())
+    steps = cost["step_cpu_seconds"]
+    assert f"{cost['bf16_over_fp32']:.1f}x slower than fp32" in text
+    assert f"{steps['bf16']:.2f} vs {steps['fp32']:.2f} CPU s" in text and cost["fp32_changes_with_kernels"]
+    assert profile["train"]["cpu_precision"] == profile["pretrain"]["toy_glyphs"]["cpu_precision"] == "fp32"
+    margin = json.loads((REPO / "experiments" / "cpu_numerics" / "tie_margin.json").read_text())
+    assert profile["selection"]["tie_margin"] == margin["tie_margin"]
+    assert f"({margin['pair_difference_sd']['between_sets']:.2f})" in text

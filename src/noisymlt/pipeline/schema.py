@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 from noisymlt.errors import NoisyMLTError
 
 MAX_DETAIL = 160  # jsonschema quotes the offending value; a whole method block would bury the message
@@ -30,10 +33,31 @@ def _form(schema: dict) -> str:
     return schema.get("type", "a value")
 
 
+# YAML 1.1 (PyYAML) reads 1e-3 as a string: its float form needs a dot (1.0e-3)
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def non_finite(obj, path: tuple = ()):
+    """The dotted path of the first NaN or infinity in a nested params structure, or None. JSON schema lets them
+    through (every comparison with NaN is false), and a NaN lr only shows as a non-finite loss mid-run."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return ".".join(map(str, path))
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        found = non_finite(v, (*path, k))
+        if found is not None:
+            return found
+    return None
+
+
 def check_schema(obj: dict, schema: dict, key: str = "", where: str | None = None) -> None:
     """JSON-schema check of ``obj`` (found at dotted path ``key`` of a file ``where``): the first error, as one
-    line naming the offending key."""
+    line naming the offending key. NaN and infinities are refused wherever a number is read."""
     import jsonschema
+
+    bad = non_finite(obj)
+    if bad is not None:
+        raise ParamsError(where, ".".join(p for p in (key, bad) if p), "not a finite number (NaN or infinity)")
 
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(obj), key=lambda e: list(e.absolute_path))
     if errors:
@@ -52,6 +76,9 @@ def check_schema(obj: dict, schema: dict, key: str = "", where: str | None = Non
             if len(unknown) == 1:  # name the key itself, as for every other error
                 path.append(str(unknown[0]))
                 detail = "unknown key"
+        if e.validator == "type" and isinstance(e.instance, str) and _EXPONENT.fullmatch(e.instance.strip()):
+            detail += (f" (YAML 1.1 reads {e.instance!r} as text: write the number with a dot, "
+                       f"e.g. {e.instance.strip().lower().replace('e', '.0e', 1) if '.' not in e.instance else e.instance})")
         if len(detail) > MAX_DETAIL:
             detail = detail[:MAX_DETAIL] + "..."
         raise ParamsError(where, ".".join(path), detail)

@@ -60,8 +60,9 @@ def run_precision(train_cfg: dict, device) -> str:
 
 
 def autocast(device, precision: str):
-    """bf16 / fp16 autocast on a GPU; on the CPU bf16 (the CPU's bf16 units, e.g. AMX: deterministic for a
-    given thread count) or none (fp32, the default)."""
+    """bf16 / fp16 autocast on a GPU; on the CPU bf16 or none (fp32, the default). CPU bf16 is deterministic for a
+    given thread count and kernels (noisymlt.training.numerics), and fast only on a CPU with bf16 units (AMX,
+    AVX-512 BF16): without them ATen's reference kernels run it several times slower than fp32."""
     import contextlib
 
     if device.type == "cuda":

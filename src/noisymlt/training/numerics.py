@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-# The keys that decide the numbers; anything else in a manifest's environment only describes the machine.
-IDENTITY = ("torch", "device", "kernels", "aten", "threads", "precision")
+# The keys that decide the numbers. The CPU's model name (``cpu``, which manifests add) counts too: two models with
+# the same instruction set may still block their kernels differently (cache sizes), so exactness is only claimed
+# for the model that was measured.
+IDENTITY = ("torch", "device", "kernels", "aten", "threads", "precision", "cpu")
 
 # oneDNN's own cap on the instruction set (ONEDNN_MAX_CPU_ISA, older name DNNL_MAX_CPU_ISA), as a rank
 _ISA_RANK = {"sse41": 0, "avx": 1, "avx2": 2, "avx2_vnni": 2, "avx2_vnni_2": 2, "avx512_core": 3,

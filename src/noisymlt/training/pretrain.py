@@ -40,7 +40,7 @@ DEFAULTS = {
     "lr": 0.1,
     "weight_decay": 0.0005,
     "cpu_threads": 2,
-    "cpu_precision": "fp32",  # bf16 (the demo's): the step under autocast on the CPU's bf16 units
+    "cpu_precision": "fp32",  # or bf16: the step under autocast (fast only on a CPU with bf16 units)
 }
 TEXTURES = ("solid", "hstripes", "vstripes", "checker")
 
