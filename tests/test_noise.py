@@ -266,3 +266,42 @@ def test_noisymlt_command_reports_refusal(tmp_path, capsys):
                  "--out", str(tmp_path / "bad.parquet")]) == 2
     assert "noisymlt noise: error: --gamma: noise rate must lie in [0, 1], got 7.0" in capsys.readouterr().err
     assert not (tmp_path / "bad.parquet").exists()
+
+
+def _noisy_table(n: int = 60) -> LabelTable:
+    rng = np.random.default_rng(0)
+    labels = (rng.random((n, 3)) < 0.4).astype(np.uint8)
+    return LabelTable([f"im{i}" for i in range(n)], ["red_disc", "blue_bar", "cat"], labels,
+                      clean=(rng.random((n, 3)) < 0.4).astype(np.uint8))
+
+
+def test_a_flipped_byte_that_still_parses_is_caught_on_read(tmp_path):
+    """issue 40: one byte flipped in a dictionary page of a noisy table left a file that still read, with every
+    red_disc noisy label 0, and 11 runs trained on it. The table holds a digest of each column's values (and
+    Parquet page checksums): the damaged file is refused on read, naming it, before any training."""
+    import pyarrow.parquet as pq
+
+    path = write_labels(_noisy_table(), tmp_path / "g0.9_s4.parquet")
+    assert read_labels(path).labels.sum() > 0
+    # the issue's reproduction, byte for byte: the dictionary of column 2 (red_disc) loses its value 1
+    c = pq.ParquetFile(path).metadata.row_group(0).column(2)
+    b = bytearray(path.read_bytes())
+    s = b.index(b"\x1c\x01\x00\x00\x00", c.dictionary_page_offset)
+    b[s + 1] = 0
+    path.write_bytes(b)
+    with pytest.raises(NoisyMLTError, match=rf"^{path}: cannot read label table \(.*checksum.*\); the file was "
+                                            "damaged since it was written: delete it and rerun the workflow"):
+        read_labels(path)
+    # the same edit with the page checksum out of the way (a writer that kept the metadata but not the values):
+    # the column digest names the column
+    table = pq.read_table(write_labels(_noisy_table(), tmp_path / "b.parquet"))
+    frame = table.to_pandas()
+    frame["red_disc"] = 0
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(table.schema.metadata),
+                   tmp_path / "edited.parquet")
+    with pytest.raises(NoisyMLTError, match=r"column\(s\) \['red_disc'\] no longer hold the values written"):
+        read_labels(tmp_path / "edited.parquet")
+    # noisy-only reads (model selection) check the columns they read
+    assert read_labels(write_labels(_noisy_table(), tmp_path / "ok.parquet"), noisy_only=True).clean is None

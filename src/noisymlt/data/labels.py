@@ -82,11 +82,26 @@ def write_labels(table: LabelTable, path: str | Path) -> Path:
 
     arrow = pa.Table.from_pandas(frame, preserve_index=False)
     meta = dict(arrow.schema.metadata or {})
-    # the columns as written: a reader then names any that went missing since (an edited table)
-    meta[b"noisymlt"] = json.dumps({"classes": table.classes, **table.meta, "columns": list(frame.columns)}).encode()
-    pq.write_table(arrow.replace_schema_metadata(meta), tmp)
+    # the columns as written (a reader then names any that went missing since: an edited table) and a digest of
+    # each column's values: a flipped byte that still parses (a dictionary page's 1 become 0) is caught on read
+    meta[b"noisymlt"] = json.dumps({"classes": table.classes, **table.meta, "columns": list(frame.columns),
+                                    "digests": column_digests(frame)}).encode()
+    pq.write_table(arrow.replace_schema_metadata(meta), tmp, write_page_checksum=True)
     tmp.replace(path)
     return path
+
+
+def column_digests(frame: pd.DataFrame) -> dict[str, str]:
+    """sha256 (16 hex digits) of each column's values: labels as uint8 bytes, text joined by NUL."""
+    import hashlib
+
+    out = {}
+    for name in frame.columns:
+        col = frame[name]
+        data = ("\0".join(col.astype(str)).encode() if not pd.api.types.is_numeric_dtype(col)
+                else col.to_numpy().astype(np.uint8).tobytes())
+        out[str(name)] = hashlib.sha256(data).hexdigest()[:16]
+    return out
 
 
 def read_labels(path: str | Path, noisy_only: bool = False) -> LabelTable:
@@ -107,7 +122,7 @@ def read_labels(path: str | Path, noisy_only: bool = False) -> LabelTable:
             columns = None
             if noisy_only:
                 columns = [c for c in pq.read_schema(path).names if not c.startswith(CLEAN_PREFIX)]
-            arrow = pq.read_table(path, columns=columns)
+            arrow = pq.read_table(path, columns=columns, page_checksum_verification=True)
             raw = (arrow.schema.metadata or {}).get(b"noisymlt")
             meta = json.loads(raw) if raw else {}
             if noisy_only and "columns" in meta:
@@ -116,7 +131,9 @@ def read_labels(path: str | Path, noisy_only: bool = False) -> LabelTable:
     except NoisyMLTError:
         raise
     except Exception as exc:  # pyarrow/pandas raise many types for a damaged file
-        raise NoisyMLTError(f"{path}: cannot read label table ({exc})") from exc
+        hint = "; the file was damaged since it was written: delete it and rerun the workflow to rebuild it" \
+            if "checksum" in str(exc).lower() else ""
+        raise NoisyMLTError(f"{path}: cannot read label table ({exc}){hint}") from exc
     return _table_from_frame(frame, path, meta)
 
 
@@ -125,7 +142,15 @@ def _table_from_frame(frame: pd.DataFrame, path: Path, meta: dict) -> LabelTable
     lost = [c for c in written if c not in frame.columns]
     if lost:
         raise NoisyMLTError(f"{path}: column(s) {lost} missing; the table was written with them (edited since?)")
-    meta = {k: v for k, v in meta.items() if k != "columns"}  # describes this file only
+    recorded = meta.get("digests") or {}
+    if recorded and frame[[c for c in frame.columns if c in recorded]].notna().all().all():
+        now = column_digests(frame[[c for c in frame.columns if c in recorded]])
+        changed = [c for c in now if now[c] != recorded[c]]
+        if changed:
+            raise NoisyMLTError(f"{path}: column(s) {changed[:3]} no longer hold the values written (digest "
+                                f"{recorded[changed[0]]} written, {now[changed[0]]} read): the file was damaged or "
+                                "edited since; delete it and rerun the workflow to rebuild it")
+    meta = {k: v for k, v in meta.items() if k not in ("columns", "digests")}  # describes this file only
     if "image_id" not in frame.columns:
         raise NoisyMLTError(f"{path}: no 'image_id' column (columns: {list(frame.columns)[:5]}...)")
     class_cols = [c for c in frame.columns if c not in RESERVED and not str(c).startswith(CLEAN_PREFIX)]

@@ -35,6 +35,7 @@ from noisymlt.pipeline.files import write_json
 
 log = logging.getLogger(__name__)
 
+
 def tie_rule(block: dict) -> str:
     """The stated rule a stage's winner follows (recorded in every stage file and shown by the README)."""
     margin = float(block.get("tie_margin", 0.0))

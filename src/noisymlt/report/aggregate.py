@@ -136,7 +136,7 @@ def _cmd_aggregate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with replacing(out) as tmp:
-        frame.to_parquet(tmp, index=False)
+        frame.to_parquet(tmp, index=False, write_page_checksum=True)  # a damaged page is refused on read
     if args.curves or args.pseudo_label_curves:
         write_curves(files, Path(args.curves) if args.curves else None,
                      Path(args.pseudo_label_curves) if args.pseudo_label_curves else None)

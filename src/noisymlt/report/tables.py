@@ -45,7 +45,7 @@ class Cell:
 def read_results(path: str | Path) -> pd.DataFrame:
     """results.parquet, or an error naming the file (every report command reads it through this)."""
     try:
-        return pd.read_parquet(path)
+        return pd.read_parquet(path, page_checksum_verification=True)  # written with page checksums (aggregate)
     except Exception as exc:
         raise NoisyMLTError(f"{path}: cannot read results ({exc})") from exc
 
