@@ -28,7 +28,7 @@ ERM = ["noisymlt", "noisymlt.data", "noisymlt.data.assets", "noisymlt.data.image
        "noisymlt.pipeline.manifest", "noisymlt.pipeline.registry", "noisymlt.pipeline.schema", "noisymlt.training",
        "noisymlt.training.augment", "noisymlt.training.checkpoint", "noisymlt.training.devices",
        "noisymlt.training.fit_diagnostics", "noisymlt.training.inputs", "noisymlt.training.loaders",
-       "noisymlt.training.noise_monitor", "noisymlt.training.sampling", "noisymlt.training.schedule",
+       "noisymlt.training.noise_monitor", "noisymlt.training.numerics", "noisymlt.training.sampling", "noisymlt.training.schedule",
        "noisymlt.training.trainer", "noisymlt.training.transforms", "noisymlt.training.trunkcache"]
 
 
