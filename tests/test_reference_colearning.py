@@ -609,5 +609,9 @@ def test_trainer_steps_are_mmcv_optimizer_hook_with_warmup(tiny_toy, tmp_path):
         ref_sgd_step(params_ref, state, lr, 0.9, 1e-4)
     assert norms[0] > 35.0, norms  # clipping acted
     assert [s["lr"] for s in steps] == pytest.approx([0.02 / 3, 0.02 * 5 / 9, 0.002 * 7 / 9, 0.002], rel=1e-9)
+    # Two implementations of the same steps sum in other orders (torch's foreach SGD and clipping against the
+    # reference's loops), and the neck's x300 makes the first gradients large: on an AVX2-only CPU the head's
+    # weights then differ by up to 1.6e-6 (AVX-512: under 1e-6). atol 1e-5 leaves a 6x margin on both; a reference
+    # without momentum differs by up to 1.7e-2 (measured), far outside it.
     for (name, p), q in zip(trainer.model.named_parameters(), params_ref):
-        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-5, msg=name)

@@ -21,4 +21,4 @@ rule code_digests:
     benchmark:
         "benchmarks/code_digests.tsv"
     shell:
-        "{NOISYMLT} code-deps --params-json {params.config:q} --out {output} > {log} 2>&1"
+        "$NOISYMLT_CLI code-deps --params-json {params.config:q} --out {output} > {log} 2>&1"

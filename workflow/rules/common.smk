@@ -43,7 +43,10 @@ def _cli():
     return f"{sys.executable} -m noisymlt"
 
 
-NOISYMLT = _cli()
+# Rules run `$NOISYMLT_CLI`, an environment variable every job inherits (a SLURM job's Snakemake sets it again),
+# never a param: a param holding the interpreter's path made a copied project, a rebuilt venv or `python -m
+# snakemake` for `snakemake` rerun every job ("Params have changed").
+os.environ.update(NOISYMLT_CLI=_cli())
 
 
 def code(command):

@@ -15,7 +15,7 @@ rule make_toy:
     benchmark:
         "benchmarks/data/make_toy.tsv"
     shell:
-        "{NOISYMLT} {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 # A VOC stand-in drawn by the toy generator in VOC's layout (kind voc with a toy block: the smoke profile).
@@ -61,7 +61,7 @@ rule fetch_asset:
     benchmark:
         "benchmarks/data/fetch_asset_{group}_{file}.tsv"
     shell:
-        "{NOISYMLT} {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 rule download:
@@ -78,7 +78,7 @@ rule download:
     benchmark:
         "benchmarks/data/download_{kind}.tsv"
     shell:
-        "{NOISYMLT} {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 rule parse_labels:
@@ -98,7 +98,7 @@ rule parse_labels:
     benchmark:
         "benchmarks/data/parse_{dataset}_{part}.tsv"
     shell:
-        "{NOISYMLT} {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 rule longtail:
@@ -119,7 +119,7 @@ rule longtail:
     benchmark:
         "benchmarks/data/longtail_{dataset}.tsv"
     shell:
-        "{NOISYMLT} {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 rule fetch_coco_train_images:
@@ -139,7 +139,7 @@ rule fetch_coco_train_images:
     benchmark:
         "benchmarks/data/fetch_images_{dataset}.tsv"
     shell:
-        "{NOISYMLT} {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 # Every image of the train subset / test set decoded once into a uint8 array (train.loader: cache reads it).
@@ -167,7 +167,7 @@ rule cache_train_images:
     benchmark:
         "benchmarks/data/cache_images_{dataset}_{part}.tsv"
     shell:
-        "{NOISYMLT} {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 use rule cache_train_images as cache_test_images with:

@@ -16,5 +16,5 @@ rule noise:
     benchmark:
         "benchmarks/noise/{dataset}_g{gamma}_s{seed}.tsv"
     shell:
-        "{NOISYMLT} noise --labels {input} --gamma {wildcards.gamma} --seed {wildcards.seed} "
+        "$NOISYMLT_CLI noise --labels {input} --gamma {wildcards.gamma} --seed {wildcards.seed} "
         "--out {output.labels} --stats {output.stats} > {log} 2>&1"

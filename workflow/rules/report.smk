@@ -18,7 +18,7 @@ rule aggregate:
     benchmark:
         "benchmarks/report/aggregate.tsv"
     shell:
-        "{NOISYMLT} aggregate {input} --out {output.results} --curves {output.curves} "
+        "$NOISYMLT_CLI aggregate {input} --out {output.results} --curves {output.curves} "
         "--pseudo-label-curves {output.pseudo_labels} > {log} 2>&1"
 
 
@@ -41,7 +41,7 @@ rule table_total:
     benchmark:
         "benchmarks/report/table_total.tsv"
     shell:
-        "{NOISYMLT} table --results {input} --out {output.tex} --labels {params.labels:q} --methods {params.methods} > {log} 2>&1"
+        "$NOISYMLT_CLI table --results {input} --out {output.tex} --labels {params.labels:q} --methods {params.methods} > {log} 2>&1"
 
 
 # Whether the regime is the paper's: the runs fit their training labels, reach their learning rate, and
@@ -68,7 +68,7 @@ rule table_fit:
     benchmark:
         "benchmarks/report/fit_{dataset}.tsv"
     shell:
-        "{NOISYMLT} fit-table --results {input} --dataset {wildcards.dataset} --out {output.tex} "
+        "$NOISYMLT_CLI fit-table --results {input} --dataset {wildcards.dataset} --out {output.tex} "
         "--methods {params.methods} --labels {params.labels:q} > {log} 2>&1"
 
 
@@ -92,7 +92,7 @@ rule table_paired:
     benchmark:
         "benchmarks/report/paired_{dataset}.tsv"
     shell:
-        "{NOISYMLT} paired-table --results {input} --dataset {wildcards.dataset} --out {output.tex} "
+        "$NOISYMLT_CLI paired-table --results {input} --dataset {wildcards.dataset} --out {output.tex} "
         "--methods {params.methods} --labels {params.labels:q} > {log} 2>&1"
 
 
@@ -113,7 +113,7 @@ rule figure_map_vs_gamma:
     benchmark:
         "benchmarks/report/map_vs_gamma.tsv"
     shell:
-        "{NOISYMLT} figure --results {input} --out {output.png} --methods {params.methods} "
+        "$NOISYMLT_CLI figure --results {input} --out {output.png} --methods {params.methods} "
         "--labels {params.labels:q} > {log} 2>&1"
 
 
@@ -137,7 +137,7 @@ rule table_ablation:
     benchmark:
         "benchmarks/report/ablation_{name}.tsv"
     shell:
-        "{NOISYMLT} table --results {input} --out {output.tex} --ablation-spec {params.spec:q} "
+        "$NOISYMLT_CLI table --results {input} --out {output.tex} --ablation-spec {params.spec:q} "
         "--labels {params.labels:q} > {log} 2>&1"
 
 
@@ -161,7 +161,7 @@ rule table_groups:
     benchmark:
         "benchmarks/report/table_groups_{dataset}.tsv"
     shell:
-        "{NOISYMLT} table --results {input} --out {output.tex} --groups {wildcards.dataset} "
+        "$NOISYMLT_CLI table --results {input} --out {output.tex} --groups {wildcards.dataset} "
         "--labels {params.labels:q} --methods {params.methods} > {log} 2>&1"
 
 
@@ -184,7 +184,7 @@ rule figure_sweep:
     benchmark:
         "benchmarks/report/figure_{name}.tsv"
     shell:
-        "{NOISYMLT} figure --results {input} --out {output.png} --ablation-spec {params.spec:q} --x {params.x:q} "
+        "$NOISYMLT_CLI figure --results {input} --out {output.png} --ablation-spec {params.spec:q} --x {params.x:q} "
         "> {log} 2>&1"
 
 
@@ -220,7 +220,7 @@ rule inference_time:
     benchmark:
         "benchmarks/report/inference_time_{dataset}.tsv"
     shell:
-        "{NOISYMLT} inference-time --runs {params.runs} --test-labels {input.test} "
+        "$NOISYMLT_CLI inference-time --runs {params.runs} --test-labels {input.test} "
         "--train-images {params.train_images} --test-images {params.test_images} --batch-sizes {params.batch_sizes} "
         "--trials {params.trials} --labels {params.labels:q} --paper {params.paper:q} --out {output.tex} > {log} 2>&1"
 
@@ -242,7 +242,7 @@ rule readme_numbers:
     benchmark:
         "benchmarks/report/readme_numbers.tsv"
     shell:
-        "{NOISYMLT} readme-numbers --results {input.results} --methods {params.methods} --labels {params.labels:q} "
+        "$NOISYMLT_CLI readme-numbers --results {input.results} --methods {params.methods} --labels {params.labels:q} "
         "--selection {input.selection} --out {output} > {log} 2>&1"
 
 
@@ -269,7 +269,7 @@ rule figure_noise_level:
     benchmark:
         "benchmarks/report/noise_level_{dataset}.tsv"
     shell:
-        "{NOISYMLT} noise-figure --logs {input} --out {output.png} --title {params.title:q} --smooth 5 > {log} 2>&1"
+        "$NOISYMLT_CLI noise-figure --logs {input} --out {output.png} --title {params.title:q} --smooth 5 > {log} 2>&1"
 
 
 rule figure_pseudo_labels:
@@ -294,5 +294,5 @@ rule figure_pseudo_labels:
     benchmark:
         "benchmarks/report/pseudo_labels_{dataset}.tsv"
     shell:
-        "{NOISYMLT} pseudo-label-figure --run {params.run} --train-labels {input.noisy} --clean-labels {input.clean} "
+        "$NOISYMLT_CLI pseudo-label-figure --run {params.run} --train-labels {input.noisy} --clean-labels {input.clean} "
         "--split {input.split} --train-images {params.train_images} --out {output.png} > {log} 2>&1"

@@ -26,7 +26,7 @@ rule select_split:
     log:
         "logs/select/split_{dataset}.log",
     shell:
-        "{NOISYMLT} {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 rule select_parts:
@@ -43,7 +43,7 @@ rule select_parts:
     log:
         "logs/select/parts_{dataset}_g{gamma}_s{seed}.log",
     shell:
-        "{NOISYMLT} select parts --noisy {input.noisy} --split {input.split} --fit {output.fit} "
+        "$NOISYMLT_CLI select parts --noisy {input.noisy} --split {input.split} --fit {output.fit} "
         "--val {output.val} > {log} 2>&1"
 
 
@@ -65,7 +65,7 @@ rule cache_select_images:
     log:
         "logs/data/cache_images_{dataset}_select_{part}.log",
     shell:
-        "{NOISYMLT} {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 CANDIDATE = "runs/{dataset}/select/{method}/stage{stage}/g{gamma}/s{seed}/{tag}"
@@ -108,10 +108,10 @@ rule train_candidate:
         "benchmarks/select/{dataset}_{method}_stage{stage}_g{gamma}_s{seed}_{tag}.tsv"
     shell:
         "printf '%s\\n' {params.config:q} > {output.requested} && "
-        "{NOISYMLT} train --run-config {output.requested} --train-labels {input.train} --test-labels {input.val} "
+        "$NOISYMLT_CLI train --run-config {output.requested} --train-labels {input.train} --test-labels {input.val} "
         "--split {input.split} --train-images {params.images} --test-images {params.images} {params.caches} "
         "--out {params.out} --cores {threads} --no-progress --keep-stale --expect-code {params.code} > {log} 2>&1 && "
-        "{NOISYMLT} evaluate --predictions {output.predictions} --test-labels {input.val} --split {input.split} "
+        "$NOISYMLT_CLI evaluate --predictions {output.predictions} --test-labels {input.val} --split {input.split} "
         "--out {output.metrics} --map-out {output.map} >> {log} 2>&1"
 
 
@@ -132,6 +132,6 @@ checkpoint select:
     log:
         "logs/select/{dataset}_{method}_stage{stage}.log",
     shell:
-        "{NOISYMLT} select choose --selection {params.selection:q} --dataset {wildcards.dataset} "
+        "$NOISYMLT_CLI select choose --selection {params.selection:q} --dataset {wildcards.dataset} "
         "--method {wildcards.method} --stage {wildcards.stage} {params.previous} > {log} 2>&1"
 

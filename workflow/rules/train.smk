@@ -17,7 +17,7 @@ rule pretrain:
     benchmark:
         "benchmarks/pretrain/{name}.tsv"
     shell:
-        "{NOISYMLT} {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 # One training run per (dataset, noise rate, seed, method), then its evaluation: AP per class and mAP
@@ -75,10 +75,10 @@ rule train:
         "benchmarks/train/{dataset}_g{gamma}_s{seed}_{method}.tsv"
     shell:
         "printf '%s\\n' {params.config:q} > {output.requested} && "
-        "{NOISYMLT} train --run-config {output.requested} --train-labels {input.train} "
+        "$NOISYMLT_CLI train --run-config {output.requested} --train-labels {input.train} "
         "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
         "--test-images {params.test_images} {params.caches} --out {params.out} --cores {threads} --no-progress "
         "--keep-stale --expect-code {params.code} --clean-labels {input.subset} --provenance raw_manifest={input.raw} clean_subset={input.subset} "
         "{params.selection} > {log} 2>&1 && "
-        "{NOISYMLT} evaluate --predictions {output.predictions} --test-labels {input.test} --split {input.split} "
+        "$NOISYMLT_CLI evaluate --predictions {output.predictions} --test-labels {input.test} --split {input.split} "
         "--out {output.metrics} --map-out {output.map} >> {log} 2>&1"

@@ -252,8 +252,9 @@ def render_numerics(numbers: dict) -> list[str]:
                        f"{r['interval'][1]:.2f}])" for k, r in runs.items() if r.get("interval"))
     out = ["", f"These numbers came from {made}: `results.parquet` and every run's manifest name it "
                "(`noisymlt trace` shows it). CPU runs repeat bit for bit on the same fingerprint; another CPU type's "
-               "kernels round differently, and over a run that is another draw of training, as large as another "
-               "seed's (`experiments/cpu_numerics`)."]
+               "kernels round differently, and over a run that grows into another draw of training "
+               "(`docs/numerics_readings.json` holds other CPU types' readings of the runs below; "
+               "`experiments/cpu_numerics`)."]
     if expect:
         first = next(iter(runs)).split("/")
         out[-1] += (f" The tests retrain the first seed's runs at γ {float(first[1]):g} and hold them bit for bit on this fingerprint, "
