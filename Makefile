@@ -60,10 +60,13 @@ demo-dvc: $(STAMP)
 smoke: $(STAMP)
 	$(VENV)/bin/snakemake --profile workflow/profiles/smoke
 
+# the layers of .importlinter first: an upward import fails in seconds, before the suite
 test: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest
 
 test-fast: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -m "not slow and not slurm"
 
 lint: $(STAMP)

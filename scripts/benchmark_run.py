@@ -34,7 +34,7 @@ PHASES = ("setup", "fit", "predict", "fit_record", "outputs")
 
 
 def one_run(cfg: dict, params: dict, out: Path, profile: Path | None) -> dict[str, float]:
-    from noisymlt.pipeline.manifest import now
+    from noisymlt.core.manifest import now
     from noisymlt.pipeline.paths import image_root
     from noisymlt.training.trainer import Trainer
 
@@ -93,7 +93,7 @@ def main() -> int:
     sys.path.insert(0, str(REPO / "src"))
     import importlib
 
-    from noisymlt.pipeline.config import load_params, resolve_run
+    from noisymlt.config import load_params, resolve_run
     from noisymlt.pipeline.preload import PRELOAD_MODULES
 
     for name in PRELOAD_MODULES:  # imported before the clock starts, as a preloaded job finds them

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from noisymlt.methods import FAMILIES, TrainContext
-from noisymlt.pipeline.config import load_params, resolve_run
+from noisymlt.config import load_params, resolve_run
 from noisymlt.training.devices import select_device
 
 

@@ -323,7 +323,7 @@ def smoke(ctx: dict) -> dict:
                ctx["env"], cwd=work)
     sys.path.insert(0, str(REPO / "src"))
     from noisymlt.pipeline import paths
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
 
     params = load_params(work / "params.yaml", work / "workflow/profiles/smoke/params.yaml")
     maps, devices = {}, set()
@@ -484,7 +484,7 @@ def packing(ctx: dict, per_run_mib: float | None) -> dict:
 
 def grid(ctx: dict) -> dict:
     from noisymlt.pipeline import gridplan
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
 
     params = load_params(REPO / "params.yaml")
     jobs = gridplan.plan_grid(params, data_root=REPO / "data")

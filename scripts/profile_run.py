@@ -65,7 +65,7 @@ def main() -> int:
 
     import noisymlt.cli as cli
     import noisymlt.training.trainer  # noqa: F401  (what the preload server imports once)
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
     from noisymlt.pipeline.paths import image_root
 
     imports = round(time.perf_counter() - start, 2)

@@ -101,7 +101,7 @@ def _tree_pss(pid: int) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from noisymlt.pipeline.config import deep_merge, load_params, resolve_run
+    from noisymlt.config import deep_merge, load_params, resolve_run
 
     params = load_params(REPO / "params.yaml")
     work = Path(tempfile.mkdtemp(prefix="slurm_requests_"))
@@ -176,7 +176,7 @@ def _run_minutes(job: dict, throughput: dict, loader_rate: float, images: int, t
 
 def derive(args: argparse.Namespace) -> dict:
     from noisymlt.pipeline import gridplan
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
 
     memory = json.loads(Path(args.memory).read_text())
     check = json.loads(Path(args.device_check).read_text())

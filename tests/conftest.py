@@ -179,7 +179,7 @@ def interrupt_training(monkeypatch, trainer, at_call: int) -> None:
 
 def tiny_params(method: str = "erm", **train_overrides) -> dict:
     """params.yaml + the demo layer, shrunk to seconds-long CPU runs on ``tiny_toy``."""
-    from noisymlt.pipeline.config import deep_merge, load_params
+    from noisymlt.config import deep_merge, load_params
 
     repo = Path(__file__).resolve().parents[1]
     params = load_params(repo / "params.yaml", repo / "workflow" / "profiles" / "demo" / "params.yaml")

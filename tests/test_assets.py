@@ -16,7 +16,7 @@ import pytest
 from noisymlt.data import assets
 from noisymlt.data.download import fetch_asset
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.config import load_params, resolve_run
+from noisymlt.config import load_params, resolve_run
 from noisymlt.pipeline.paths import asset_argv
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""What a job's code digest covers (noisymlt.pipeline.codedeps): the code that can change its result, and no more."""
+"""What a job's code digest covers (noisymlt.core.codedeps): the code that can change its result, and no more."""
 
 from __future__ import annotations
 
@@ -9,27 +9,29 @@ import pytest
 
 from noisymlt.losses import LOSSES
 from noisymlt.methods.options import losses_used
-from noisymlt.pipeline import codedeps
-from noisymlt.pipeline.config import load_params, method_options
+from noisymlt.core import codedeps
+from noisymlt.config import load_params
+from noisymlt.methods.options import method_options
 from noisymlt.pipeline.step_code import method_entries
 
 REPO = Path(__file__).resolve().parents[1]
 # Infrastructure that cannot change a result: the CLI and its dispatch, the preload server (its runs equal plain
 # runs byte for byte: test_preload), the `train` command (it only resolves the configuration, hashed into the run
 # id), the per-step digests and `trace`.
-NEVER_IN_A_RUN = {"noisymlt.__main__", "noisymlt.cli", "noisymlt.pipeline.preload", "noisymlt.training.command",
+NEVER_IN_A_RUN = {"noisymlt.__main__", "noisymlt.cli", "noisymlt.pipeline.preload", "noisymlt.pipeline.train",
                   "noisymlt.pipeline.step_code", "noisymlt.pipeline.trace", "noisymlt.pipeline.selection"}
-ERM = ["noisymlt", "noisymlt.data", "noisymlt.data.assets", "noisymlt.data.imagecache", "noisymlt.data.labels", "noisymlt.errors",
-       "noisymlt.evaluation", "noisymlt.evaluation.metrics", "noisymlt.losses", "noisymlt.losses.base",
-       "noisymlt.losses.bce", "noisymlt.methods", "noisymlt.methods.base", "noisymlt.methods.options",
-       "noisymlt.methods.single", "noisymlt.models", "noisymlt.models.backbones", "noisymlt.models.branch",
-       "noisymlt.models.heads", "noisymlt.pipeline", "noisymlt.pipeline.codedeps", "noisymlt.pipeline.config",
-       "noisymlt.pipeline.files", "noisymlt.pipeline.jsonlog", "noisymlt.pipeline.locks",
-       "noisymlt.pipeline.manifest", "noisymlt.pipeline.registry", "noisymlt.pipeline.schema", "noisymlt.training",
-       "noisymlt.training.augment", "noisymlt.training.checkpoint", "noisymlt.training.devices",
-       "noisymlt.training.fit_diagnostics", "noisymlt.training.inputs", "noisymlt.training.loaders",
-       "noisymlt.training.noise_monitor", "noisymlt.training.numerics", "noisymlt.training.sampling", "noisymlt.training.schedule",
-       "noisymlt.training.trainer", "noisymlt.training.transforms", "noisymlt.training.trunkcache"]
+ERM = ["noisymlt", "noisymlt.core", "noisymlt.core.codedeps", "noisymlt.core.files", "noisymlt.core.jsonlog",
+       "noisymlt.core.locks", "noisymlt.core.manifest", "noisymlt.core.registry", "noisymlt.core.schema",
+       "noisymlt.data", "noisymlt.data.assets", "noisymlt.data.imagecache", "noisymlt.data.images",
+       "noisymlt.data.labels", "noisymlt.data.sampling", "noisymlt.errors", "noisymlt.evaluation",
+       "noisymlt.evaluation.metrics", "noisymlt.losses", "noisymlt.losses.base", "noisymlt.losses.bce",
+       "noisymlt.methods", "noisymlt.methods.base", "noisymlt.methods.options", "noisymlt.methods.single",
+       "noisymlt.models", "noisymlt.models.backbones", "noisymlt.models.branch", "noisymlt.models.choices",
+       "noisymlt.models.heads", "noisymlt.training", "noisymlt.training.augment", "noisymlt.training.checkpoint",
+       "noisymlt.training.devices", "noisymlt.training.fit_diagnostics", "noisymlt.training.inputs",
+       "noisymlt.training.loaders", "noisymlt.training.noise_monitor", "noisymlt.training.numerics",
+       "noisymlt.training.schedule", "noisymlt.training.trainer", "noisymlt.training.transforms",
+       "noisymlt.training.trunkcache"]
 
 
 @pytest.fixture(scope="module")

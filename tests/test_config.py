@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.config import deep_merge, load_params, resolve_run, run_id, validate_params
+from noisymlt.config import deep_merge, load_params, resolve_run, validate_params
+from noisymlt.core.manifest import run_id
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from conftest import tiny_params, toy_trainer
-from noisymlt.pipeline.config import load_params, resolve_run
+from noisymlt.config import load_params, resolve_run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -52,7 +52,7 @@ def test_shared_frozen_trunk_equals_the_unshared_path_at_bf16_on_cuda(tmp_path):
     function, so the same loss and gradients up to bf16 rounding."""
     from noisymlt.methods import FAMILIES, TrainContext
     from noisymlt.models.backbones import TinyResNet
-    from noisymlt.training.loaders import EpochPlan
+    from noisymlt.data.sampling import EpochPlan
 
     torch.manual_seed(3)
     weights = tmp_path / "trunk.pt"  # one file for both branches: identical frozen trunks

@@ -23,7 +23,7 @@ from noisymlt.data.archive import safe_extract
 from noisymlt.data.download import DATASETS, RemoteFile, download_dataset, fetch, mirror_url
 from noisymlt.data.labels import LabelTable, write_labels
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline import codedeps
+from noisymlt.core import codedeps
 
 FAST = dict(backoff=0.01, progress=False)
 

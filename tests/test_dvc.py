@@ -69,7 +69,7 @@ def _commands(cmd: str | list[str]) -> list[str]:
 def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_source_file():
     """No hand-kept list of modules: each stage's code dependency is the digest file of the commands it
     runs (data/code/COMMAND.json, training: data/code/train/METHOD.json), written by `code_digests` from
-    the static import closures (noisymlt.pipeline.codedeps), the same digests Snakemake passes its jobs."""
+    the static import closures (noisymlt.core.codedeps), the same digests Snakemake passes its jobs."""
     from noisymlt.pipeline import step_code
 
     commands = step_code.command_modules()
@@ -97,7 +97,7 @@ def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_sourc
 
 def test_code_digest_files_change_only_for_the_steps_an_edit_touches(tmp_path):
     from noisymlt.pipeline import step_code
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
 
     params = load_params(REPO / "params.yaml")
     before = step_code.digests(params)
@@ -114,7 +114,8 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     """dvc-params.json = what Snakemake's --configfile layering gives, plus the lists dvc.yaml expands over;
     once a layer changes, every step refuses it and names the command that rewrites it."""
     from noisymlt.errors import NoisyMLTError
-    from noisymlt.pipeline.config import load_params, resolve_run, run_id
+    from noisymlt.config import load_params, resolve_run
+    from noisymlt.core.manifest import run_id
     from noisymlt.pipeline.params import DVC_SHARDS, shard_of, write
 
     shutil.copy2(REPO / "params.yaml", tmp_path / "params.yaml")
@@ -366,7 +367,7 @@ def test_dvc_plans_the_jobs_snakemake_plans(tmp_path):
 
 def _tiny_params() -> dict:
     """A toy-only params.yaml (no voc/coco blocks, no download block) sized for a seconds-long run."""
-    from noisymlt.pipeline.config import deep_merge, load_params
+    from noisymlt.config import deep_merge, load_params
 
     params = load_params(REPO / "params.yaml", REPO / "workflow" / "profiles" / "demo" / "params.yaml")
     toy = params["datasets"]["toy"]

@@ -95,7 +95,7 @@ def _lock_outs(root: Path) -> dict[str, str]:
 
 def smk_ablation_methods(root: Path) -> set[str]:
     """Methods the demo trains for its ablations only (not in its main grid)."""
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
 
     params = load_params(*(root / f for f in DEMO))
     return {m for name in params["grid"]["ablations"] for m in params["ablations"][name]["methods"]} - set(
@@ -138,7 +138,8 @@ def dvc_demo(origin, tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_dvc_demo_route_is_clean_and_round_trips(dvc_demo, tmp_path):
-    from noisymlt.pipeline.config import load_params, resolve_run, run_id
+    from noisymlt.config import load_params, resolve_run
+    from noisymlt.core.manifest import run_id
 
     root, run = dvc_demo, dvc_demo / "runs" / "toy" / "g0.5" / "s0" / "erm"
     assert "| ERM |" in (root / "reports" / "table_total.md").read_text()

@@ -27,7 +27,7 @@ RUN = "runs/toy/g0.5/s0/{}"
 
 
 def _params() -> dict:
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
 
     params = _tiny_params()
     full = load_params(REPO / "params.yaml")

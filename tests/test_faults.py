@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_params, toy_trainer
-from noisymlt.pipeline.config import resolve_run
+from noisymlt.config import resolve_run
 
 
 @pytest.fixture
@@ -81,12 +81,12 @@ def test_a_folder_it_may_not_write_gives_one_line(tiny_toy, tmp_path, capsys, mo
     """(The tests run as root, whom permissions do not stop: the denial is the operating system's error,
     raised where the trainer opens its lock file.)"""
     from noisymlt.cli import main
-    import noisymlt.pipeline.locks
+    import noisymlt.core.locks
 
     def denied(path):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(noisymlt.pipeline.locks, "try_lock", denied)
+    monkeypatch.setattr(noisymlt.core.locks, "try_lock", denied)
     resolved = resolve_run(tiny_params("erm", epochs=1), "toy", "erm", 0.5, 0)
     run = tmp_path / "run"
     assert main(_train_cli(tiny_toy, resolved, run, tmp_path)) == 2

@@ -14,7 +14,7 @@ import torch
 from conftest import tiny_params, toy_trainer
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.base import PublishedTargets
-from noisymlt.pipeline.config import resolve_run
+from noisymlt.config import resolve_run
 from noisymlt.report.aggregate import aggregate
 from noisymlt.report.fit import fit_summary, paired_differences, write_fit_table, write_paired_table
 from noisymlt.training.fit_diagnostics import bce, diagnose, noisy_map, prior_bce, pseudo_label_changes
@@ -99,7 +99,7 @@ def paper_iterations(resolved: dict, n: int, largest: int, classes: int) -> int:
 def paper():
     from pathlib import Path
 
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
 
     return load_params(Path(__file__).resolve().parents[1] / "params.yaml")
 

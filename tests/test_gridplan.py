@@ -11,7 +11,7 @@ import pytest
 from noisymlt.data.labels import LabelTable, write_class_split, write_labels
 from noisymlt.errors import NoisyMLTError
 from noisymlt.pipeline import gridplan, paths
-from noisymlt.pipeline.config import load_params, resolve_run
+from noisymlt.config import load_params, resolve_run
 
 PROJECT = Path(__file__).resolve().parents[1]
 

@@ -15,9 +15,10 @@ from conftest import TINY_CACHE_SIZE, tiny_params, toy_trainer
 from noisymlt.data.imagecache import build_cache, index_path, open_cache
 from noisymlt.data.labels import read_labels, write_labels
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.config import resolve_run
+from noisymlt.config import resolve_run
 from noisymlt.training.augment import augment, draw_train_params, eval_resize
-from noisymlt.training.loaders import CachedEvalImages, CachedTrainImages, CacheRows, EpochPlan, StreamSpec, stream_loader
+from noisymlt.data.sampling import EpochPlan, StreamSpec
+from noisymlt.training.loaders import CachedEvalImages, CachedTrainImages, CacheRows, stream_loader
 from noisymlt.training.transforms import eval_transform, random_crop_box, to_tensor, train_transform
 
 GREY = float(np.mean(np.array([0.229, 0.224, 0.225]) * 255))  # one grey level in normalised units ~ 1 / GREY

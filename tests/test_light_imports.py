@@ -1,13 +1,18 @@
-"""Data steps and params validation import no torch; the package has no import cycle."""
+"""Data steps and params validation import no torch; the package has no import cycle, and its layers
+(.importlinter) hold: no module imports from a layer above its own."""
 
 from __future__ import annotations
 
 import ast
+import configparser
 import json
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
-from noisymlt.pipeline import codedeps
+from noisymlt.core import codedeps
 
 HEAVY = ("torch", "torchvision", "sklearn")
 
@@ -27,7 +32,7 @@ def _imports_heavy_at_top(name: str) -> bool:
 
 
 def test_data_steps_and_params_validation_reach_no_torch_module():
-    for entry in ("noisymlt.pipeline.config", "noisymlt.pipeline.paths", "noisymlt.data.noise", "noisymlt.data.parse",
+    for entry in ("noisymlt.config", "noisymlt.pipeline.paths", "noisymlt.data.noise", "noisymlt.data.parse",
                   "noisymlt.data.longtail", "noisymlt.data.toy", "noisymlt.report.aggregate", "noisymlt.report.tables",
                   "noisymlt.report.noise_level"):
         heavy = [m for m in codedeps.closure(entry) if _imports_heavy_at_top(m)]
@@ -40,7 +45,7 @@ def test_a_noise_step_and_params_validation_run_without_importing_torch(tiny_toy
     script = f"""
 import json, sys
 from noisymlt.cli import main
-from noisymlt.pipeline.config import load_params
+from noisymlt.config import load_params
 load_params("params.yaml", "workflow/profiles/demo/params.yaml")
 rc = main(["noise", "--labels", {str(tiny_toy["train"])!r}, "--gamma", "0.5", "--seed", "1",
            "--out", {str(tmp_path / "n.parquet")!r}, "--stats", {str(tmp_path / "n.json")!r}])
@@ -50,3 +55,38 @@ print(json.dumps({{"rc": rc, "loaded": sorted(m for m in {HEAVY!r} if m in sys.m
     proc = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"rc": 0, "loaded": []}
+
+
+REPO = codedeps.ROOT.parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def _contract() -> configparser.ConfigParser:
+    config = configparser.ConfigParser()
+    config.read(REPO / ".importlinter")
+    return config
+
+
+def test_the_layers_contract_names_every_part_of_the_package_and_ignores_no_import():
+    contract = _contract()["importlinter:contract:layers"]
+    layers = contract["layers"].split()
+    top_level = {name.split(".")[1] for name in codedeps.modules() if name.count(".") >= 1}
+    assert sorted(layers) == sorted(top_level)
+    assert contract.getboolean("exhaustive") and "ignore_imports" not in contract
+
+
+def test_lint_imports_keeps_the_layers_and_refuses_an_upward_import(tmp_path):
+    ok = subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "1 kept, 0 broken" in ok.stdout
+    # the same package with one upward import (a data module reaching into training) breaks the contract
+    copy = tmp_path / "src"
+    shutil.copytree(codedeps.ROOT, copy / "noisymlt", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "noisymlt" / "data" / "toy.py", "a") as f:
+        f.write("\n\ndef _upward():\n    from noisymlt.training import trainer  # noqa: F401\n")
+    shutil.copy(REPO / ".importlinter", tmp_path / ".importlinter")
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    bad = subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "noisymlt.data.toy -> noisymlt.training.trainer" in bad.stdout

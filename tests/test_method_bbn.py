@@ -15,7 +15,7 @@ from conftest import tiny_params, toy_trainer
 from noisymlt.errors import NoisyMLTError
 from noisymlt.models.backbones import SmallCNN, build_backbone
 from noisymlt.models.bbn import BBNNet, bbn_alpha
-from noisymlt.pipeline.config import resolve_run, validate_params
+from noisymlt.config import resolve_run, validate_params
 
 BBN_BLOCK = {"family": "bbn", "label": "BBN", "description": "test block", "loss": "bce", "split_at": "stage"}
 
@@ -141,7 +141,7 @@ def test_trainer_run_on_tiny_toy(tiny_toy, tmp_path):
 def test_demo_trains_the_classifier_at_ten_times_the_lr(tiny_toy, tmp_path):
     # The demo's regime (train.new_layers_lr_mult), not BBN's code (one lr for all, params.yaml): on the toy
     # backbone's raw features a classifier at the recipe's lr stays unfitted (experiments/bbn_mlgcn/experiment_bbn_mlgcn.py).
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
 
     repo = Path(__file__).resolve().parents[1]
     assert load_params(repo / "params.yaml")["train"]["new_layers_lr_mult"] == 1

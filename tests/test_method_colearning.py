@@ -18,8 +18,8 @@ from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import FAMILIES, TrainContext
 from noisymlt.methods import colearning as family
 from noisymlt.models.twobranch import ensemble_logits
-from noisymlt.pipeline.config import load_params, resolve_run, validate_params
-from noisymlt.training.loaders import EpochPlan
+from noisymlt.config import load_params, resolve_run, validate_params
+from noisymlt.data.sampling import EpochPlan
 
 PROJECT = Path(__file__).resolve().parents[1]
 C = 6

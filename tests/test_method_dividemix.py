@@ -16,7 +16,7 @@ from conftest import tiny_params, toy_trainer
 from noisymlt.data.labels import read_labels
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import TrainContext
-from noisymlt.pipeline.config import resolve_run, validate_params
+from noisymlt.config import resolve_run, validate_params
 from noisymlt.methods.dividemix import (
     DivideMix,
     auto_warmup_epochs,

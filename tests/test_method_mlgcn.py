@@ -18,7 +18,7 @@ from noisymlt.data.classes import VOC_CLASSES
 from noisymlt.errors import NoisyMLTError
 from noisymlt.models.backbones import SmallCNN
 from noisymlt.models.mlgcn import LabelGCN, MLGCNNet, code_adjacency, label_adjacency, normalize_adjacency
-from noisymlt.pipeline.config import resolve_run, validate_params
+from noisymlt.config import resolve_run, validate_params
 
 MLGCN_BLOCK = {"family": "mlgcn", "label": "ML-GCN", "description": "test block", "sampler": "random",
                "loss": "bce", "t": 0.4, "p": 0.2, "embeddings": "glove"}

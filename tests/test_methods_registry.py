@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from conftest import tiny_params, toy_trainer
-from noisymlt.pipeline.config import resolve_run
+from noisymlt.config import resolve_run
 
 ALL_METHODS = sorted(tiny_params()["methods"])
 
 
 def test_every_grid_method_is_defined():
     params = tiny_params()
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
     from pathlib import Path
 
     paper = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
@@ -45,7 +45,7 @@ def test_registries_read_names_from_the_source_and_refuse_a_name_twice(tmp_path)
     from noisymlt.errors import NoisyMLTError
     from noisymlt.losses import LOSSES
     from noisymlt.methods import FAMILIES, FAMILY_MODULES
-    from noisymlt.pipeline.registry import registered
+    from noisymlt.core.registry import registered
 
     # the registries name exactly what the imported modules register
     assert {name: cls.__module__ for name, cls in FAMILIES.items()} == FAMILY_MODULES
@@ -69,7 +69,7 @@ def test_a_new_family_module_states_its_options_in_its_own_source(tmp_path, monk
     import importlib.util
 
     from noisymlt.methods import options
-    from noisymlt.pipeline.schema import ParamsError
+    from noisymlt.core.schema import ParamsError
 
     module = tmp_path / "probe_family.py"
     module.write_text("import torch  # never imported by the check\n"

@@ -90,7 +90,7 @@ def test_prior_bias_init_puts_every_linear_heads_outputs_at_the_class_frequencie
 def test_trainer_applies_the_prior_bias_only_when_asked(tiny_toy, tmp_path):
     from conftest import tiny_params, toy_trainer
     from noisymlt.models.heads import Head
-    from noisymlt.pipeline.config import resolve_run
+    from noisymlt.config import resolve_run
 
     for init in ("zero", "prior"):
         params = tiny_params("erm", epochs=1, lr_steps=[1], image_size=16)

@@ -15,8 +15,8 @@ from noisymlt.data.labels import read_labels, write_labels
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.base import PublishedTargets
 from noisymlt.methods.stitchup import stitched_noise_level
-from noisymlt.pipeline.config import resolve_run
-from noisymlt.training.loaders import EpochPlan
+from noisymlt.config import resolve_run
+from noisymlt.data.sampling import EpochPlan
 from noisymlt.training.noise_monitor import NoiseMonitor, align_clean_labels
 
 EPOCHS, ITERS = 2, 3
@@ -283,7 +283,7 @@ def check_pseudo_label_figure(scored: dict, clean: np.ndarray, root) -> None:
     from figure_checks import check_layout, strings
     from noisymlt.report.pseudo_labels import pick_examples, pseudo_label_figure
     from noisymlt.report.style import BLUE, VERMILLION
-    from noisymlt.training.loaders import load_image
+    from noisymlt.data.images import load_image
 
     plain = [r for r in range(len(clean)) if all((p[r] == scored["noisy"][r]).all() for p in scored["pseudo"].values())]
     assert plain, "the short run should leave some images uncorrected"

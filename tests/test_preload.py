@@ -80,7 +80,7 @@ def code_deps_on_fifo(tmp_path) -> tuple[list[str], Path]:
 
 def feed(fifo: Path, timeout: float = 30.0) -> None:
     """Write the params into the fifo; fails, rather than waits for ever, when no job is there to read them."""
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
 
     deadline = time.monotonic() + timeout
     while True:
@@ -111,7 +111,7 @@ def test_streams_and_exit_status_are_the_commands(server, tmp_path):
 
 
 def test_a_training_run_through_the_server_equals_a_plain_run(server, tiny_toy, tmp_path):
-    from noisymlt.pipeline.config import resolve_run
+    from noisymlt.config import resolve_run
 
     path, _ = server
     cfg = tmp_path / "run.json"
@@ -309,7 +309,7 @@ def test_a_killed_workflow_leaves_no_preload_folder_behind(tmp_path):
 def test_manifests_record_the_same_environment_in_a_preloaded_process():
     """A step's manifest lists the installed library versions, not what its process happened to import:
     a light step run in the server (torch already imported) records what a fresh process records."""
-    code = "import json; from noisymlt.pipeline.manifest import environment; print(json.dumps(environment()))"
+    code = "import json; from noisymlt.core.manifest import environment; print(json.dumps(environment()))"
     fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = subprocess.run([sys.executable, "-c", "import torch, torchvision, sklearn; " + code],
                             capture_output=True, text=True, check=True).stdout

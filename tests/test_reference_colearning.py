@@ -33,7 +33,7 @@ from torch import nn
 from noisymlt.methods import FAMILIES, TrainContext
 from noisymlt.methods import colearning as family
 from noisymlt.methods.stitchup import union_targets
-from noisymlt.pipeline.config import load_params, resolve_run
+from noisymlt.config import load_params, resolve_run
 from noisymlt.training.schedule import lr_at
 
 PROJECT = Path(__file__).resolve().parents[1]

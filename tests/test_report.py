@@ -17,7 +17,7 @@ from noisymlt.report.tables import mean_ci, write_table
 
 def fake_run(root, method, gamma, seed, maps, heads=("main",)):
     """A run folder as train + evaluate leave it: files and the manifests that record their hashes."""
-    from noisymlt.pipeline.manifest import file_sha256
+    from noisymlt.core.manifest import file_sha256
 
     run = root / "runs" / "toy" / f"g{gamma:g}" / f"s{seed}" / method
     run.mkdir(parents=True)
@@ -148,7 +148,7 @@ def test_trace_fails_a_hand_edited_table_value_naming_file_and_cell(tmp_path, ca
 
 
 def test_trace_names_a_missing_run_and_notices_predictions_of_another_checkpoint(tmp_path, capsys):
-    from noisymlt.pipeline.manifest import file_sha256
+    from noisymlt.core.manifest import file_sha256
 
     files = [fake_run(tmp_path, "db", 0.5, seed, [0.7 + seed / 100]) for seed in (0, 1)]
     out = tmp_path / "table.tex"
@@ -178,8 +178,8 @@ def test_trace_names_a_missing_run_and_notices_predictions_of_another_checkpoint
 def test_trace_fails_a_result_not_made_by_the_code_its_manifest_names(tmp_path, capsys):
     """Predictions from a checkpoint trained by other code, and a manifest whose code the source no longer gives
     (edited since, or edited and reverted while the job ran)."""
-    from noisymlt.pipeline import codedeps
-    from noisymlt.pipeline.manifest import file_sha256
+    from noisymlt.core import codedeps
+    from noisymlt.core.manifest import file_sha256
 
     files = [fake_run(tmp_path, "db", 0.5, seed, [0.7]) for seed in (0, 1)]
     out = tmp_path / "table.tex"

@@ -48,7 +48,7 @@ EDITS = {
 
 
 def _params() -> dict:
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
     from test_dvc import REPO
 
     params = _tiny_params()

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.training.sampling import (
+from noisymlt.data.sampling import (
     SAMPLERS,
     ClassAwareSampler,
     RandomSampler,

@@ -40,7 +40,7 @@ def test_choice_is_the_best_score_and_ties_go_to_the_smaller_lr():
 
 
 def test_demo_profile_uses_the_selected_learning_rates():
-    from noisymlt.pipeline.config import load_params, resolve_run
+    from noisymlt.config import load_params, resolve_run
 
     chosen = json.loads((REPO / "experiments" / "lr_selection" / "result.json").read_text())
     params = load_params(REPO / "params.yaml", REPO / "workflow" / "profiles" / "demo" / "params.yaml")
@@ -63,7 +63,7 @@ def test_demo_profile_uses_the_selected_learning_rates():
 def test_the_demo_new_layer_factor_follows_the_fit_diagnostics_it_was_chosen_on():
     """The profile's train.new_layers_lr_mult per recipe and the README's account of it rest on
     experiments/new_layer_lr/result.json (experiments/new_layer_lr/experiment_new_layer_lr.py); this keeps both true of that file."""
-    from noisymlt.pipeline.config import load_params, resolve_run
+    from noisymlt.config import load_params, resolve_run
 
     runs = json.loads((REPO / "experiments" / "new_layer_lr" / "result.json").read_text())
     seed1 = runs["seed 1"]
@@ -116,7 +116,7 @@ def test_the_one_set_choice_left_the_random_branch_without_pseudo_labels_and_the
     candidates lay within 0.3 validation points and the choice (alpha 0.8) left the random branch without pseudo
     labels at 16 and at 24 epochs on two seeds, the balanced branch with hundreds an epoch
     (experiments/random_branch_pl/selection_one_set.json, experiments/random_branch_pl/result.json)."""
-    from noisymlt.pipeline.config import load_params, resolve_run
+    from noisymlt.config import load_params, resolve_run
 
     one = json.loads((REPO / "experiments" / "random_branch_pl" / "selection_one_set.json").read_text())["stage_file"]
     assert [(s["gamma"], s["seed"]) for s in one["sets"]] == [(0.5, 0)]

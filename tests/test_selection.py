@@ -19,8 +19,9 @@ from noisymlt.data.labels import CLEAN_PREFIX, LabelTable, read_labels, write_la
 from noisymlt.data.noise import make_noisy_table
 from noisymlt.errors import NoisyMLTError
 from noisymlt.pipeline import selection as S
-from noisymlt.pipeline.config import load_params, resolve_run, run_id, validate_params
-from noisymlt.pipeline.schema import ParamsError
+from noisymlt.config import load_params, resolve_run, validate_params
+from noisymlt.core.manifest import run_id
+from noisymlt.core.schema import ParamsError
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -266,7 +267,7 @@ def test_the_selected_thresholds_are_the_ones_the_method_applies(tiny_toy):
     ({"methods": {"erm": [["momentum"]]}}, "selection.methods.erm", ""),
 ])
 def test_bad_selection_settings_name_their_key(layer, key, message):
-    from noisymlt.pipeline.config import deep_merge
+    from noisymlt.config import deep_merge
 
     params = deep_merge(load_params(REPO / "params.yaml"), {"selection": layer})
     with pytest.raises(ParamsError) as err:
@@ -275,7 +276,7 @@ def test_bad_selection_settings_name_their_key(layer, key, message):
 
 
 def test_a_variant_of_a_method_that_selects_nothing_keeps_its_fixed_values():
-    from noisymlt.pipeline.config import deep_merge
+    from noisymlt.config import deep_merge
 
     params = deep_merge(load_params(REPO / "params.yaml"), {"selection": {"methods": {"ours": None}}})
     validate_params(params)

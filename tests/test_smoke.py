@@ -18,7 +18,7 @@ PROFILE = "workflow/profiles/smoke"
 def test_smoke_profile_runs_every_method_at_paper_shapes(tmp_path: Path) -> None:
     from noisymlt.data.classes import VOC_CLASSES
     from noisymlt.pipeline import paths
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
 
     wf = copy_workflow(tmp_path)
     snakemake(wf, "--profile", PROFILE, timeout=1800)

@@ -76,7 +76,7 @@ def test_grid_runs_follow_snakemakes_order_and_paths():
 def _demo_params_file(tmp_path) -> str:
     import yaml
 
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
 
     repo = Path(__file__).resolve().parents[1]
     params = load_params(repo / "params.yaml", repo / "workflow" / "profiles" / "demo" / "params.yaml")

@@ -14,7 +14,7 @@ import torch
 from conftest import interrupt_training, tiny_params, toy_trainer
 from noisymlt.data.labels import read_labels
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.config import resolve_run
+from noisymlt.config import resolve_run
 from noisymlt.training.checkpoint import content_sha256
 from noisymlt.training.schedule import lr_at
 from noisymlt.training.trainer import Trainer
@@ -277,8 +277,8 @@ def test_db_schedule_gives_db_iterations_on_voc_mlt(reference_dir):
     """[DB]'s class-aware epoch on the published VOC-MLT subset: int(775 * 20 / 4) images, 121 batches of 32."""
     import pandas as pd
 
-    from noisymlt.training.loaders import StreamSpec
-    from noisymlt.training.sampling import build_sampler
+    from noisymlt.data.sampling import StreamSpec
+    from noisymlt.data.sampling import build_sampler
     from noisymlt.training.schedule import epoch_iterations
 
     labels = pd.read_csv(reference_dir / "voc_mlt_train_labels.csv", dtype={"image_id": str}).drop(
@@ -307,7 +307,7 @@ def test_inference_time_table_times_the_finished_run(tiny_toy, tmp_path):
     and writes the paper's layout with the device named."""
     import torch
 
-    from noisymlt.evaluation.inference_time import load_trained, time_predictions, write_table
+    from noisymlt.report.inference_time import load_trained, time_predictions, write_table
 
     trainer = toy_trainer(tiny_toy, resolve_run(tiny_params("erm"), "toy", "erm", 0.5, 0), tmp_path / "run")
     trainer.run()
@@ -364,7 +364,7 @@ def test_new_layers_train_at_their_factor_and_a_methods_own_factor_comes_first()
 
 def test_new_layers_lr_mult_is_validated():
     from noisymlt.errors import NoisyMLTError
-    from noisymlt.pipeline.config import load_params, validate_params
+    from noisymlt.config import load_params, validate_params
 
     params = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
     for bad in (0, -1, "fast"):
@@ -464,7 +464,7 @@ def test_a_kept_run_of_this_code_comes_back_and_one_of_other_code_does_not(tiny_
     # the first configuration again, under other code: its kept run does not come back, it retrains
     again = make_trainer(tiny_toy, run, epochs=1)
     again.keep_stale = True
-    import noisymlt.pipeline.codedeps as codedeps
+    import noisymlt.core.codedeps as codedeps
 
     monkeypatch.setattr(again, "code_digest", "fedcba9876543210")  # as if the source had been edited
     monkeypatch.setattr(codedeps, "fresh_digest", lambda *entries: "fedcba9876543210")
@@ -484,7 +484,7 @@ def test_a_job_whose_code_changed_since_it_was_planned_stops_before_training(tin
 def test_a_result_is_not_recorded_under_code_that_changed_while_it_ran(tiny_toy, tmp_path, monkeypatch):
     """The package source moves on during the job: nothing is recorded under either code; the checkpoint
     names the code that trained it, so the rerun retrains under the code on disk."""
-    import noisymlt.pipeline.codedeps as codedeps
+    import noisymlt.core.codedeps as codedeps
 
     trainer = make_trainer(tiny_toy, tmp_path / "run", epochs=1)
     monkeypatch.setattr(codedeps, "fresh_digest", lambda *entries: "5555555555555555")  # the disk, at the end
@@ -515,7 +515,7 @@ def test_a_cut_off_last_log_line_is_dropped_on_resume(tiny_toy, tmp_path, monkey
 
 
 def test_a_damaged_log_line_before_the_last_is_reported_not_dropped(tmp_path):
-    from noisymlt.pipeline.jsonlog import read_records
+    from noisymlt.core.jsonlog import read_records
 
     path = tmp_path / "train_log.jsonl"
     path.write_text('{"epoch": 1}\n{"epoch": 2, "lr"\n{"epoch": 3}\n')

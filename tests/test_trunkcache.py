@@ -14,7 +14,7 @@ import torch
 
 from conftest import interrupt_training, tiny_params, toy_trainer
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.config import resolve_run, validate_params
+from noisymlt.config import resolve_run, validate_params
 from noisymlt.training.augment import augment
 from noisymlt.training.trunkcache import TrunkCache, check_fixed, frozen_parts, frozen_parts_skipped
 
@@ -68,7 +68,7 @@ def memo_file(trainer):
 
 def first_batches(trainer):
     """The first iteration's batches of every stream, on the device, as the training loop builds them."""
-    from noisymlt.training.loaders import EpochPlan
+    from noisymlt.data.sampling import EpochPlan
 
     trainer.open_trunk()
     dataset = trainer.images.train_dataset()
@@ -286,7 +286,7 @@ def test_the_demo_profiles_views_were_measured_against_fresh_views():
     its V is among the measured ones, beside fresh views (V 0) on the same seeds, and it makes Ours' run cheaper."""
     from pathlib import Path
 
-    from noisymlt.pipeline.config import load_params, resolve_run
+    from noisymlt.config import load_params, resolve_run
 
     repo = Path(__file__).resolve().parents[1]
     record = json.loads((repo / "experiments" / "trunk_cache" / "result.json").read_text())

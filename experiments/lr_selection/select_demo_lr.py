@@ -88,7 +88,7 @@ def main() -> int:
 
     from noisymlt.data.labels import read_labels
     from noisymlt.evaluation.metrics import average_precisions
-    from noisymlt.pipeline.config import load_params, resolve_run
+    from noisymlt.config import load_params, resolve_run
     from noisymlt.pipeline.paths import image_root
     from noisymlt.training.trainer import Trainer
 

@@ -60,7 +60,7 @@ def main() -> int:
 
     from noisymlt.data.labels import read_labels
     from noisymlt.evaluation.metrics import average_precisions
-    from noisymlt.pipeline.config import load_params, resolve_run
+    from noisymlt.config import load_params, resolve_run
     from noisymlt.pipeline.paths import image_root
     from noisymlt.pipeline.selection import apply_values
     from noisymlt.training.trainer import Trainer

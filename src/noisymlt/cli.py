@@ -24,9 +24,9 @@ COMMAND_MODULES = (
     "noisymlt.data.imagecache",
     "noisymlt.training.pretrain",
     "noisymlt.pipeline.selection",
-    "noisymlt.training.command",
+    "noisymlt.pipeline.train",
     "noisymlt.evaluation.evaluate",
-    "noisymlt.evaluation.inference_time",
+    "noisymlt.report.inference_time",
     "noisymlt.report.aggregate",
     "noisymlt.report.tables",
     "noisymlt.report.fit",
@@ -74,7 +74,7 @@ def command_modules() -> dict[str, str]:
 
 def step_entries(command: str) -> tuple[str, ...]:
     """What `python -m noisymlt COMMAND` runs: the CLI and the command's module."""
-    from noisymlt.pipeline.codedeps import CLI
+    from noisymlt.core.codedeps import CLI
 
     modules_of = command_modules()
     if command not in modules_of:
@@ -86,7 +86,7 @@ def _load_step_code(command: str) -> tuple[tuple[str, ...], str] | None:
     """The step's code (the CLI and its command's module: noisymlt.pipeline.step_code), loaded now with its digest: the
     digest its manifest records is the code that ran, and a source edited while it ran fails the step
     (Snakemake then deletes its outputs, DVC does not record them) instead of crediting them to other code."""
-    from noisymlt.pipeline.codedeps import load_code
+    from noisymlt.core.codedeps import load_code
 
     if command == "train" or command not in command_modules():  # the Trainer loads and checks a run's own code
         return None
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         code = _load_step_code(args.subcommand)
         result = args.func(args)
         if code is not None:  # what it wrote is the work of the code it loaded, or it is not recorded
-            from noisymlt.pipeline.codedeps import check_unchanged
+            from noisymlt.core.codedeps import check_unchanged
 
             check_unchanged(code[1], *code[0], what=f"noisymlt {args.subcommand}")
     except NoisyMLTError as exc:

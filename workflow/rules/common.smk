@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from noisymlt.config import check_layered, resolve_run
 from noisymlt.data import assets
 from noisymlt.errors import NoisyMLTError
+from noisymlt.methods import run_digest
 from noisymlt.methods.options import stitchup_option
-from noisymlt.pipeline import codedeps, paths, step_code
+from noisymlt.pipeline import paths, step_code
 from noisymlt.pipeline import selection as S
-from noisymlt.pipeline.config import check_layered, resolve_run
 from noisymlt.report.style import dataset_title
 
 
@@ -51,13 +52,13 @@ os.environ.update(NOISYMLT_CLI=_cli())
 
 def code(command):
     """Digest of the package modules `noisymlt COMMAND` runs (its static import closure): a rule's code
-    param, so a job reruns when, and only when, code it runs changes (noisymlt.pipeline.codedeps)."""
+    param, so a job reruns when, and only when, code it runs changes (noisymlt.core.codedeps)."""
     return step_code.step_digest(command)
 
 
 def run_code(w):
     """A training run's code: the trainer, its method's family and the losses it trains with."""
-    return codedeps.run_digest(resolved(w))
+    return run_digest(resolved(w))
 GRID = config["grid"]
 
 

@@ -22,8 +22,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline import codedeps
-from noisymlt.pipeline.files import write_text
+from noisymlt.core import codedeps
+from noisymlt.core.files import write_text
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from noisymlt import __version__
 from noisymlt.data.archive import file_digests, safe_extract
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.files import write_json
+from noisymlt.core.files import write_json
 
 log = logging.getLogger(__name__)
 

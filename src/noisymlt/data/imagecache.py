@@ -45,8 +45,8 @@ def build_cache(labels: str | Path, images: str | Path, size: int, out: str | Pa
     from tqdm import tqdm
 
     from noisymlt.data.labels import read_labels
-    from noisymlt.pipeline.manifest import file_sha256
-    from noisymlt.training.loaders import load_image
+    from noisymlt.core.manifest import file_sha256
+    from noisymlt.data.images import load_image
 
     table = read_labels(labels)
     if table.paths is None:
@@ -93,7 +93,7 @@ def open_cache(array_path: str | Path, *, labels: str | Path, image_ids, paths, 
 
     The label table's sha256 must be the one the cache was built from, or its rows (ids and paths, in
     order) must be the cache's: the noisy copies of a subset read the subset's cache."""
-    from noisymlt.pipeline.manifest import file_sha256
+    from noisymlt.core.manifest import file_sha256
 
     array_path = Path(array_path)
     idx_path = index_path(array_path)
@@ -126,8 +126,8 @@ def open_cache(array_path: str | Path, *, labels: str | Path, image_ids, paths, 
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    from noisymlt.pipeline.codedeps import CLI
-    from noisymlt.pipeline.manifest import now, write_manifest
+    from noisymlt.core.codedeps import CLI
+    from noisymlt.core.manifest import now, write_manifest
 
     started = now()
     out = Path(args.out)

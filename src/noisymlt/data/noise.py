@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.files import write_json
+from noisymlt.core.files import write_json
 
 
 def _check_gamma(gamma: float, what: str = "gamma") -> float:

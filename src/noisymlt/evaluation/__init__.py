@@ -1,1 +1,2 @@
-"""Scoring a finished run: average precision (metrics), the evaluate step and the inference-time table."""
+"""Scoring a finished run: average precision (metrics) and the evaluate step. The inference-time table is
+noisymlt.report.inference_time."""

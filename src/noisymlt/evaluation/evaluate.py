@@ -72,9 +72,9 @@ def map_summary(result: dict) -> dict:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from noisymlt.pipeline.codedeps import CLI
-    from noisymlt.pipeline.files import write_json
-    from noisymlt.pipeline.manifest import now, write_manifest
+    from noisymlt.core.codedeps import CLI
+    from noisymlt.core.files import write_json
+    from noisymlt.core.manifest import now, write_manifest
 
     started = now()
     result = evaluate_predictions(Path(args.predictions), Path(args.test_labels), Path(args.split))

@@ -4,7 +4,7 @@ This package is the registry: a loss name maps to the module that implements it,
 is built. A module of this package registers its losses with a ``FACTORIES`` dict at its top level (name ->
 (factory, loss class, needs class counts)); the registry reads those names from the source, so adding a loss is
 adding its module, and importing the registry imports no torch. A run depends on the code of the losses it uses
-and on no other (noisymlt.pipeline.codedeps follows imports, not names). The paper's loss classes stay
+and on no other (noisymlt.core.codedeps follows imports, not names). The paper's loss classes stay
 importable from here (``from noisymlt.losses import DistributionBalancedLoss``).
 """
 
@@ -15,7 +15,7 @@ import importlib
 import inspect
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.registry import registered
+from noisymlt.core.registry import registered
 
 
 def _factory_names(tree: ast.Module) -> list[str]:

@@ -3,7 +3,8 @@
 Importing this package imports no torch: params validation and the data steps only need the family
 names and their option checks (noisymlt.methods.options). A module of this package that defines a family
 registers its class with ``@register_family("name")``; the registry reads those names from the source, so a
-new family is one module. ``load_family`` imports one family's module when a run is built. ``FAMILIES``,
+new family is one module. ``load_family`` imports one family's module when a run is built; ``run_entries``
+names the code a run's result depends on. ``FAMILIES``,
 ``Method``, ``TrainContext``, ``register_family`` and ``eval_mode`` are still importable from here; asking for
 them imports the training code.
 """
@@ -14,7 +15,7 @@ import ast
 import importlib
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.registry import registered
+from noisymlt.core.registry import registered
 
 
 def _family_names(tree: ast.Module) -> list[str]:
@@ -38,6 +39,27 @@ def load_family(name: str):
     return importlib.import_module("noisymlt.methods.base").FAMILIES[name]
 
 
+def run_entries(resolved: dict) -> tuple[str, ...]:
+    """The code of a training run's result: the trainer, its method's family module and the modules of the
+    losses it trains with (both loaded by name at run time, hence not in the trainer's own closure). Not the
+    `train` command around it, which only turns arguments into the resolved configuration (whose hash is the
+    run id) and the input files (whose hashes the checkpoint and manifest hold)."""
+    from noisymlt.core.codedeps import TRAINER
+    from noisymlt.losses import LOSSES
+    from noisymlt.methods.options import losses_used, method_options
+
+    family = resolved["method_cfg"]["family"]
+    losses = losses_used(family, method_options(resolved["method_cfg"]))
+    return (TRAINER, FAMILY_MODULES[family], *sorted({LOSSES[name] for name in losses}))
+
+
+def run_digest(resolved: dict) -> str:
+    """The digest of ``run_entries``' import closure: what Snakemake passes a training job as its code param."""
+    from noisymlt.core.codedeps import digest
+
+    return digest(*run_entries(resolved))
+
+
 def __getattr__(name: str):
     if name in _BASE_NAMES:
         base = importlib.import_module("noisymlt.methods.base")
@@ -48,4 +70,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'noisymlt.methods' has no attribute {name!r}")
 
 
-__all__ = ["FAMILY_MODULES", "load_family", *_BASE_NAMES]
+__all__ = ["FAMILY_MODULES", "load_family", "run_digest", "run_entries", *_BASE_NAMES]

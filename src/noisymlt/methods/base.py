@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from noisymlt.methods import options as family_options
-from noisymlt.pipeline.config import method_options
-from noisymlt.training.loaders import StreamSpec
+from noisymlt.methods.options import method_options
+from noisymlt.data.sampling import StreamSpec
 
 @contextlib.contextmanager
 def eval_mode(*modules: nn.Module):
@@ -65,7 +65,7 @@ def register_family(name: str):
 
 @dataclass
 class TrainContext:
-    cfg: dict  # the resolved run config (noisymlt.pipeline.config.resolve_run)
+    cfg: dict  # the resolved run config (noisymlt.config.resolve_run)
     noisy: torch.Tensor  # (N, C) float noisy train labels: the only labels training may read
     split: dict[str, list[int]]
     device: torch.device

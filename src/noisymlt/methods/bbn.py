@@ -14,8 +14,7 @@ from noisymlt.methods.base import Method, register_family
 from noisymlt.methods.single import loss_for
 from noisymlt.models.backbones import build_backbone
 from noisymlt.models.bbn import BBNNet, bbn_alpha
-from noisymlt.training.loaders import StreamSpec
-from noisymlt.training.sampling import build_sampler
+from noisymlt.data.sampling import StreamSpec, build_sampler
 
 
 @register_family("bbn")

@@ -27,8 +27,8 @@ from noisymlt.data.labels import GROUPS
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.base import Method, PublishedTargets, eval_mode, register_family
 from noisymlt.methods.pseudo_labels import group_thresholds, pseudo_labels, reference_thresholds
-from noisymlt.pipeline.config import method_options
-from noisymlt.training.loaders import StreamSpec
+from noisymlt.methods.options import method_options
+from noisymlt.data.sampling import StreamSpec
 from noisymlt.methods.options import (
     BATCH_SIZE_KEYS,
     BRANCH_DEFAULTS,
@@ -39,7 +39,7 @@ from noisymlt.methods.options import (
 )
 from noisymlt.methods.single import loss_for
 from noisymlt.models.twobranch import TwoBranch, build_two_branch, ensemble_logits
-from noisymlt.training.sampling import build_sampler
+from noisymlt.data.sampling import build_sampler
 from noisymlt.methods.stitchup import (
     PartnerIndex,
     mixup,

@@ -60,8 +60,7 @@ from noisymlt.methods.base import Method, eval_mode, register_family
 from noisymlt.methods.options import DIVIDEMIX_DEFAULTS as DEFAULTS
 from noisymlt.models.branch import Branch, build_branch
 from noisymlt.models.twobranch import frozen_trunks_identical
-from noisymlt.training.loaders import StreamSpec
-from noisymlt.training.sampling import build_sampler
+from noisymlt.data.sampling import StreamSpec, build_sampler
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +133,7 @@ def ramp(epoch: int, step: int, iters: int, warmup: int, rampup_epochs: float) -
 def resolve_options(opts: dict) -> dict:
     """Defaults filled in and ranges checked (a resolved run config may bypass params validation)."""
     from noisymlt.methods.options import check_options
-    from noisymlt.pipeline.config import method_options
+    from noisymlt.methods.options import method_options
 
     given = method_options(opts)
     check_options("dividemix", given, "methods.dividemix")

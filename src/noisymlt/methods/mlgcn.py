@@ -19,8 +19,7 @@ from noisymlt.methods.base import Method, register_family
 from noisymlt.methods.single import loss_for
 from noisymlt.models.backbones import build_backbone
 from noisymlt.models.mlgcn import LabelGCN, MLGCNNet, build_adjacency
-from noisymlt.training.loaders import StreamSpec
-from noisymlt.training.sampling import build_sampler
+from noisymlt.data.sampling import StreamSpec, build_sampler
 
 GCN_LR_MULT = 10.0  # 1 / ML-GCN's lrp
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 from noisymlt.data.labels import GROUPS
 from noisymlt.errors import NoisyMLTError
 from noisymlt.losses import LOSSES
-from noisymlt.pipeline.schema import ParamsError, check_schema
+from noisymlt.models.choices import ADJACENCIES, BBN_SPLITS, POOLINGS
+from noisymlt.core.schema import ParamsError, check_schema
 
 # ------------------------------------------------------------------ shared fragments
+METHOD_COMMON_KEYS = ("family", "label", "description", "schedule", "train")
 SAMPLER_NAMES = ["random", "class_aware", "reversed"]
 LOSS_NAMES = list(LOSSES)  # the losses registry (a new loss module registers itself there)
 SAMPLER_OPTION = {"sampler": {"enum": SAMPLER_NAMES}}
@@ -35,7 +37,6 @@ def check_single(opts: dict) -> None:
 
 
 # ------------------------------------------------------------------ bbn
-BBN_SPLITS = ("stage", "block")
 BBN_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
@@ -43,8 +44,6 @@ BBN_SCHEMA = {
 }
 
 # ------------------------------------------------------------------ mlgcn
-ADJACENCIES = ("code", "paper")
-POOLINGS = ("max", "avg")
 MLGCN_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
@@ -301,3 +300,8 @@ def check_options(family: str, options: dict, key: str, where: str | None = None
         except NoisyMLTError as exc:
             raise ParamsError(where, key, str(exc)) from exc
     check_schema(options, schema, key, where)
+
+
+def method_options(block: dict) -> dict:
+    """A method block's family options: everything but family, label, description and train."""
+    return {k: v for k, v in block.items() if k not in METHOD_COMMON_KEYS}

@@ -41,7 +41,7 @@ def reference_thresholds(cfg: Mapping) -> dict:
     """The per-branch threshold block a resolved run config stands for: its method's pseudo.thresholds, else
     its dataset's ``colearning.thresholds``, else [CL]'s published values (the toy set uses VOC's)."""
     from noisymlt.methods.options import THRESHOLDS_SCHEMA
-    from noisymlt.pipeline.schema import check_schema
+    from noisymlt.core.schema import check_schema
 
     given = ((cfg.get("method_cfg") or {}).get("pseudo") or {}).get("thresholds")
     if given is None:

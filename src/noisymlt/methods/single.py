@@ -8,8 +8,7 @@ from torch import nn
 from noisymlt.losses import build_loss
 from noisymlt.methods.base import Method, register_family
 from noisymlt.models.branch import build_branch
-from noisymlt.training.loaders import StreamSpec
-from noisymlt.training.sampling import build_sampler
+from noisymlt.data.sampling import StreamSpec, build_sampler
 
 
 def loss_for(ctx, name: str, params: dict | None) -> nn.Module:

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.methods.options import BBN_SPLITS as SPLITS
 from noisymlt.models.backbones import ResNetTrunk, SmallCNN, apply_trainable, freeze_batchnorm
+from noisymlt.models.choices import BBN_SPLITS as SPLITS
 from noisymlt.models.heads import Head
 
 

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.methods.options import ADJACENCIES, POOLINGS
 from noisymlt.models.backbones import apply_trainable, freeze_batchnorm
+from noisymlt.models.choices import ADJACENCIES, POOLINGS
 
 HIDDEN_DIM = 1024
 

@@ -1,7 +1,7 @@
-"""The workflow's infrastructure, used by Snakemake's rules, dvc.yaml's stages and every step.
+"""The workflow floor, on top of every layer: what Snakemake's rules and dvc.yaml's stages call.
 
-Configuration and its checks (config, schema), the file layout of each step (paths), the DVC parameters
-(params), code identity (codedeps, step_code), provenance manifests and their check (manifest, trace),
-model selection on held-out noisy labels (selection), the run grid (gridplan), the preload server, locks
-and safe file writes (files, jsonlog). Nothing here trains or evaluates a model.
+The file layout of each step (paths), the DVC parameters (params, dvc_shards), the code each step's
+outputs depend on (step_code), the `train` command (train), model selection on held-out noisy labels
+(selection), the run grid's cost (gridplan), provenance checks (trace) and the preload server. The
+configuration they read is noisymlt.config; the infrastructure under everything is noisymlt.core.
 """

@@ -100,7 +100,7 @@ def plan_grid(params: dict, data_root: str | Path = "data") -> list[dict]:
     has its key, its iterations and where its labels came from; a candidate's iterations are those of its
     fit part (the training images less the held-out split)."""
     from noisymlt.pipeline import selection
-    from noisymlt.pipeline.config import resolve_run
+    from noisymlt.config import resolve_run
     from noisymlt.pipeline.paths import all_runs
 
     labels: dict[tuple, tuple] = {}

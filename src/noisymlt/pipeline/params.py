@@ -64,8 +64,8 @@ import zlib
 from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.config import SHARD_BLOCK  # + SHARD: the key of a shard's file (runs_file)
-from noisymlt.pipeline.files import write_json, write_text
+from noisymlt.config import SHARD_BLOCK  # + SHARD: the key of a shard's file (runs_file)
+from noisymlt.core.files import write_json, write_text
 
 LAYER_SLOTS = 4  # dvc.yaml's `params` stage lists this many layer files (dvc.layer_files[0..3])
 
@@ -104,7 +104,8 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
     from noisymlt.data import assets
     from noisymlt.data.assets import run_files
     from noisymlt.pipeline import paths, selection
-    from noisymlt.pipeline.config import resolve_run, run_id
+    from noisymlt.config import resolve_run
+    from noisymlt.core.manifest import run_id
 
     grid = params["grid"]
     runs, run_configs, pretrain, train_lr = {}, {}, [], {}
@@ -198,7 +199,7 @@ def selection_block(params: dict, runs: dict) -> dict:
       selections       DATASET-METHOD-STAGE -> one select stage over the candidates under `dir`"""
     from noisymlt.pipeline import selection as S
     from noisymlt.pipeline import paths
-    from noisymlt.pipeline.config import run_id
+    from noisymlt.core.manifest import run_id
 
     out = {"select_datasets": [], "select_sets": {}, "select_caches": {}, "candidates": {}, "candidate_configs": {},
            "selections": {}}
@@ -258,9 +259,9 @@ def _get(tree: dict, path: tuple):
 
 def unreached_changes(old: dict, new: dict) -> list[str]:
     """Changed keys of the train block (global or a dataset's) that some grid methods do not see, because
-    their schedule's or their own train block sets the same key (noisymlt.pipeline.config.resolve_run's layers):
+    their schedule's or their own train block sets the same key (noisymlt.config.resolve_run's layers):
     one line per key, naming the methods and the key that wins for them."""
-    from noisymlt.pipeline.config import DEFAULT_SCHEDULE
+    from noisymlt.config import DEFAULT_SCHEDULE
 
     old_leaves, new_leaves = _leaves(old), _leaves(new)
     notes = []
@@ -335,7 +336,7 @@ def _previous(out: Path) -> dict | None:
 
 
 def write(layers: list[str], out: str | Path) -> Path:
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
 
     params = load_params(*layers)
     previous = _previous(Path(out))

@@ -155,7 +155,7 @@ def cache_labels(name: str, part: str) -> str:
 
 def cache_size(params: dict, name: str) -> int:
     """train.cache_size with the dataset's train block over it: one cache per dataset, shared by its runs."""
-    from noisymlt.pipeline.config import deep_merge
+    from noisymlt.config import deep_merge
 
     train = deep_merge(params["train"], dataset_block(params, name).get("train", {}))
     if "cache_size" not in train:
@@ -244,7 +244,7 @@ def _train_then_evaluate(train: list[str], out: Path, test_labels: str, split: s
 
 
 def _params(args: argparse.Namespace) -> dict:
-    from noisymlt.pipeline.config import load_params
+    from noisymlt.config import load_params
 
     return load_params(*args.params)
 
@@ -306,8 +306,8 @@ def requested_config(params: dict, resolved: dict, choice: str | None) -> str:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     """A run as Snakemake's train job runs it: its requested_config.json, then `noisymlt train`."""
-    from noisymlt.pipeline.config import resolve_run
-    from noisymlt.pipeline.files import write_text
+    from noisymlt.config import resolve_run
+    from noisymlt.core.files import write_text
     from noisymlt.pipeline.selection import final_choice_file
 
     params = _params(args)

@@ -289,7 +289,7 @@ class Server:
             os.environ.update(request["env"])
             sys.argv = [sys.argv[0], *request["argv"]]
             from noisymlt.cli import main
-            from noisymlt.pipeline import codedeps
+            from noisymlt.core import codedeps
 
             codedeps.loaded_check = self._check_source  # the digest a job takes must name the code imported here
             code = main(request["argv"])

@@ -30,8 +30,8 @@ import numpy as np
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.options import BRANCH_NAMES
-from noisymlt.pipeline.config import PSEUDO_KEYS, method_entry, uses_pseudo_labels
-from noisymlt.pipeline.files import write_json
+from noisymlt.config import PSEUDO_KEYS, method_entry, uses_pseudo_labels
+from noisymlt.core.files import write_json
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def apply_values(params: dict, resolved: dict, values: dict, source: str) -> dic
 def candidate_config(params: dict, dataset: str, method: str, gamma: float, seed: int, values: dict) -> dict:
     """A candidate's resolved config: the method's own, the values under test, and a warm-up scaled to the fit
     part's share of the images so that it keeps its share of the (shorter) run."""
-    from noisymlt.pipeline.config import resolve_run
+    from noisymlt.config import resolve_run
 
     cfg = apply_values(params, resolve_run(params, dataset, method, gamma, seed), values, "candidate")
     held_out = float(params["selection"]["held_out"])
@@ -394,7 +394,7 @@ def _cmd_parts(args: argparse.Namespace) -> int:
 
 
 def _cmd_choose(args: argparse.Namespace) -> int:
-    from noisymlt.pipeline.config import json_object_arg
+    from noisymlt.core.files import json_object_arg
 
     params = {"selection": json_object_arg(args.selection, "--selection")}
     rec = select_stage(params, args.dataset, args.method, args.stage, args.runs,

@@ -1,7 +1,7 @@
 """The code of each pipeline step (the `code-deps` command): what a job's code param and DVC's digest files hold.
 
-A step's code is the static import closure (noisymlt.pipeline.codedeps) of the `noisymlt` CLI and the module that
-registers its command; a training run's is its trainer, family and losses (``codedeps.run_entries``).
+A step's code is the static import closure (noisymlt.core.codedeps) of the `noisymlt` CLI and the module that
+registers its command; a training run's is its trainer, family and losses (``noisymlt.methods.run_entries``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 
 from noisymlt.cli import command_modules, step_entries
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.codedeps import closure, code_text, data_files, digest, imports_of, modules, run_entries
+from noisymlt.core.codedeps import closure, code_text, data_files, digest, imports_of, modules
+from noisymlt.methods import run_entries
 
 
 def warm() -> None:
@@ -34,7 +35,7 @@ def step_digest(command: str) -> str:
 def method_entries(params: dict, method: str) -> tuple[str, ...]:
     """``run_entries`` of any run of ``method``: a run's code depends on its method block, not on its
     dataset, noise rate or seed."""
-    from noisymlt.pipeline.config import resolve_run
+    from noisymlt.config import resolve_run
 
     return run_entries(resolve_run(params, next(iter(params["datasets"])), method, 0.5, 0))
 
@@ -65,7 +66,8 @@ def write_digests(params: dict, out_dir: Path) -> list[Path]:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from noisymlt.pipeline.config import json_object_arg, load_params, validate_params
+    from noisymlt.config import load_params, validate_params
+    from noisymlt.core.files import json_object_arg
 
     if args.params_json:  # Snakemake's config, layered in memory (it names no params file)
         params = json_object_arg(args.params_json, "--params-json")

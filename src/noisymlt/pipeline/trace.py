@@ -4,7 +4,7 @@ The table files a reader sees (.tex, .md, .html) must show each cell as it was r
 runs must be the runs the table used; every file their training and evaluation manifests record must
 still hash as recorded; the runs' metrics must still give the cell's value; and each result must be the work
 of the code its manifest names: the predictions' weights trained by that code, and the source on disk still
-giving it (noisymlt.pipeline.codedeps).
+giving it (noisymlt.core.codedeps).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from noisymlt.pipeline.manifest import file_sha256
+from noisymlt.core.manifest import file_sha256
 
 GROUPS_AND_TOTAL = ("total", "head", "medium", "tail")
 
@@ -53,7 +53,7 @@ def current_code(manifest: dict) -> str | None:
     """The digest the package source on disk now gives for the code a manifest records (its entry modules:
     a training run's trainer, family and losses; a step's CLI and command module); None if it records none
     (an older version) or names a module that is gone."""
-    from noisymlt.pipeline import codedeps
+    from noisymlt.core import codedeps
 
     try:
         return codedeps.fresh_digest(*manifest["code_entries"])

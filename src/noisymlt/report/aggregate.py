@@ -23,7 +23,7 @@ import pandas as pd
 
 from noisymlt.data.labels import GROUPS
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.files import replacing, write_json
+from noisymlt.core.files import replacing, write_json
 
 COLUMNS = {
     "run_id": "string", "dataset": "string", "method": "string", "gamma": "float64", "seed": "int64",

@@ -176,7 +176,7 @@ def pseudo_label_figure(scored: dict, clean: np.ndarray, picks: list[tuple[int, 
     explains the marks that appear."""
     import matplotlib.pyplot as plt
 
-    from noisymlt.training.loaders import load_image
+    from noisymlt.data.images import load_image
 
     classes = scored["classes"]
     names = lambda row: [classes[j] for j in np.flatnonzero(row)]  # noqa: E731

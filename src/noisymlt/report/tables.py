@@ -169,7 +169,7 @@ def render(results: pd.DataFrame, cells: dict, methods: list[str], cols: list[tu
     legend = "mAP (%), mean ± 95% CI over seeds; **rank 1**, _rank 2_ (separate branches not ranked)"
     out_tex.with_suffix(".md").write_text(f"{caption}\n\n{legend}\n\n" + "\n".join(md) + "\n")
     out_tex.with_suffix(".html").write_text(markdown_table_html(md, f"{caption}. {legend}"))
-    from noisymlt.pipeline.manifest import file_sha256
+    from noisymlt.core.manifest import file_sha256
 
     sidecar = {"table": str(out_tex),
                "rendered": {style: {"path": str(out_tex.with_suffix(f".{style}")),
@@ -269,7 +269,7 @@ def method_choice(args: argparse.Namespace) -> tuple[dict[str, str], list[str] |
     labels = json.loads(args.labels) if args.labels else {}
     params = None
     if args.params:
-        from noisymlt.pipeline.config import load_params
+        from noisymlt.config import load_params
 
         params = load_params(*args.params)
         labels = {name: block.get("label", name) for name, block in params["methods"].items()}

@@ -100,7 +100,7 @@ def save(path: Path, state: dict) -> str:
     the new one is whole) and return the hash."""
     import torch
 
-    from noisymlt.pipeline.files import replacing
+    from noisymlt.core.files import replacing
 
     state["content_sha256"] = digest = content_sha256(state)
     with replacing(path) as tmp:  # torch reports a full disk as a RuntimeError ("unexpected pos")
@@ -160,6 +160,6 @@ def bring_back(out: Path, tag: str) -> bool:
 
 def log_restart(out: Path, reason: str, aside: Path) -> None:
     """The first line of the new epoch log: why the run starts over and where the old one went."""
-    from noisymlt.pipeline.jsonlog import write_records
+    from noisymlt.core.jsonlog import write_records
 
     write_records(Path(out) / "train_log.jsonl", [{"event": "restart", "reason": reason, "previous_run": str(aside)}])

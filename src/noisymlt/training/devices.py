@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from noisymlt.pipeline.locks import try_lock
+from noisymlt.core.locks import try_lock
 
 log = logging.getLogger(__name__)
 

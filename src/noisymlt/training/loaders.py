@@ -1,37 +1,23 @@
 """Streaming image loading: images are decoded (``pil``) or read from the decoded-image cache (``cache``,
 ``noisymlt.data.imagecache``) per batch by loader workers, never held in RAM.
 
-A training *stream* is one branch's view of the data: a sampler, a batch size and, for Stitch-Up,
-K images per slot (the anchor and its partners). ``EpochPlan`` turns a stream into the epoch's list of
-batches, each slot carrying its image indices and its augmentation seed, as a pure function of
-(seed, epoch). Workers only decode and augment, so the result does not depend on their number and a
-resumed run replays exactly the batches it would have seen.
+The batches come from each stream's ``EpochPlan`` (noisymlt.data.sampling): every slot carries its image
+indices and its augmentation seed, a pure function of (seed, epoch). Workers only decode and augment, so
+the result does not depend on their number and a resumed run replays exactly the batches it would have seen.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from noisymlt.data.images import load_image
 from noisymlt.errors import NoisyMLTError
 from noisymlt.training.augment import augment, draw_train_params, eval_resize
 from noisymlt.training.transforms import eval_transform, train_transform
-
-
-def load_image(path: Path) -> Image.Image:
-    try:
-        with Image.open(path) as img:
-            return img.convert("RGB")
-    except FileNotFoundError as exc:
-        raise NoisyMLTError(f"{path}: image file is missing") from exc
-    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
-        raise NoisyMLTError(f"{path}: corrupt or unreadable image ({exc})") from exc
 
 
 class TrainImages(Dataset):
@@ -162,61 +148,6 @@ class CachedEvalImages(Dataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         raw = self.cache.row(i)
         return raw if self.deferred else eval_resize(raw.unsqueeze(0), self.size)[0]
-
-
-PartnerFn = Callable[[np.ndarray, np.random.Generator], np.ndarray]
-
-
-@dataclass
-class StreamSpec:
-    """One branch's data stream. ``k`` > 1 adds k-1 Stitch-Up partners per slot, applied with prob. ``p``."""
-
-    name: str
-    sampler: object  # noisymlt.training.sampling sampler: indices(epoch) -> np.ndarray
-    batch_size: int
-    k: int = 1
-    p: float = 1.0
-    partner_fn: PartnerFn | None = None
-
-
-class EpochPlan:
-    """The batches of one stream for one epoch, deterministic in (seed, epoch)."""
-
-    def __init__(self, stream: StreamSpec, seed: int, iterations: int):
-        self.stream = stream
-        self.seed = seed
-        self.iterations = iterations
-
-    def batches(self, epoch: int) -> list[list[tuple[tuple[int, ...], int, bool]]]:
-        s = self.stream
-        need = self.iterations * s.batch_size
-        chunks, total, j = [], 0, 0
-        while total < need:  # a sampler shorter than the epoch is continued with fresh draws
-            idx = np.asarray(s.sampler.indices(epoch * 1000 + j))
-            if len(idx) == 0:
-                raise NoisyMLTError(f"stream {s.name}: sampler produced no indices")
-            chunks.append(idx)
-            total += len(idx)
-            j += 1
-        anchors = np.concatenate(chunks)[:need]
-        rng = np.random.default_rng([self.seed, epoch, 7919, hash_name(s.name)])
-        aug_seeds = rng.integers(0, 2**63 - 1, size=need)
-        if s.k > 1 and s.partner_fn is not None:
-            stitched = rng.random(need) < s.p
-            partners = s.partner_fn(anchors, rng)
-        else:
-            stitched = np.zeros(need, dtype=bool)
-            partners = None
-        items = []
-        for n, a in enumerate(anchors):
-            ids = (int(a),) if partners is None else (int(a), *map(int, partners[n]))
-            items.append((ids, int(aug_seeds[n]), bool(stitched[n])))
-        return [items[b * s.batch_size:(b + 1) * s.batch_size] for b in range(self.iterations)]
-
-
-def hash_name(name: str) -> int:
-    """A stable small integer for a stream name (Python's hash() is salted per process)."""
-    return int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") % (2**31)
 
 
 class EpochBatches(torch.utils.data.Sampler):

@@ -42,7 +42,7 @@ import torch
 from noisymlt.data.labels import GROUPS, read_labels
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.base import PublishedTargets
-from noisymlt.pipeline.files import write_text
+from noisymlt.core.files import write_text
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class NoiseMonitor:
         if saved is not None:
             lines = saved.splitlines()
         else:  # a cut-off last line (killed mid-append) is dropped with a warning
-            from noisymlt.pipeline.jsonlog import read_records
+            from noisymlt.core.jsonlog import read_records
 
             lines = [json.dumps(r) for r in read_records(self.path)]
         self.lines = [line for line in lines if json.loads(line)["epoch"] <= epochs_done]

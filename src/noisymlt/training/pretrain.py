@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.files import replacing
+from noisymlt.core.files import replacing
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ def pretrain(config: dict, out: Path, progress: bool = True) -> dict:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from noisymlt.pipeline.config import json_object_arg
+    from noisymlt.core.files import json_object_arg
 
     report = pretrain(json_object_arg(args.config, "--config"), Path(args.out), progress=not args.no_progress)
     print(f"{args.out}: {report['config']['backbone']} on {len(report['source_classes'])} source classes, "

@@ -7,7 +7,7 @@ also ``noise_level.jsonl`` (noisymlt.training.noise_monitor).
 
 A checkpoint is this run's, and is resumed, only when its run id (the resolved configuration), its inputs
 (train labels, class split, decoded training images, backbone weights) and its code (the digest of the code that trained it: the trainer, the
-method's family and its losses, ``noisymlt.pipeline.codedeps.run_entries``) are all this job's. Any other checkpoint
+method's family and its losses, ``noisymlt.methods.run_entries``) are all this job's. Any other checkpoint
 is refused (a direct call) or, in the workflow (``--keep-stale``), moved to ``previous/`` while the run trains
 from epoch 0; a run of this exact configuration, inputs and code kept there is brought back instead.
 """
@@ -26,7 +26,7 @@ import numpy as np
 
 from noisymlt.data.assets import run_files
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.files import replacing
+from noisymlt.core.files import replacing
 from noisymlt.training import checkpoint
 from noisymlt.training.inputs import RunImages
 from noisymlt.training.schedule import capped, check_warmup, epoch_iterations, lr_at, lr_groups
@@ -53,8 +53,9 @@ class Trainer:
         from noisymlt.data.labels import read_class_split, read_labels
         from noisymlt.methods import FAMILY_MODULES, load_family
         from noisymlt.methods.base import TrainContext
-        from noisymlt.pipeline.codedeps import TRAINER, digest, load_code, run_entries
-        from noisymlt.pipeline.config import run_id
+        from noisymlt.core.codedeps import TRAINER, digest, load_code
+        from noisymlt.methods import run_entries
+        from noisymlt.core.manifest import run_id
         from noisymlt.training.devices import select_device
         from noisymlt.training.loaders import resolve_workers
 
@@ -155,7 +156,7 @@ class Trainer:
         subset or noisy copy, re-decoded images or a re-pretrained backbone under the same configuration must
         not resume the old model. (The test images only reach
         the predictions, which every job makes anew.)"""
-        from noisymlt.pipeline.manifest import file_sha256
+        from noisymlt.core.manifest import file_sha256
 
         sources = [self.paths["train_labels"], self.paths["split"]]
         if "train" in self.caches:
@@ -298,7 +299,7 @@ class Trainer:
     def exclusive(self):
         """Hold OUT/.train.lock: a second trainer on the same run folder stops instead of interleaving
         its checkpoints with this one's (re-entrant within this trainer)."""
-        from noisymlt.pipeline.locks import holder, release, try_lock
+        from noisymlt.core.locks import holder, release, try_lock
 
         if self._lock is not None:
             yield
@@ -323,7 +324,8 @@ class Trainer:
         import torch
         from tqdm import tqdm
 
-        from noisymlt.training.loaders import EpochPlan, stream_loader
+        from noisymlt.data.sampling import EpochPlan
+        from noisymlt.training.loaders import stream_loader
 
         tcfg = self.cfg["train"]
         self.out.mkdir(parents=True, exist_ok=True)
@@ -389,7 +391,7 @@ class Trainer:
     def _trim_epoch_log(self, epochs_done: int) -> None:
         """Drop the epoch log's records of epochs after the checkpoint (a resume trains them again); events
         such as a restart stay."""
-        from noisymlt.pipeline.jsonlog import read_records, write_records
+        from noisymlt.core.jsonlog import read_records, write_records
 
         path = self.out / "train_log.jsonl"
         if not path.exists():
@@ -446,7 +448,7 @@ class Trainer:
         return {name: np.concatenate(v) for name, v in outs.items()}
 
     def run(self) -> Path:
-        from noisymlt.pipeline.manifest import now
+        from noisymlt.core.manifest import now
 
         started = now()
         with self.exclusive():
@@ -468,8 +470,8 @@ class Trainer:
     def _write_outputs(self, started: str, history: list, scores: dict, fit: dict) -> Path:
         import torch
 
-        from noisymlt.pipeline.codedeps import check_unchanged
-        from noisymlt.pipeline.manifest import write_manifest
+        from noisymlt.core.codedeps import check_unchanged
+        from noisymlt.core.manifest import write_manifest
         from noisymlt.training.numerics import cpu_model, fingerprint
 
         # recorded under the code that ran, or not at all: an edit on disk since the start would otherwise be
@@ -507,6 +509,6 @@ class Trainer:
 
     def _epoch_seconds(self) -> list:
         """Wall seconds per epoch from the epoch log (epochs of an earlier process included)."""
-        from noisymlt.pipeline.jsonlog import read_records
+        from noisymlt.core.jsonlog import read_records
 
         return [rec["seconds"] for rec in read_records(self.out / "train_log.jsonl") if "seconds" in rec]

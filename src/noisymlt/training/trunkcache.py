@@ -21,7 +21,7 @@ run, where loading them takes 0.03-0.13 s. The name is content-addressed: KEY is
 everything the values are a function of: the image cache's pixels, the frozen parts' structure and state (names,
 dtypes, shapes, bytes), V, the seed, the augmentation and model settings, the device's numerics fingerprint
 (noisymlt.training.numerics: the precision, the GPU model or the CPU's kernels and thread count), the torch and torchvision releases, the chunk size and the
-code that computes them (the trainer's import closure, ``noisymlt.pipeline.codedeps``). So a memo holds exactly the values
+code that computes them (the trainer's import closure, ``noisymlt.core.codedeps``). So a memo holds exactly the values
 the run would compute, or there is none: nothing ever needs invalidating, and a run (a resume included) trains on
 the same tensors whether it computed or loaded them. The manifest records the key; whether this execution
 computed or loaded them goes to the untracked timing file, so that a rerun still writes the same bytes. A memo is
@@ -48,7 +48,7 @@ from torch import nn
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.models.backbones import ResNetTrunk
-from noisymlt.pipeline.files import replacing
+from noisymlt.core.files import replacing
 
 log = logging.getLogger(__name__)
 

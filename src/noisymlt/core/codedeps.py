@@ -229,24 +229,3 @@ def cycles() -> list[list[str]]:
         if name not in index:
             visit(name)
     return found
-
-
-# ---------------------------------------------------------------------------------------- a training run
-
-def run_entries(resolved: dict) -> tuple[str, ...]:
-    """The code of a training run's result: the trainer, its method's family module and the modules of the
-    losses it trains with (both loaded by name at run time, hence not in the trainer's own closure). Not the
-    `train` command around it, which only turns arguments into the resolved configuration (whose hash is the
-    run id) and the input files (whose hashes the checkpoint and manifest hold)."""
-    from noisymlt.losses import LOSSES
-    from noisymlt.methods import FAMILY_MODULES
-    from noisymlt.methods.options import losses_used
-    from noisymlt.pipeline.config import method_options
-
-    family = resolved["method_cfg"]["family"]
-    losses = losses_used(family, method_options(resolved["method_cfg"]))
-    return (TRAINER, FAMILY_MODULES[family], *sorted({LOSSES[name] for name in losses}))
-
-
-def run_digest(resolved: dict) -> str:
-    return digest(*run_entries(resolved))

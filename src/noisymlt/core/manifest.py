@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import os
 import platform
 import subprocess
 import sys
 from pathlib import Path
 
-from noisymlt.pipeline.files import write_json
+from noisymlt.core.files import write_json
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the package (this module is in noisymlt/pipeline)
 
@@ -99,12 +100,12 @@ def write_timing(manifest: str | Path, started: str, extra: dict | None = None) 
 def write_manifest(path: str | Path, *, step: str, inputs: dict[str, str | Path], outputs: dict[str, str | Path],
                    started: str, code: tuple[str, ...], extra: dict | None = None, device: str | None = None,
                    timing: dict | None = None, code_digest: str | None = None) -> Path:
-    """``code``: the entry modules of the step (noisymlt.pipeline.codedeps); their import closure and its digest
+    """``code``: the entry modules of the step (noisymlt.core.codedeps); their import closure and its digest
     (the value Snakemake passes the job as its code param) go into the manifest: ``code_digest`` when the
     step took it when it started (the code it loaded), else the digest as this process first read it.
     ``started`` and ``timing`` (e.g. seconds per epoch) go to the untracked timing file beside it."""
     from noisymlt import __version__
-    from noisymlt.pipeline import codedeps
+    from noisymlt.core import codedeps
 
     path = Path(path)
     manifest = {
@@ -122,3 +123,10 @@ def write_manifest(path: str | Path, *, step: str, inputs: dict[str, str | Path]
     write_json(path, manifest, sort_keys=True)
     write_timing(path, started, timing)
     return path
+
+
+def run_id(resolved: dict) -> str:
+    """A run's id: the hash of its resolved configuration (noisymlt.config.resolve_run), which every manifest,
+    result row and table cell refers to."""
+    blob = json.dumps(resolved, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

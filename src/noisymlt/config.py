@@ -16,11 +16,10 @@ import yaml
 
 from noisymlt.data.assets import with_asset_files
 from noisymlt.errors import NoisyMLTError
-from noisymlt.methods.options import check_options
-from noisymlt.pipeline.schema import ParamsError, check_schema
+from noisymlt.methods.options import check_options, method_options
+from noisymlt.core.schema import ParamsError, check_schema
 
 SCHEMA_PATH = Path(__file__).with_name("params.schema.yaml")
-METHOD_COMMON_KEYS = ("family", "label", "description", "schedule", "train")
 DEFAULT_SCHEDULE = "cl"
 
 
@@ -103,22 +102,6 @@ def check_layers(path: str | Path, block: dict) -> None:
             names = " ".join(item["path"] for item in layers)
             raise NoisyMLTError(f"{path} is stale: {src} changed since it was merged; rerun "
                                 f"`noisymlt params {names} --out {path}`")
-
-
-def json_object_arg(value: str, option: str) -> dict:
-    """A command-line JSON object given as the text itself (starting with '{') or as a file."""
-    try:
-        obj = json.loads(value if value.lstrip().startswith("{") else Path(value).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise NoisyMLTError(f"{option} {value[:80]}: cannot read it as JSON ({exc})") from exc
-    if not isinstance(obj, dict):
-        raise NoisyMLTError(f"{option} {value[:80]}: expected a JSON object")
-    return obj
-
-
-def method_options(block: dict) -> dict:
-    """A method block's family options: everything but family, label, description and train."""
-    return {k: v for k, v in block.items() if k not in METHOD_COMMON_KEYS}
 
 
 def validate_params(params: dict, source: str | None = None) -> None:
@@ -289,8 +272,3 @@ def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int
         "db_loss": ds["db_loss"],
         "colearning": ds.get("colearning", {}),
     }
-
-
-def run_id(resolved: dict) -> str:
-    blob = json.dumps(resolved, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]

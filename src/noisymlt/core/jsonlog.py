@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.files import write_text
+from noisymlt.core.files import write_text
 
 log = logging.getLogger(__name__)
 

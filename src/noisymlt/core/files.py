@@ -12,6 +12,8 @@ import contextlib
 import json
 from pathlib import Path
 
+from noisymlt.errors import NoisyMLTError
+
 
 def write_failed(path: Path, exc: BaseException) -> OSError:
     """An OSError naming ``path`` for a failed write: the cause's errno where it has one, else a full disk
@@ -63,3 +65,14 @@ def write_json(path: str | Path, obj, *, indent: int | None = 1, sort_keys: bool
     """Replace ``path`` with ``obj`` as JSON and a final newline, atomically; its folder is made first."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")
+
+
+def json_object_arg(value: str, option: str) -> dict:
+    """A command-line JSON object given as the text itself (starting with '{') or as a file."""
+    try:
+        obj = json.loads(value if value.lstrip().startswith("{") else Path(value).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise NoisyMLTError(f"{option} {value[:80]}: cannot read it as JSON ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise NoisyMLTError(f"{option} {value[:80]}: expected a JSON object")
+    return obj

@@ -1,7 +1,7 @@
 """The `noisymlt train` command: one run's resolved configuration and files, handed to the Trainer.
 
 Only turns arguments into the resolved configuration (whose hash is the run id) and the input paths (whose
-hashes the checkpoint and manifest hold), so it is not part of a run's code digest (noisymlt.pipeline.codedeps):
+hashes the checkpoint and manifest hold), so it is not part of a run's code digest (noisymlt.core.codedeps):
 the model selection it reads with --params lives here, not in the trainer.
 """
 
@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def _resolved_from_args(args: argparse.Namespace) -> dict:
-    from noisymlt.pipeline.config import json_object_arg, load_params, resolve_run
+    from noisymlt.config import load_params, resolve_run
+    from noisymlt.core.files import json_object_arg
 
     if args.run_config:
         return json_object_arg(args.run_config, "--run-config")

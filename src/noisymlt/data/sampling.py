@@ -1,16 +1,24 @@
-"""Training samplers: uniform, class-aware (SPEC 3) and BBN's reversed sampler (SPEC 4).
+"""Training samplers: uniform, class-aware (SPEC 3) and BBN's reversed sampler (SPEC 4), and the streams
+they feed.
 
 Each sampler's order for an epoch is a pure function of (seed, epoch): it draws only from
 ``numpy.random.default_rng([seed, epoch])`` and keeps no state between epochs. Resuming mid-epoch is
 then exact (rebuild the sampler, set the epoch, skip the batches already done), and global random
 state is never touched. Samplers are built on the noisy training labels; classes without positives
 are skipped.
+
+A training *stream* is one branch's view of the data: a sampler, a batch size and, for Stitch-Up,
+K images per slot (the anchor and its partners). ``EpochPlan`` turns a stream into the epoch's list of
+batches, each slot carrying its image indices and its augmentation seed, as a pure function of
+(seed, epoch).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -175,3 +183,60 @@ def build_sampler(name: str, labels: object, seed: int, **kw: int) -> EpochSampl
     if unknown:
         raise NoisyMLTError(f"sampler '{name}': unknown parameter(s) {unknown}; accepted: {sorted(allowed) or 'none'}")
     return factory(labels, seed, **kw)
+
+
+# ---------------------------------------------------------------------------------------- streams
+
+PartnerFn = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+
+
+@dataclass
+class StreamSpec:
+    """One branch's data stream. ``k`` > 1 adds k-1 Stitch-Up partners per slot, applied with prob. ``p``."""
+
+    name: str
+    sampler: object  # one of the samplers above: indices(epoch) -> np.ndarray
+    batch_size: int
+    k: int = 1
+    p: float = 1.0
+    partner_fn: PartnerFn | None = None
+
+
+class EpochPlan:
+    """The batches of one stream for one epoch, deterministic in (seed, epoch)."""
+
+    def __init__(self, stream: StreamSpec, seed: int, iterations: int):
+        self.stream = stream
+        self.seed = seed
+        self.iterations = iterations
+
+    def batches(self, epoch: int) -> list[list[tuple[tuple[int, ...], int, bool]]]:
+        s = self.stream
+        need = self.iterations * s.batch_size
+        chunks, total, j = [], 0, 0
+        while total < need:  # a sampler shorter than the epoch is continued with fresh draws
+            idx = np.asarray(s.sampler.indices(epoch * 1000 + j))
+            if len(idx) == 0:
+                raise NoisyMLTError(f"stream {s.name}: sampler produced no indices")
+            chunks.append(idx)
+            total += len(idx)
+            j += 1
+        anchors = np.concatenate(chunks)[:need]
+        rng = np.random.default_rng([self.seed, epoch, 7919, hash_name(s.name)])
+        aug_seeds = rng.integers(0, 2**63 - 1, size=need)
+        if s.k > 1 and s.partner_fn is not None:
+            stitched = rng.random(need) < s.p
+            partners = s.partner_fn(anchors, rng)
+        else:
+            stitched = np.zeros(need, dtype=bool)
+            partners = None
+        items = []
+        for n, a in enumerate(anchors):
+            ids = (int(a),) if partners is None else (int(a), *map(int, partners[n]))
+            items.append((ids, int(aug_seeds[n]), bool(stitched[n])))
+        return [items[b * s.batch_size:(b + 1) * s.batch_size] for b in range(self.iterations)]
+
+
+def hash_name(name: str) -> int:
+    """A stable small integer for a stream name (Python's hash() is salted per process)."""
+    return int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") % (2**31)

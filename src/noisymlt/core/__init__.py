@@ -1,0 +1,6 @@
+"""The floor every layer stands on: nothing here knows a dataset, a model or a method.
+
+Safe file writes and JSON logs (files, jsonlog), locks, provenance manifests and run ids (manifest), code
+identity (codedeps: a step's import closure and its digest), the by-name registries a new method or loss
+joins (registry) and params checking against a JSON schema (schema).
+"""
