@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from noisymlt.data import archive, download
+from noisymlt.data import archive, coco_images, download
 from noisymlt.data.archive import safe_extract
 from noisymlt.data.download import DATASETS, RemoteFile, download_dataset, fetch, mirror_url
 from noisymlt.data.labels import LabelTable, write_labels
@@ -52,9 +52,11 @@ def _requests(server, path: str) -> list:
 
 
 def _run_cli(argv: list[str]) -> int:
-    """Parse with only this module's subcommands (the full CLI imports every pipeline step)."""
+    """Parse with only the download modules' subcommands (the full CLI imports every pipeline step)."""
     parser = argparse.ArgumentParser()
-    download.add_cli(parser.add_subparsers(dest="command"))
+    sub = parser.add_subparsers(dest="command")
+    download.add_cli(sub)
+    coco_images.add_cli(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 
@@ -468,7 +470,7 @@ def test_fetch_coco_images_from_mirror_and_replaces_undecodable_present_file(htt
     out = tmp_path / "imgs"
     out.mkdir()
     (out / "000000000001.jpg").write_bytes(b"not a jpeg")
-    paths = download.download_coco_images(ann, [2, "1"], out, mirror=f"{http_server.url}/train2017",
+    paths = coco_images.download_coco_images(ann, [2, "1"], out, mirror=f"{http_server.url}/train2017",
                                           retries=0, **FAST)
     assert paths == [out / "000000000002.jpg", out / "000000000001.jpg"]
     assert [p.read_bytes() for p in paths] == [images[2], images[1]]
@@ -478,7 +480,7 @@ def test_fetch_coco_images_unknown_id_fails_before_downloading(http_server, tmp_
     ann, _ = _coco_fixture(http_server, tmp_path)
     expected = r"1 requested image id\(s\) are not in its 'images' list, e.g. \[99\]"
     with pytest.raises(NoisyMLTError, match=expected):
-        download.download_coco_images(ann, [1, 99], tmp_path / "out", **FAST)
+        coco_images.download_coco_images(ann, [1, 99], tmp_path / "out", **FAST)
     assert http_server.state.get("requests", []) == []
 
 
@@ -486,6 +488,6 @@ def test_read_image_ids_names_bad_line(tmp_path):
     ids = tmp_path / "img_id.pkl"  # the [DB] list is text despite its name
     ids.write_text("139\n285\nabc\n")
     with pytest.raises(NoisyMLTError, match=r"img_id\.pkl: line 3: 'abc' is not a COCO image id"):
-        download.read_image_ids(ids)
+        coco_images.read_image_ids(ids)
     ids.write_text("139\n 285 \n")
-    assert download.read_image_ids(ids) == [139, 285]
+    assert coco_images.read_image_ids(ids) == [139, 285]

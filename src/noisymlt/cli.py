@@ -18,6 +18,7 @@ from noisymlt.errors import NoisyMLTError, describe_os_error
 COMMAND_MODULES = (
     "noisymlt.data.toy",
     "noisymlt.data.download",
+    "noisymlt.data.coco_images",
     "noisymlt.data.parse",
     "noisymlt.data.longtail",
     "noisymlt.data.noise",

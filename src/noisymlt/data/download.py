@@ -3,16 +3,15 @@
 ``fetch`` is a resumable, retrying, checksum-verifying download of one URL (stdlib urllib only,
 so a mirror can be a plain HTTP server or a ``file://`` folder). ``download_dataset`` fetches
 every file of a registry entry, unpacks it safely and writes ``<root>/manifest.json`` (size and
-hashes of each file) for provenance. ``download_coco_images`` fetches only the COCO train images
-of a subset, one by one, instead of the 18 GB train zip. ``fetch_asset`` fetches one of the other external
-files runs read (ImageNet weights, GloVe vectors; noisymlt.data.assets names them).
+hashes of each file) for provenance. ``fetch_asset`` fetches one of the other external files runs read
+(ImageNet weights, GloVe vectors; noisymlt.data.assets names them). COCO-MLT's train images come one by one
+through ``fetch`` too (noisymlt.data.coco_images).
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import logging
 import os
 import posixpath
@@ -20,16 +19,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from noisymlt import __version__
+from noisymlt.core.files import write_json
 from noisymlt.data.archive import file_digests, safe_extract
 from noisymlt.errors import NoisyMLTError
-from noisymlt.core.files import write_json
 
 log = logging.getLogger(__name__)
 
@@ -291,152 +288,6 @@ def download_dataset(
     return write_json(root / "manifest.json", {"dataset": name, "files": files}, sort_keys=True)
 
 
-def read_image_ids(path: str | Path) -> list[int]:
-    """COCO image ids from a label table (.parquet/.csv, ``image_id`` column) or a text file
-    with one id per line (blank lines and ``#`` comments ignored)."""
-    path = Path(path)
-    if path.suffix.lower() in (".parquet", ".csv"):
-        from noisymlt.data.labels import read_labels
-
-        rows = list(enumerate(read_labels(path).image_ids, start=2))  # row 1 is the header
-        where = "row"
-    else:
-        try:
-            rows = list(enumerate(path.read_text().splitlines(), start=1))
-        except OSError as exc:
-            raise NoisyMLTError(f"{path}: cannot read id file ({exc})") from exc
-        where = "line"
-    ids = []
-    for n, raw in rows:
-        text = raw.strip()
-        if not text or text.startswith("#"):
-            continue
-        try:
-            ids.append(int(text))
-        except ValueError:
-            raise NoisyMLTError(
-                f"{path}: {where} {n}: {text!r} is not a COCO image id (an integer)"
-            ) from None
-    return ids
-
-
-def _coco_image_index(annotation_json: Path) -> dict[int, tuple[str, str]]:
-    """image id -> (coco_url, file_name) from a COCO instances JSON."""
-    try:
-        with open(annotation_json, "rb") as fh:
-            data = json.load(fh)
-        images = data["images"]
-        return {int(im["id"]): (im.get("coco_url", ""), im["file_name"]) for im in images}
-    except OSError as exc:
-        raise NoisyMLTError(f"{annotation_json}: cannot read annotation file ({exc})") from exc
-    except (ValueError, KeyError, TypeError) as exc:
-        raise NoisyMLTError(
-            f"{annotation_json}: not a COCO annotation file with an 'images' list of id/file_name "
-            f"entries ({type(exc).__name__}: {exc})"
-        ) from exc
-
-
-def is_valid_image(path: Path) -> bool:
-    """True if PIL can parse and fully decode the file (verify() alone misses truncation)."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            im.verify()
-        with Image.open(path) as im:
-            im.load()
-    except Exception:  # PIL raises many types (OSError, SyntaxError, ValueError, ...) for bad data
-        return False
-    return True
-
-
-def download_coco_images(
-    annotation_json: str | Path,
-    image_ids: Iterable[int | str],
-    out_dir: str | Path,
-    *,
-    retries: int = 5,
-    backoff: float = 1.0,
-    workers: int = 4,
-    mirror: str | None = None,
-    timeout: float = 60,
-    progress: bool = True,
-) -> list[Path]:
-    """Fetch the images ``image_ids`` (via each image's ``coco_url``) into ``out_dir`` and write
-    ``out_dir/manifest.json``. Files already present and decodable are kept. Each download is
-    checked with PIL and retried; ids that still fail are named in one NoisyMLTError at the end.
-    Returns the image paths in the order of ``image_ids``."""
-    if workers < 1:
-        raise NoisyMLTError(f"workers must be >= 1, got {workers}")
-    annotation_json, out_dir = Path(annotation_json), Path(out_dir)
-    try:
-        wanted = list(dict.fromkeys(int(str(i).strip()) for i in image_ids))
-    except ValueError as exc:
-        raise NoisyMLTError(f"image ids must be integers ({exc})") from None
-    index = _coco_image_index(annotation_json)
-    unknown = [i for i in wanted if i not in index]
-    if unknown:
-        raise NoisyMLTError(
-            f"{annotation_json}: {len(unknown)} requested image id(s) are not in its 'images' list, "
-            f"e.g. {unknown[:10]}"
-        )
-    no_url = [i for i in wanted if not index[i][0]]
-    if no_url:
-        raise NoisyMLTError(f"{annotation_json}: image(s) {no_url[:10]} have no 'coco_url'")
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    def one(img_id: int) -> Path:
-        url, file_name = index[img_id]
-        dest = out_dir / file_name
-        if dest.exists():
-            if is_valid_image(dest):
-                return dest
-            log.warning("%s exists but does not decode; downloading again", dest)
-            dest.unlink()
-        source, problem = mirror_url(url, mirror), ""
-        for attempt in range(retries + 1):
-            if attempt:
-                time.sleep(backoff * 2 ** (attempt - 1))
-            fetch(source, dest, retries=retries, backoff=backoff, timeout=timeout, progress=False)
-            if is_valid_image(dest):
-                return dest
-            aside = dest.with_name(dest.name + ".corrupt")  # keep only the latest bad copy
-            os.replace(dest, aside)
-            problem = f"downloaded file does not decode as an image (last copy kept as {aside.name})"
-        raise NoisyMLTError(f"{problem}; gave up after {retries + 1} attempt(s)")
-
-    from tqdm import tqdm
-
-    paths: dict[int, Path] = {}
-    failed: dict[int, str] = {}
-    with ThreadPoolExecutor(max_workers=workers) as pool, tqdm(
-        total=len(wanted), unit="img", disable=not (progress and sys.stderr.isatty())
-    ) as bar:
-        futures = {pool.submit(one, i): i for i in wanted}
-        for fut in as_completed(futures):
-            img_id = futures[fut]
-            try:
-                paths[img_id] = fut.result()
-            except NoisyMLTError as exc:
-                failed[img_id] = str(exc)
-            bar.update(1)
-    if failed:
-        ids = sorted(failed)
-        detail = "; ".join(f"{i}: {failed[i]}" for i in ids[:5])
-        raise NoisyMLTError(
-            f"{len(failed)} of {len(wanted)} COCO image(s) could not be fetched into {out_dir}: "
-            f"ids {ids[:50]}{' ...' if len(ids) > 50 else ''}. First errors: {detail}. "
-            "Run the command again to retry only these."
-        )
-    images = [
-        {"image_id": i, "file_name": paths[i].name, "size": paths[i].stat().st_size,
-         "sha256": file_digests(paths[i])["sha256"]}
-        for i in sorted(wanted)
-    ]
-    write_json(out_dir / "manifest.json", {"annotations": annotation_json.name, "images": images}, sort_keys=True)
-    return [paths[i] for i in wanted]
-
-
 # ------------------------------------------------------------------------- external files (assets)
 
 def fetch_asset(url: str, sha256: str, out: str | Path, *, name: str = "asset", mirror: str | None = None,
@@ -472,7 +323,7 @@ _MIRROR_HELP = (
 )
 
 
-def _add_retry_args(parser: argparse.ArgumentParser) -> None:
+def add_retry_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mirror", metavar="URL", help=_MIRROR_HELP)
     parser.add_argument("--retries", type=int, default=5, metavar="N",
                         help="retries per file after network errors, 5xx answers or short bodies (default 5)")
@@ -499,29 +350,9 @@ def add_cli(subparsers) -> None:
     )
     p.add_argument("--dataset", required=True, choices=sorted(DATASETS), help="which dataset")
     p.add_argument("--root", required=True, type=Path, metavar="DIR", help="dataset root folder")
-    _add_retry_args(p)
+    add_retry_args(p)
     p.set_defaults(func=_cmd_download)
 
-    q = subparsers.add_parser(
-        "fetch-coco-images",
-        help="download the COCO train images of a subset one by one",
-        description=(
-            "Download the images listed in --ids from each image's coco_url in --annotations "
-            "(e.g. ROOT/annotations/instances_train2017.json) into --out, skipping files already "
-            "present and decodable, checking every download with PIL and retrying. Ids that still "
-            "fail are listed at the end (exit status 2); run again to retry them. Writes "
-            "OUT/manifest.json (size and sha256 of each image)."
-        ),
-    )
-    q.add_argument("--annotations", required=True, type=Path, metavar="FILE",
-                   help="COCO instances JSON holding the images' coco_url and file_name")
-    q.add_argument("--ids", required=True, type=Path, metavar="FILE",
-                   help="image ids: a label table (.parquet/.csv with an image_id column) or a text "
-                        "file with one id per line")
-    q.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder for the images")
-    q.add_argument("--workers", type=int, default=4, metavar="N", help="parallel downloads (default 4)")
-    _add_retry_args(q)
-    q.set_defaults(func=_cmd_fetch_coco_images)
     _add_asset_cli(subparsers)
 
 
@@ -531,16 +362,6 @@ def _cmd_download(args: argparse.Namespace) -> int:
         backoff=args.backoff, timeout=args.timeout, progress=args.progress,
     )
     log.info("%s ready under %s (manifest %s)", args.dataset, args.root, manifest)
-    return 0
-
-
-def _cmd_fetch_coco_images(args: argparse.Namespace) -> int:
-    paths = download_coco_images(
-        args.annotations, read_image_ids(args.ids), args.out, retries=args.retries,
-        backoff=args.backoff, workers=args.workers, mirror=args.mirror,
-        timeout=args.timeout, progress=args.progress,
-    )
-    log.info("%d images ready in %s", len(paths), args.out)
     return 0
 
 
@@ -566,5 +387,5 @@ def _add_asset_cli(subparsers) -> None:
     p.add_argument("--sha256", required=True, help="the file's sha256, or its first 8+ hex digits")
     p.add_argument("--out", required=True, help="where the file goes, e.g. data/assets/imagenet/resnet50-0676ba61.pth")
     p.add_argument("--name", default="asset", help="what the file is, for messages (assets.GROUP.NAME)")
-    _add_retry_args(p)
+    add_retry_args(p)
     p.set_defaults(func=_cmd_fetch_asset)

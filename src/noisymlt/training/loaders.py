@@ -15,7 +15,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from noisymlt.data.images import load_image
-from noisymlt.errors import NoisyMLTError
 from noisymlt.training.augment import augment, draw_train_params, eval_resize
 from noisymlt.training.transforms import eval_transform, train_transform
 
