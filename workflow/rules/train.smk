@@ -6,6 +6,7 @@ rule pretrain:
     output:
         weights="data/pretrained/{name}.pt",
         report="data/pretrained/{name}.json",
+        manifest="data/pretrained/{name}.manifest.json",
     params:
         args=pretrain_args,
         code=code("pretrain"),

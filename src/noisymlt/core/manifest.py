@@ -130,3 +130,48 @@ def run_id(resolved: dict) -> str:
     result row and table cell refers to."""
     blob = json.dumps(resolved, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------ inputs against their records
+
+def producer_record(path: str | Path) -> tuple[Path, dict, dict] | None:
+    """(manifest, its record, the output entry) of the step that wrote ``path``, where that step left one:
+    ``<stem>.manifest.json`` beside the file (an image cache, metrics, weights) or ``manifest.json`` in its
+    folder (a training run's predictions and checkpoint). None for a file no step of this project recorded
+    (a label table, which carries its own digests; a file the user brought)."""
+    path = Path(path)
+    for candidate in (path.with_name(path.stem + ".manifest.json"), path.with_name("manifest.json")):
+        if not candidate.is_file():
+            continue
+        try:
+            record = json.loads(candidate.read_text())
+        except (OSError, ValueError):
+            continue  # not a manifest this check can read: the producer's own checks own it
+        outputs = record.get("outputs") if isinstance(record, dict) else None
+        for entry in (outputs or {}).values():
+            if isinstance(entry, dict) and Path(str(entry.get("path", ""))).name == path.name:
+                return candidate, record, entry
+    return None
+
+
+def check_inputs(inputs: dict[str, str | Path | None]) -> dict[str, str]:
+    """Each input's sha256, after checking it against the record of the step that wrote it
+    (``producer_record``): content that changed since (a flipped byte, an edit, a copy from elsewhere) stops
+    the step before it uses the file, with one line naming the file, both hashes and the step that rebuilds it."""
+    from noisymlt.errors import NoisyMLTError
+
+    hashes = {}
+    for name, path in inputs.items():
+        if not path or not Path(path).is_file():
+            continue
+        hashes[name] = got = file_sha256(path)
+        found = producer_record(path)
+        if found is None:
+            continue
+        manifest, record, entry = found
+        if entry.get("sha256") != got:
+            raise NoisyMLTError(
+                f"{path}: content sha256 {got[:16]} is not what `noisymlt {record.get('step', '?')}` wrote "
+                f"(sha256 {str(entry.get('sha256'))[:16]}, recorded in {manifest}); the file changed since: delete "
+                f"it and rerun the workflow (or `noisymlt {record.get('step', '?')}`) to rebuild it")
+    return hashes

@@ -202,7 +202,19 @@ def read_class_split(path: str | Path) -> dict[str, list[int]]:
     missing = [g for g in GROUPS if g not in raw]
     if missing:
         raise NoisyMLTError(f"{path}: class split lacks group(s) {missing}")
-    return {g: sorted(int(i) for i in raw[g]) for g in GROUPS}
+    try:
+        split = {g: sorted(int(i) for i in raw[g]) for g in GROUPS}
+    except (TypeError, ValueError) as exc:
+        raise NoisyMLTError(f"{path}: class split holds a non-integer class index ({exc})") from exc
+    # the groups partition the classes 0..C-1: an edited or damaged file that still parses breaks that
+    found = sorted(i for g in GROUPS for i in split[g])
+    if found != list(range(len(found))):
+        twice = sorted({i for i in found if found.count(i) > 1})
+        absent = sorted(set(range(max(found, default=-1) + 1)) - set(found))
+        raise NoisyMLTError(f"{path}: the groups do not partition the classes 0..{len(found) - 1} "
+                            f"(in two groups: {twice or 'none'}; absent: {absent or 'none'}); rebuild it with "
+                            "`noisymlt longtail` (delete it and rerun the workflow)")
+    return split
 
 
 def split_from_counts(counts: np.ndarray, head_min: int = 100, tail_max: int = 20) -> dict[str, list[int]]:

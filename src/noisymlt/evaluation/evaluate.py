@@ -74,9 +74,10 @@ def map_summary(result: dict) -> dict:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from noisymlt.core.codedeps import CLI
     from noisymlt.core.files import write_json
-    from noisymlt.core.manifest import now, write_manifest
+    from noisymlt.core.manifest import check_inputs, now, write_manifest
 
     started = now()
+    check_inputs({"predictions": args.predictions})  # against the record of the run that wrote them
     result = evaluate_predictions(Path(args.predictions), Path(args.test_labels), Path(args.split))
     run_manifest = Path(args.predictions).with_name("manifest.json")
     if run_manifest.exists():

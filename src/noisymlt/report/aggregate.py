@@ -34,8 +34,11 @@ COLUMNS = {
 
 
 def rows_for_run(metrics_path: Path) -> list[dict]:
+    from noisymlt.core.manifest import check_inputs
+
     run_dir = metrics_path.parent
     manifest_path = run_dir / "manifest.json"
+    check_inputs({"metrics": metrics_path})  # against the record of the evaluation that wrote it
     try:
         metrics = json.loads(metrics_path.read_text())
         manifest = json.loads(manifest_path.read_text())

@@ -188,9 +188,16 @@ def pretrain(config: dict, out: Path, progress: bool = True) -> dict:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from noisymlt.core.codedeps import CLI
     from noisymlt.core.files import json_object_arg
+    from noisymlt.core.manifest import now, write_manifest
 
-    report = pretrain(json_object_arg(args.config, "--config"), Path(args.out), progress=not args.no_progress)
+    started, out = now(), Path(args.out)
+    report = pretrain(json_object_arg(args.config, "--config"), out, progress=not args.no_progress)
+    # the weights' record, which every training run checks them against before it fine-tunes from them
+    write_manifest(out.with_name(out.stem + ".manifest.json"), step="pretrain", started=started, inputs={},
+                   outputs={"weights": out, "report": out.with_suffix(".json")}, code=(*CLI, __name__),
+                   extra={"config": report["config"]})
     print(f"{args.out}: {report['config']['backbone']} on {len(report['source_classes'])} source classes, "
           f"held-out accuracy {report['held_out_accuracy']:.3f}")
     return 0

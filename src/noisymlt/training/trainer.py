@@ -55,7 +55,8 @@ class Trainer:
         from noisymlt.methods.base import TrainContext
         from noisymlt.core.codedeps import TRAINER, digest, load_code
         from noisymlt.methods import run_entries
-        from noisymlt.core.manifest import run_id
+        from noisymlt.core.manifest import check_inputs, run_id
+        from noisymlt.data.imagecache import index_path
         from noisymlt.training.devices import select_device
         from noisymlt.training.loaders import resolve_workers
 
@@ -75,6 +76,11 @@ class Trainer:
                 "again: it plans the job for the code on disk")
         self.paths = {"train_labels": Path(train_labels), "test_labels": Path(test_labels), "split": Path(split)}
         self.provenance_inputs = {k: Path(v) for k, v in (provenance_inputs or {}).items()}
+        # every file the run reads, checked against the record of the step that wrote it before any is read:
+        # a cache, weights or predictions that changed since stop the job here (noisymlt.core.manifest)
+        caches = {f"{k}_cache": Path(v) for k, v in (("train", train_cache), ("test", test_cache)) if v}
+        check_inputs({**self.provenance_inputs, **self.paths, **caches, **self.asset_inputs(resolved),
+                      **{f"{k}_index": index_path(v) for k, v in caches.items()}})
         self.keep_stale = keep_stale
         self._lock = None
         self.train_images, self.test_images = Path(train_images), Path(test_images)
@@ -95,6 +101,9 @@ class Trainer:
                 raise NoisyMLTError(f"{self.paths[name + '_labels']}: no 'path' column; cannot find the images")
         if self.train_table.classes != self.test_table.classes:
             raise NoisyMLTError(f"{test_labels}: class columns differ from {train_labels}")
+        if sum(map(len, self.split.values())) != len(self.train_table.classes):
+            raise NoisyMLTError(f"{split}: a class split of {sum(map(len, self.split.values()))} classes, "
+                                f"{train_labels} has {len(self.train_table.classes)}")
         tcfg = resolved["train"]
         self.images = RunImages(resolved, self.device, tables={"train": self.train_table, "test": self.test_table},
                                 labels={"train": self.paths["train_labels"], "test": self.paths["test_labels"]},
@@ -166,6 +175,14 @@ class Trainer:
             if Path(path).is_file():
                 sources.append(Path(path))
         return hashlib.sha256("+".join(file_sha256(p) for p in sources).encode()).hexdigest()[:16]
+
+    @staticmethod
+    def asset_inputs(resolved: dict) -> dict[str, Path]:
+        """The files a run reads besides its data, by role: the backbone weights (train.weights_path) and the
+        method's own files (ML-GCN's word vectors)."""
+        files = {"weights": resolved["train"].get("weights_path"),
+                 "embeddings": resolved["method_cfg"].get("embeddings_file")}
+        return {k: Path(v) for k, v in files.items() if v}
 
     @classmethod
     def from_run_dir(cls, run_dir: Path, *, test_labels: Path, train_images: Path, test_images: Path,
@@ -487,7 +504,8 @@ class Trainer:
         (self.out / "run_config.json").write_text(json.dumps(self.cfg, indent=1, sort_keys=True) + "\n")
         write_manifest(
             self.out / "manifest.json", step="train", started=started, device=str(self.device),
-            inputs={**self.provenance_inputs, **self.paths, **{f"{k}_cache": v for k, v in self.caches.items()}},
+            inputs={**self.provenance_inputs, **self.paths, **{f"{k}_cache": v for k, v in self.caches.items()},
+                    **self.asset_inputs(self.cfg)},
             outputs={"checkpoint": self.ckpt_path, "predictions": pred_path}, code=self.code_entries,
             code_digest=self.code_digest,
             extra={"run_id": self.run_id, "run": self.cfg, "history": history, "fit": fit,
