@@ -13,6 +13,7 @@ docs/demo_numbers.json for the tests.
 
     python scripts/benchmark_demo.py --json benchmarks/demo.json
     python scripts/benchmark_demo.py --json benchmarks/demo.json --readme    # refresh the README's numbers
+    python scripts/benchmark_demo.py --json old.json --commit REV --workdir DIR   # an older commit, kept in DIR
 
 Run it on an otherwise idle machine: other CPU work on the same cores stretches the wall time.
 """
@@ -67,6 +68,9 @@ def main() -> int:
     ap.add_argument("--json", required=True, help="file to write the timing to")
     ap.add_argument("--workdir", help="scratch folder for the clone (default: a temporary folder, removed)")
     ap.add_argument("--readme", action="store_true", help="render the demo's numbers and this timing into README.md")
+    ap.add_argument("--commit", default="HEAD",
+                    help="the commit to clone (default HEAD): time an older commit in the same sitting, or keep its "
+                         "demo (--workdir) to compare with another's (scripts/compare_runs.py)")
     args = ap.parse_args()
 
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
@@ -78,6 +82,7 @@ def main() -> int:
     if clone.exists():
         shutil.rmtree(clone)
     subprocess.run(["git", "clone", "--quiet", "--local", str(REPO), str(clone)], check=True)
+    subprocess.run(["git", "checkout", "--quiet", args.commit], cwd=clone, check=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
     env = {**os.environ, "PYTHONPATH": str(clone / "src")}
     snakemake = str(Path(sys.executable).with_name("snakemake"))
