@@ -33,7 +33,7 @@ demo: $(STAMP)
 # plans jobs, `snakemake --touch` gives the files back their order (--keep-incomplete: a failed touch deletes
 # nothing). DVC's default cache type (copies) is kept: with hard links, files of equal content share one inode
 # and its time (a run's run_config.json output and its earlier requested_config.json input), which Snakemake's
-# time order cannot follow (README).
+# time order cannot follow (docs/dvc.md).
 DVC_ENV := PATH="$(abspath $(VENV))/bin:$$PATH"
 SMK_LAYERS := $(filter-out params.yaml,$(DEMO_PARAMS))
 SMK_DEMO = $(VENV)/bin/snakemake --profile workflow/profiles/demo $(if $(SMK_LAYERS),--configfile $(SMK_LAYERS))
