@@ -33,7 +33,7 @@ demo: $(STAMP)
 # plans jobs, `snakemake --touch` gives the files back their order (--keep-incomplete: a failed touch deletes
 # nothing). DVC's default cache type (copies) is kept: with hard links, files of equal content share one inode
 # and its time (a run's run_config.json output and its earlier requested_config.json input), which Snakemake's
-# time order cannot follow (README).
+# time order cannot follow (docs/dvc.md).
 DVC_ENV := PATH="$(abspath $(VENV))/bin:$$PATH"
 SMK_LAYERS := $(filter-out params.yaml,$(DEMO_PARAMS))
 SMK_DEMO = $(VENV)/bin/snakemake --profile workflow/profiles/demo $(if $(SMK_LAYERS),--configfile $(SMK_LAYERS))
@@ -60,9 +60,13 @@ demo-dvc: $(STAMP)
 smoke: $(STAMP)
 	$(VENV)/bin/snakemake --profile workflow/profiles/smoke
 
-# the layers of .importlinter first: an upward import fails in seconds, before the suite
+# the layers of .importlinter first: an upward import fails in seconds, before the suite; then the manual
+# (mkdocs.yml, docs/): a broken link or anchor fails --strict. Not --quiet: it hides the warnings that --strict
+# counts, and the build passes. Built into a temporary folder, removed after.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
+	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir "$$site"; \
+	  status=$$?; rm -rf "$$site"; exit $$status
 	$(PY) -m pytest
 
 test-fast: $(STAMP)

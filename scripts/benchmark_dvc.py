@@ -8,11 +8,13 @@ interpreter's environment:
   3. Snakemake's dry run of the demo: nothing to do
   4. a no-op experiment, `dvc exp run -S exp.yaml:++train.lr=0.05` (every demo method takes its lr from its
      schedule or its selection): the stages it runs, seconds
-  5. the README's experiment on ERM's lr: the layer written (exp.yaml), `dvc repro`, `dvc exp save`: seconds,
-     beside the seconds its trainings took (their manifest.timing.json); the budget is twice those plus a minute
+  5. the manual's experiment on ERM's lr (docs/dvc.md): the layer written (exp.yaml), `dvc repro`,
+     `dvc exp save`: seconds, beside the seconds its trainings took (their manifest.timing.json); the budget is
+     twice those plus a minute
   6. the same experiment by `dvc exp run -S exp.yaml:++methods.erm.train.lr=0.01`, from the same baseline: its
      seconds against the same budget (DVC's per-stage bookkeeping, treeverse/dvc#8809)
-  7. the README's `dvc exp show` recipe: its text, whether it shows the lr and ERM's gamma 0.5 mAP of both rows
+  7. the manual's `dvc exp show` recipe (docs/dvc.md): its text, whether it shows the lr and ERM's gamma 0.5 mAP
+     of both rows
   8. `dvc push` to a local remote, a git clone of the project, `dvc pull` there, `dvc status` there: clean
 and writes JSON with a calibration measured in the same call (scripts/calibration.py), so that readings from
 different machines compare.
@@ -42,7 +44,7 @@ LAYERS = "params.yaml workflow/profiles/demo/params.yaml exp.yaml"
 SMK_DRY = [str(BIN / "snakemake"), "--profile", "workflow/profiles/demo", "--configfile",
            "workflow/profiles/demo/params.yaml", "exp.yaml", "-n"]
 ERM_EXPERIMENT = "exp.yaml:++methods.erm.train.lr=0.01"
-ERM_LAYER = "methods:\n  erm:\n    train: {lr: 0.01}\n"  # what the README's printf writes: the same change
+ERM_LAYER = "methods:\n  erm:\n    train: {lr: 0.01}\n"  # what docs/dvc.md's printf writes: the same change
 NOOP_EXPERIMENT = "exp.yaml:++train.lr=0.05"
 # what an experiment rewrites
 TRACKED = ["exp.yaml", "dvc-params.json", "dvc-params-runs", "dvc.lock", "workflow/dvc/runs"]
@@ -100,10 +102,10 @@ def experiment_record(root: Path, out: str, seconds: float, parts: dict) -> dict
 
 
 def readme_exp_show() -> list[str]:
-    """The README's `dvc exp show` recipe, as an argument list."""
+    """The manual's `dvc exp show` recipe (docs/dvc.md), as an argument list."""
     import shlex
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "dvc.md").read_text()
     line = next(ln for ln in text.splitlines() if ln.startswith("dvc exp show --drop"))
     return shlex.split(line.split("  #")[0])
 

@@ -41,8 +41,9 @@ def params():
 
 def test_erm_runs_its_trainer_family_and_bce_only(params):
     assert codedeps.closure(*method_entries(params, "erm")) == ERM
-    # the README says how many modules that is
-    stated = re.search(r"`noisymlt code-deps --method erm`\s+lists ERM's (\d+) modules", (REPO / "README.md").read_text())
+    # the manual says how many modules that is
+    stated = re.search(r"`noisymlt code-deps --method erm`\s+lists ERM's (\d+) modules",
+                       (REPO / "docs" / "reruns.md").read_text())
     assert stated and int(stated.group(1)) == len(ERM)
 
 

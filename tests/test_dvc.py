@@ -226,9 +226,9 @@ def test_a_value_the_selection_chooses_reruns_no_stage_when_set_by_hand(tmp_path
 
 
 def readme_dag(md: str) -> str:
-    """`dvc dag --collapse-foreach-matrix --md` as the README draws it: one sorted `A --> B` line per edge, by stage
-    name (the sixteen shards of `train` and of `train_candidate` drawn as one node each), without the edges from
-    params and code_digests (they feed every stage) and without self-edges."""
+    """`dvc dag --collapse-foreach-matrix --md` as the manual draws it (docs/dvc.md): one sorted `A --> B` line per
+    edge, by stage name (the sixteen shards of `train` and of `train_candidate` drawn as one node each), without the
+    edges from params and code_digests (they feed every stage) and without self-edges."""
     names = {node: stage_name(name) for node, name in re.findall(r'(node\d+)\["([^"]+)"\]', md)}  # shards: one family
     edges = sorted({(names[a], names[b]) for a, b in re.findall(r"(node\d+)-->(node\d+)", md)
                     if names[a] not in ("params", "code_digests") and a != b})
@@ -400,14 +400,15 @@ def _digests(root: Path) -> dict[str, str]:
 
 
 def test_readme_draws_the_demo_pipeline_as_dvc_dag_collapses_it(tmp_path):
-    """The README's pipeline drawing is DVC's collapsed graph of the demo's dvc.yaml (stage families, not runs)."""
+    """The manual's pipeline drawing (docs/dvc.md) is DVC's collapsed graph of the demo's dvc.yaml (stage families,
+    not runs)."""
     _needs_tools()
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     root = _project_copy(tmp_path / "proj", params, workflow=True)
     _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "workflow/profiles/demo/params.yaml", "--out",
           "dvc-params.json"], root)
     md = _run([DVC, "dag", "--collapse-foreach-matrix", "--md"], root)
-    assert readme_dag(md) in (REPO / "README.md").read_text()
+    assert readme_dag(md) in (REPO / "docs" / "dvc.md").read_text()
     assert 15 < readme_dag(md).count("-->") < 60  # a drawing a reader can follow
 
 

@@ -42,10 +42,11 @@ def _json(out: str):
 
 
 def readme_exp_show() -> list[str]:
-    """The README's `dvc exp show` recipe, as an argument list (DVC found next to this interpreter)."""
+    """The manual's `dvc exp show` recipe (docs/dvc.md), as an argument list (DVC found next to this interpreter)."""
     import shlex
 
-    line = next(ln for ln in (REPO / "README.md").read_text().splitlines() if ln.startswith("dvc exp show --drop"))
+    text = (REPO / "docs" / "dvc.md").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("dvc exp show --drop"))
     return [str(DVC), *shlex.split(line.split("  #")[0])[1:]]
 
 
@@ -75,7 +76,7 @@ def repo(tmp_path_factory) -> Path:
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copytree(REPO / "workflow" / "dvc", root / "workflow" / "dvc")
     (root / "params.yaml").write_text(yaml.safe_dump(_params(), sort_keys=False))
-    (root / "exp.yaml").write_text("{}\n")  # the README's experiments layer: what `dvc exp run -S` edits
+    (root / "exp.yaml").write_text("{}\n")  # the manual's experiments layer (docs/dvc.md): what `dvc exp run -S` edits
     _git(["init", "-q"], root)
     # DVC's state folders (test_dvc._env) and `dvc plots show`'s page stay out of the commits
     (root / ".git" / "info" / "exclude").write_text(".dvc-*/\ndvc_plots/\n")
@@ -131,7 +132,7 @@ def test_plots_show_draws_the_training_curves_and_the_map_figure(repo, tmp_path)
 
 @pytest.mark.slow
 def test_dag_of_one_stage_shows_what_it_depends_on_and_md_the_whole_graph(repo):
-    """The whole text graph is too wide to read at demo scale (README); a stage's own graph is not."""
+    """The whole text graph is too wide to read at demo scale (docs/dvc.md); a stage's own graph is not."""
     erm = address("toy-0.5-0-erm")  # workflow/dvc/runs/SHARD/dvc.yaml:train@toy-0.5-0-erm
     assert _run([sys.executable, "-m", "noisymlt", "dvc-shards", "--where", "toy-0.5-0-erm"], repo).strip() == erm
     out = _run([DVC, "dag", erm], repo)
@@ -165,7 +166,7 @@ def test_metrics_diff_between_commits_and_exp_run_reruns_only_what_a_param_reach
     assert len(header) < 40  # what changed, not every leaf of the params file
     assert "0.05" in shown.splitlines()[1].split(",")
 
-    # the README's recipe: the lr beside ERM's gamma 0.5 cell, for the experiment and for its baseline
+    # the manual's recipe: the lr beside ERM's gamma 0.5 cell, for the experiment and for its baseline
     recipe = readme_exp_show()
     table = _run(recipe, repo)
     assert max(map(len, table.splitlines())) <= 100, table  # a terminal's width
@@ -189,9 +190,10 @@ def test_metrics_diff_between_commits_and_exp_run_reruns_only_what_a_param_reach
 
 
 def readme_experiment() -> str:
-    """The README's first DVC experiment recipe: the line that writes the layer (printf) and the line that
-    reproduces and saves, as one shell script."""
-    lines = (REPO / "README.md").read_text().splitlines()
+    """The manual's first DVC experiment recipe (docs/model-selection.md, the ad-hoc sweep on ERM's lr; docs/dvc.md
+    repeats its form): the line that writes the layer (printf) and the line that reproduces and saves, as one shell
+    script."""
+    lines = (REPO / "docs" / "model-selection.md").read_text().splitlines()
     at = next(i for i, ln in enumerate(lines) if ln.startswith("dvc repro && dvc exp save"))
     assert lines[at - 1].startswith("printf 'methods:") and lines[at - 1].rstrip().split("  #")[0].endswith("exp.yaml")
     return "\n".join(ln.split("  #")[0] for ln in lines[at - 1:at + 1])
@@ -200,7 +202,7 @@ def readme_experiment() -> str:
 @pytest.mark.slow
 def test_the_readmes_experiment_recipe_retrains_one_method_and_saves_a_row_exp_show_prints(repo):
     """`dvc repro` on the written layer, then `dvc exp save`: the experiment `dvc exp run -S` would record,
-    without its per-stage git bookkeeping (README, treeverse/dvc#8809)."""
+    without its per-stage git bookkeeping (docs/dvc.md, treeverse/dvc#8809)."""
     script = readme_experiment()
     name = script.split("dvc exp save -n ")[1].split()[0]
     out = _run(["bash", "-c", f"set -e\n{script}"], repo, timeout=600)

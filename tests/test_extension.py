@@ -1,8 +1,9 @@
-"""The README's "Add a method" section, followed to the letter in a copy of the project, is all it takes.
+"""The manual's "Add a method" page (docs/add-a-method.md), followed to the letter in a copy of the project, is all
+it takes.
 
-The test reads the section's code blocks: each Python block names its file on its first line and is written
-there; each YAML block is a method block, put under `methods:` in params.yaml as the README says. Then each new
-method runs once through Snakemake with the demo profile, its command taken from the section. Nothing else is
+The test reads the page's code blocks: each Python block names its file on its first line and is written
+there; each YAML block is a method block, put under `methods:` in params.yaml as the page says. Then each new
+method runs once through Snakemake with the demo profile, its command taken from the page. Nothing else is
 edited: a registry, schema or list that still had to be told about the new loss or family fails the run.
 """
 
@@ -22,10 +23,14 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 
 
-def section(readme: str, title: str) -> str:
-    start = readme.index(f"\n## {title}\n")
-    end = readme.find("\n## ", start + 1)
-    return readme[start:end if end > 0 else None]
+PAGE = REPO / "docs" / "add-a-method.md"
+
+
+def page(path: Path, title: str) -> str:
+    """A manual page, which must be the one titled TITLE."""
+    text = path.read_text()
+    assert text.startswith(f"# {title}\n"), f"{path} is not the page '{title}'"
+    return text
 
 
 def blocks(text: str, language: str) -> list[str]:
@@ -47,10 +52,10 @@ def project_copy(root: Path) -> Path:
 def test_the_readme_adds_a_loss_and_a_family_and_nothing_else(tmp_path):
     if not SNAKEMAKE.exists():
         pytest.skip(f"snakemake is not installed next to {sys.executable}")
-    text = section((REPO / "README.md").read_text(), "Add a method")
+    text = page(PAGE, "Add a method")
     modules, methods = blocks(text, "python"), blocks(text, "yaml")
     commands = [line for b in blocks(text, "bash") for line in b.splitlines() if "snakemake" in line]
-    assert len(modules) == 2 and len(methods) == 2 and len(commands) == 1, "the section's shape changed"
+    assert len(modules) == 2 and len(methods) == 2 and len(commands) == 1, "the page's shape changed"
     root = project_copy(tmp_path / "project")
 
     for module in modules:
@@ -81,7 +86,7 @@ def test_the_readme_adds_a_loss_and_a_family_and_nothing_else(tmp_path):
             assert not modules_run & {"noisymlt.losses.db", "noisymlt.losses.focal", "noisymlt.losses.ldam"}
         else:  # the new family is this run's code
             assert "noisymlt.methods.weight_average" in modules_run
-    # what the section says about the registries holds in the copy
+    # what the page says about the registries holds in the copy
     check = ("from noisymlt.losses import LOSSES; from noisymlt.methods import FAMILY_MODULES; "
              "print(LOSSES['asl'], FAMILY_MODULES['weight_average'])")
     out = subprocess.run([sys.executable, "-c", check], cwd=root, env=env, capture_output=True, text=True)

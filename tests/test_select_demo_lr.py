@@ -12,6 +12,7 @@ import pytest
 from scipy import stats
 
 REPO = Path(__file__).resolve().parents[1]
+FIT_PAGE = REPO / "docs" / "fit-diagnostics.md"  # the manual's page that gives these accounts
 sys.path.insert(0, str(REPO / "experiments" / "lr_selection"))
 
 from select_demo_lr import RECIPES, choose, held_out_split  # noqa: E402
@@ -61,8 +62,9 @@ def test_demo_profile_uses_the_selected_learning_rates():
 
 
 def test_the_demo_new_layer_factor_follows_the_fit_diagnostics_it_was_chosen_on():
-    """The profile's train.new_layers_lr_mult per recipe and the README's account of it rest on
-    experiments/new_layer_lr/result.json (experiments/new_layer_lr/experiment_new_layer_lr.py); this keeps both true of that file."""
+    """The profile's train.new_layers_lr_mult per recipe and the manual's account of it (docs/fit-diagnostics.md)
+    rest on experiments/new_layer_lr/result.json (experiments/new_layer_lr/experiment_new_layer_lr.py); this keeps
+    both true of that file."""
     from noisymlt.config import load_params, resolve_run
 
     runs = json.loads((REPO / "experiments" / "new_layer_lr" / "result.json").read_text())
@@ -143,7 +145,7 @@ def test_the_one_set_choice_left_the_random_branch_without_pseudo_labels_and_the
     # at its choice both branches get pseudo labels in the demo, the random branch fewer
     pl = numbers["claims"]["fit"]["pseudo_labels"]
     assert 0 < pl["random"]["changed"] < pl["balanced"]["changed"]
-    readme = (REPO / "README.md").read_text()
+    readme = FIT_PAGE.read_text()
     assert "experiments/random_branch_pl/result.json" in readme and "experiments/random_branch_pl/selection_one_set.json" in readme
 
 
@@ -164,8 +166,8 @@ def test_the_readme_says_no_ensemble_weight_lifts_ours_above_ldam_and_its_file_a
 
 
 def test_the_readme_account_of_ldams_lead_holds_against_its_runs():
-    """README: LDAM's lead over Ours at gamma 0.3 / 0.5 is its margins, with a smaller part from its recipe's
-    trained stages (experiments/ldam_cause/result.json, on the demo's seeds)."""
+    """docs/fit-diagnostics.md: LDAM's lead over Ours at gamma 0.3 / 0.5 is its margins, with a smaller part from its
+    recipe's trained stages (experiments/ldam_cause/result.json, on the demo's seeds)."""
     cause = json.loads((REPO / "experiments" / "ldam_cause" / "result.json").read_text())
     cells = json.loads((REPO / "docs" / "demo_numbers.json").read_text())
     rows = cells["rows"]
@@ -192,13 +194,14 @@ def test_the_readme_account_of_ldams_lead_holds_against_its_runs():
         for base, variant in (("erm", "erm without neck dropout"), ("ours", "ours, balanced branch without dropout")):
             spread = max(run[base]["per_seed"]) - min(run[base]["per_seed"])
             assert abs(run[variant]["mean"] - run[base]["mean"]) < spread, variant
-    readme = (REPO / "README.md").read_text()
+    readme = FIT_PAGE.read_text()
     assert "experiments/ldam_cause/result.json" in readme and "label-distribution-aware margins on top of" in readme
     assert "on all five seeds" in readme and "on four of five seeds at each noise rate" in readme
 
 
 def test_the_readme_account_of_the_spread_of_ours_minus_erm_holds_against_its_runs():
-    """README: the seed spread of Ours - ERM at gamma 0.5 is the noise draw (experiments/ours_spread/result.json)."""
+    """docs/fit-diagnostics.md: the seed spread of Ours - ERM at gamma 0.5 is the noise draw
+    (experiments/ours_spread/result.json)."""
     spread = json.loads((REPO / "experiments" / "ours_spread" / "result.json").read_text())
     demo = spread["demo (noisy labels and training seed vary together)"]
     one_set = next(v for k, v in spread.items() if k.startswith("one noisy label set"))
@@ -225,7 +228,7 @@ def test_the_readme_account_of_the_spread_of_ours_minus_erm_holds_against_its_ru
     assert diff["per_seed"] == pytest.approx(np.subtract(ten["ours"]["per_seed"], ten["erm"]["per_seed"]), abs=0.011)
     assert diff["ci95"] == pytest.approx(stats.t.ppf(0.975, 9) * diff["sd"] / np.sqrt(10), abs=0.01)
     assert diff["ci95"] <= 2 and diff["mean"] - diff["ci95"] < 0 < diff["mean"] < demo["ours - erm"]["mean"]
-    readme = (REPO / "README.md").read_text()
+    readme = FIT_PAGE.read_text()
     assert "experiments/ours_spread/result.json" in readme
     assert "the noise\n  draw, not the training's randomness" in readme
     assert f"Ours minus ERM {diff['mean']:+.2f} ± {diff['ci95']:.2f}: an interval inside ±2 points, still undecided" \

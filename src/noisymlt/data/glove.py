@@ -103,7 +103,7 @@ def read_glove(kind: str, classes: list[str], path: str | Path) -> np.ndarray:
         raise NoisyMLTError(
             f"ML-GCN GloVe class embeddings for {kind}: {path} does not exist. The pipeline fetches it before "
             f"training (rule fetch_asset, DVC stage assets; by hand: `noisymlt step asset --out {path}`); "
-            "offline, place the file there (README: 'Downloads and other external files') or set "
+            "offline, place the file there (docs/downloads.md) or set "
             "`embeddings: random` in the ML-GCN method block (pseudo-embeddings: keeps the label-graph prior, "
             "loses the semantic word prior).")
     arr = load_array_pickle(path.read_bytes(), str(path))
