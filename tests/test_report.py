@@ -130,7 +130,9 @@ def test_trace_fails_a_hand_edited_table_value_naming_file_and_cell(tmp_path, ca
     cells = str(out.with_suffix(".cells.json"))
     assert main(["trace", "db/main/toy/0.5", "--sidecar", cells]) == 0, capsys.readouterr().out
     capsys.readouterr()
-    shown = sidecar["cells"]["erm/main/toy/0.5"]["shown"][style]
+    assert "shown" not in sidecar["cells"]["erm/main/toy/0.5"]  # the cells' sidecar is DVC's metrics: numbers only
+    record = json.loads(out.with_suffix(".rendered.json").read_text())
+    shown = record["shown"]["erm/main/toy/0.5"][style]
     assert shown.startswith("40.00") or "40.00" in shown
     path = out.with_suffix(f".{style}")
     text = path.read_text()
@@ -145,6 +147,9 @@ def test_trace_fails_a_hand_edited_table_value_naming_file_and_cell(tmp_path, ca
     assert f"TABLE: {path} changed since it was rendered" in capsys.readouterr().out
     path.write_text(text)
     assert main(["trace", "db/main/toy/0.5", "--sidecar", cells]) == 0
+    out.with_suffix(".rendered.json").unlink()  # without the record the tables cannot be checked: said, and a failure
+    assert main(["trace", "db/main/toy/0.5", "--sidecar", cells]) == 1
+    assert "MISSING" in capsys.readouterr().out
 
 
 def test_trace_names_a_missing_run_and_notices_predictions_of_another_checkpoint(tmp_path, capsys):

@@ -29,6 +29,7 @@ rule table_total:
         tex="reports/table_total.tex",
         md="reports/table_total.md",
         cells="reports/table_total.cells.json",
+        rendered="reports/table_total.rendered.json",
         html=report("reports/table_total.html", caption="../report/table_total.rst", category="Tables"),
     params:
         labels=method_labels(),
@@ -124,6 +125,7 @@ rule table_ablation:
         tex="reports/ablation_{name}.tex",
         md="reports/ablation_{name}.md",
         cells="reports/ablation_{name}.cells.json",
+        rendered="reports/ablation_{name}.rendered.json",
         html=report("reports/ablation_{name}.html", caption="../report/ablation.rst", category="Ablations",
                     labels={"ablation": "{name}"}),
     params:
@@ -148,6 +150,7 @@ rule table_groups:
         tex="reports/table_groups_{dataset}.tex",
         md="reports/table_groups_{dataset}.md",
         cells="reports/table_groups_{dataset}.cells.json",
+        rendered="reports/table_groups_{dataset}.rendered.json",
         html=report("reports/table_groups_{dataset}.html", caption="../report/table_groups.rst", category="Tables",
                     labels={"table": "head / medium / tail", "dataset": "{dataset}"}),
     params:

@@ -159,21 +159,28 @@ def table_grid(style: str, text: str) -> list[list[str]]:
     return [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)]
 
 
-def rendered_problems(sidecar: dict) -> list[str]:
-    """The table files a reader sees (.tex, .md, .html) against the cells they were rendered from: each cell's
-    text where the renderer put it, then the whole file's hash. Sidecars written before this check: none."""
+def rendered_problems(sidecar: str | Path) -> list[str]:
+    """The table files a reader sees (.tex, .md, .html) against the cells they were rendered from, by the record
+    the renderer wrote beside them (``<table>.rendered.json``): each cell's text where it put it, then the whole
+    file's hash."""
+    from noisymlt.report.tables import rendered_path
+
+    path = rendered_path(sidecar)
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return [f"MISSING {path} (the record of the rendered tables, written with them; rerun the workflow)"]
+    except (OSError, ValueError) as exc:
+        return [f"UNREADABLE {path} ({exc}); rerun the workflow"]
     problems = []
-    for style, rec in sidecar.get("rendered", {}).items():
+    for style, rec in record.get("rendered", {}).items():
         path = Path(rec["path"])
         if not path.is_file():
             problems.append(f"MISSING table {path} (rendered from these cells; rerun the workflow)")
             continue
         grid = table_grid(style, path.read_text())
         wrong = []
-        for key, cell in sidecar["cells"].items():
-            at = cell.get("shown")
-            if at is None:
-                continue
+        for key, at in record.get("shown", {}).items():
             row = grid[at["row"]] if at["row"] < len(grid) else []
             got = row[at["col"]] if at["col"] < len(row) else None
             if got != at[style]:
@@ -226,7 +233,7 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         raise NoisyMLTError("name a cell (METHOD/HEAD/DATASET/GAMMA, e.g. erm/main/voc/0.5) or pass --list")
     problems = 0
     report = trace(Path(args.sidecar), args.cell)  # reads the sidecar first, naming it when it cannot
-    for problem in rendered_problems(json.loads(Path(args.sidecar).read_text())):
+    for problem in rendered_problems(args.sidecar):
         print(f"PROBLEM  {problem}")
         problems += 1
     for run in report:

@@ -171,16 +171,30 @@ def render(results: pd.DataFrame, cells: dict, methods: list[str], cols: list[tu
     out_tex.with_suffix(".html").write_text(markdown_table_html(md, f"{caption}. {legend}"))
     from noisymlt.core.manifest import file_sha256
 
+    def name(key: tuple) -> str:
+        return "/".join(f"{x:g}" if isinstance(x, float) else str(x) for x in key)
+
     sidecar = {"table": str(out_tex),
-               "rendered": {style: {"path": str(out_tex.with_suffix(f".{style}")),
-                                    "sha256": file_sha256(out_tex.with_suffix(f".{style}"))}
-                            for style in ("tex", "md", "html")},
-               "cells": {
-                   "/".join(f"{x:g}" if isinstance(x, float) else str(x) for x in key): {
-                       "mean": c.mean, "ci95": c.ci, "runs": c.runs, **({"shown": shown[key]} if key in shown else {})}
-                   for key, c in cells.items() if key[0] in methods}}
+               "cells": {name(key): {"mean": c.mean, "ci95": c.ci, "runs": c.runs}
+                         for key, c in cells.items() if key[0] in methods}}
     out_tex.with_suffix(".cells.json").write_text(json.dumps(sidecar, indent=1) + "\n")
+    # where each cell stands in the files a reader sees, and their hashes (noisymlt trace checks them): a file of
+    # its own, not the cells' sidecar, which DVC reads as metrics (its columns are numbers, not rendered text)
+    record = {"table": str(out_tex),
+              "rendered": {style: {"path": str(out_tex.with_suffix(f".{style}")),
+                                   "sha256": file_sha256(out_tex.with_suffix(f".{style}"))}
+                           for style in ("tex", "md", "html")},
+              "shown": {name(key): at for key, at in shown.items() if key[0] in methods}}
+    rendered_path(out_tex).write_text(json.dumps(record, indent=1) + "\n")
     return sidecar
+
+
+def rendered_path(table: str | Path) -> Path:
+    """The record of a table's rendered files beside it: reports/table_total.tex -> reports/table_total.rendered.json
+    (also from its cells sidecar, reports/table_total.cells.json)."""
+    table = Path(table)
+    stem = table.name.removesuffix(".cells.json") if table.name.endswith(".cells.json") else table.stem
+    return table.with_name(stem + ".rendered.json")
 
 
 def write_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, str], group: str = "total",
