@@ -21,8 +21,9 @@ import sys
 from pathlib import Path
 
 from noisymlt.core.files import write_json
+from noisymlt.errors import NoisyMLTError
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the package (this module is in noisymlt/pipeline)
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the package (this module is in noisymlt/core)
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -158,8 +159,6 @@ def check_inputs(inputs: dict[str, str | Path | None]) -> dict[str, str]:
     """Each input's sha256, after checking it against the record of the step that wrote it
     (``producer_record``): content that changed since (a flipped byte, an edit, a copy from elsewhere) stops
     the step before it uses the file, with one line naming the file, both hashes and the step that rebuilds it."""
-    from noisymlt.errors import NoisyMLTError
-
     hashes = {}
     for name, path in inputs.items():
         if not path or not Path(path).is_file():

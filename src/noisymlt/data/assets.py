@@ -73,7 +73,13 @@ def with_asset_files(params: dict, kind: str, train: dict, method_cfg: dict) -> 
     return train, method_cfg
 
 
+def run_inputs(resolved: dict) -> dict[str, str]:
+    """The asset (or other local) files a resolved run reads besides its data, by role: the backbone weights
+    (train.weights_path) and the method's own files (ML-GCN's word vectors, embeddings_file)."""
+    files = {"weights": resolved["train"].get("weights_path"), "embeddings": resolved["method_cfg"].get("embeddings_file")}
+    return {role: f for role, f in files.items() if f}
+
+
 def run_files(resolved: dict) -> list[str]:
-    """The asset (or other local) files a resolved run reads besides its data: what its train job waits for."""
-    files = [resolved["train"].get("weights_path"), resolved["method_cfg"].get("embeddings_file")]
-    return [f for f in files if f]
+    """``run_inputs``' files: what a run's train job waits for."""
+    return list(run_inputs(resolved).values())

@@ -196,8 +196,7 @@ def _run(args: argparse.Namespace) -> int:
     report = pretrain(json_object_arg(args.config, "--config"), out, progress=not args.no_progress)
     # the weights' record, which every training run checks them against before it fine-tunes from them
     write_manifest(out.with_name(out.stem + ".manifest.json"), step="pretrain", started=started, inputs={},
-                   outputs={"weights": out, "report": out.with_suffix(".json")}, code=(*CLI, __name__),
-                   extra={"config": report["config"]})
+                   outputs={"weights": out, "report": out.with_suffix(".json")}, code=(*CLI, __name__))
     print(f"{args.out}: {report['config']['backbone']} on {len(report['source_classes'])} source classes, "
           f"held-out accuracy {report['held_out_accuracy']:.3f}")
     return 0

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from noisymlt.data.assets import run_files
+from noisymlt.data.assets import run_inputs
 from noisymlt.errors import NoisyMLTError
 from noisymlt.core.files import replacing
 from noisymlt.training import checkpoint
@@ -50,13 +50,12 @@ class Trainer:
                  test_cache: Path | None = None, cores: int | None = None, expect_code: str | None = None):
         import torch
 
-        from noisymlt.data.labels import read_class_split, read_labels
-        from noisymlt.methods import FAMILY_MODULES, load_family
-        from noisymlt.methods.base import TrainContext
         from noisymlt.core.codedeps import TRAINER, digest, load_code
-        from noisymlt.methods import run_entries
         from noisymlt.core.manifest import check_inputs, run_id
         from noisymlt.data.imagecache import index_path
+        from noisymlt.data.labels import read_class_split, read_labels
+        from noisymlt.methods import FAMILY_MODULES, load_family, run_entries
+        from noisymlt.methods.base import TrainContext
         from noisymlt.training.devices import select_device
         from noisymlt.training.loaders import resolve_workers
 
@@ -79,8 +78,10 @@ class Trainer:
         # every file the run reads, checked against the record of the step that wrote it before any is read:
         # a cache, weights or predictions that changed since stop the job here (noisymlt.core.manifest)
         caches = {f"{k}_cache": Path(v) for k, v in (("train", train_cache), ("test", test_cache)) if v}
-        check_inputs({**self.provenance_inputs, **self.paths, **caches, **self.asset_inputs(resolved),
-                      **{f"{k}_index": index_path(v) for k, v in caches.items()}})
+        inputs = {**self.provenance_inputs, **self.paths, **caches, **self.asset_inputs(),
+                  **{f"{k}_index": index_path(v) for k, v in caches.items()}}
+        hashes = check_inputs(inputs)
+        self.input_sha256 = {Path(inputs[name]): sha for name, sha in hashes.items()}  # for _inputs_digest
         self.keep_stale = keep_stale
         self._lock = None
         self.train_images, self.test_images = Path(train_images), Path(test_images)
@@ -101,8 +102,9 @@ class Trainer:
                 raise NoisyMLTError(f"{self.paths[name + '_labels']}: no 'path' column; cannot find the images")
         if self.train_table.classes != self.test_table.classes:
             raise NoisyMLTError(f"{test_labels}: class columns differ from {train_labels}")
-        if sum(map(len, self.split.values())) != len(self.train_table.classes):
-            raise NoisyMLTError(f"{split}: a class split of {sum(map(len, self.split.values()))} classes, "
+        split_classes = sum(map(len, self.split.values()))
+        if split_classes != len(self.train_table.classes):
+            raise NoisyMLTError(f"{split}: a class split of {split_classes} classes, "
                                 f"{train_labels} has {len(self.train_table.classes)}")
         tcfg = resolved["train"]
         self.images = RunImages(resolved, self.device, tables={"train": self.train_table, "test": self.test_table},
@@ -164,25 +166,20 @@ class Trainer:
         (train.weights_path) and any other file the method reads (ML-GCN's GloVe vectors). A new long-tail
         subset or noisy copy, re-decoded images or a re-pretrained backbone under the same configuration must
         not resume the old model. (The test images only reach
-        the predictions, which every job makes anew.)"""
+        the predictions, which every job makes anew.) The hashes are those taken when the inputs were checked."""
         from noisymlt.core.manifest import file_sha256
 
         sources = [self.paths["train_labels"], self.paths["split"]]
         if "train" in self.caches:
             sources.append(self.caches["train"])
         # the backbone weights (train.weights_path; ImageNet's asset file) and the method's own files (GloVe)
-        for path in run_files(self.cfg):
-            if Path(path).is_file():
-                sources.append(Path(path))
-        return hashlib.sha256("+".join(file_sha256(p) for p in sources).encode()).hexdigest()[:16]
+        sources += [path for path in self.asset_inputs().values() if path.is_file()]
+        hashes = [self.input_sha256.get(Path(p)) or file_sha256(p) for p in sources]
+        return hashlib.sha256("+".join(hashes).encode()).hexdigest()[:16]
 
-    @staticmethod
-    def asset_inputs(resolved: dict) -> dict[str, Path]:
-        """The files a run reads besides its data, by role: the backbone weights (train.weights_path) and the
-        method's own files (ML-GCN's word vectors)."""
-        files = {"weights": resolved["train"].get("weights_path"),
-                 "embeddings": resolved["method_cfg"].get("embeddings_file")}
-        return {k: Path(v) for k, v in files.items() if v}
+    def asset_inputs(self) -> dict[str, Path]:
+        """The files this run reads besides its data, by role (noisymlt.data.assets.run_inputs)."""
+        return {role: Path(f) for role, f in run_inputs(self.cfg).items()}
 
     @classmethod
     def from_run_dir(cls, run_dir: Path, *, test_labels: Path, train_images: Path, test_images: Path,
@@ -505,7 +502,7 @@ class Trainer:
         write_manifest(
             self.out / "manifest.json", step="train", started=started, device=str(self.device),
             inputs={**self.provenance_inputs, **self.paths, **{f"{k}_cache": v for k, v in self.caches.items()},
-                    **self.asset_inputs(self.cfg)},
+                    **self.asset_inputs()},
             outputs={"checkpoint": self.ckpt_path, "predictions": pred_path}, code=self.code_entries,
             code_digest=self.code_digest,
             extra={"run_id": self.run_id, "run": self.cfg, "history": history, "fit": fit,
