@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from noisymlt.data.labels import GROUPS, LabelTable, read_labels, split_from_counts, write_class_split, write_labels
+from noisymlt.data import structure
+from noisymlt.data.structure import scaled_thresholds
 from noisymlt.errors import NoisyMLTError
 
 DB_COMMIT = "14460d0acda6a3e77a8a6a5999b9746243cb1535"
@@ -265,10 +267,15 @@ def _run(args: argparse.Namespace) -> int:
             "subset": {"source": "pareto", "b": args.b, "max": max_count, "min": args.min,
                        "seed": args.seed, "cap_to_available": args.cap_to_available},
         }
-    split = split_from_counts(subset.labels.sum(axis=0))
+    head_min, tail_max = (scaled_thresholds(len(subset)) if args.groups == "scaled"
+                          else (structure.HEAD_MIN, structure.TAIL_MAX))
+    split = split_from_counts(subset.labels.sum(axis=0), head_min, tail_max)
+    subset.meta = {**subset.meta, "groups": {"rule": args.groups, "head_min": head_min, "tail_max": tail_max}}
     write_labels(subset, out)
     write_class_split(split, Path(args.split_out) if args.split_out else default_split_path(out))
     print(count_summary(subset, split))
+    print(f"groups: head >= {head_min} images, tail < {tail_max}"
+          + (f" (SPEC 1's 100 / 20 scaled to {len(subset)} of VOC-MLT's 1,142 images)" if args.groups == "scaled" else ""))
     return 0
 
 
@@ -298,6 +305,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="random.seed for the draw (default: 0, as published)")
     p.add_argument("--cap-to-available", action="store_true",
                    help="take fewer images when a class runs out (as [DB] did for COCO) instead of failing")
+    p.add_argument("--groups", choices=("fixed", "scaled"), default="fixed",
+                   help="group thresholds: fixed = head >= 100 images, tail < 20 (SPEC 1; default); scaled = the "
+                        "same times the subset's images / 1,142 (VOC-MLT's size), for a smaller stand-in")
     p.add_argument("--ids-url",
                    help="override the official id-list URL (its sha256 is then unchecked unless --ids-sha256)")
     p.add_argument("--ids-sha256", help="expected sha256 of the id list")

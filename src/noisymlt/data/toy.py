@@ -3,9 +3,9 @@
 It is written in real VOC layout (``VOCdevkit/TOY/{JPEGImages,Annotations,ImageSets/Main}``) so the
 VOC parser reads it unchanged; ``ImageSets/Main/classes.txt`` replaces VOC's class list. Each class
 is a distinct glyph (shape x colour x texture) drawn with PIL on a noisy textured background, so a
-small CNN can tell them apart at 64 px. Images are sampled from a few "scenes" with skewed class
-priors, which gives VOC-like co-occurrence (pairs that share a scene) and a skewed class frequency
-that the [DB] long-tail subsampling turns into head, medium and tail classes.
+small CNN can tell them apart at 64 px. Each image's labels are drawn from a scene model fit to VOC2012
+trainval's labels (glyph i standing for VOC class i), so the pool has VOC's class frequencies and
+co-occurrence, and the [DB] long-tail subsampling turns it into a subset with VOC-MLT's structure.
 """
 
 from __future__ import annotations
@@ -22,8 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
+from noisymlt.data import toy_scenes
+from noisymlt.data.toy_scenes import DEFAULT_SIZES, LABEL_MODELS, label_draws
 from noisymlt.errors import NoisyMLTError
 
+DEFAULT_MODEL = "glyph"  # the demo's toy until it moves to the voc label model (issue 37)
 GENERATOR_VERSION = 1  # bump whenever the bytes a given seed produces change
 DATASET_NAME = "TOY"
 SUPERSAMPLE = 4  # glyph masks are drawn at 4x and box-filtered down: smooth edges
@@ -79,35 +82,7 @@ GLYPHS: tuple[Glyph, ...] = (
 )
 TOY_CLASSES: tuple[str, ...] = tuple(g.name for g in GLYPHS)
 
-# (scene, probability, {class: weight}); every class also gets LEAK weight in every scene so that
-# rare cross-scene pairs exist, as in real photos.
-SCENES: tuple[tuple[str, float, dict[str, float]], ...] = (
-    ("street", 0.30, {"red_disc": 5, "green_square": 4, "blue_ring": 2, "orange_diamond": 1,
-                      "brown_tshape": 0.5, "black_heart": 0.3}),
-    ("home", 0.25, {"red_disc": 5, "yellow_triangle": 3, "white_hexagon": 3, "cyan_plus": 2,
-                    "magenta_star": 1, "pink_lshape": 0.4}),
-    ("farm", 0.15, {"green_xcross": 3, "yellow_crescent": 2, "red_disc": 2, "orange_striped_disc": 1,
-                    "purple_checker_disc": 0.5}),
-    ("harbour", 0.12, {"blue_striped_square": 3, "cyan_tri_down": 2, "red_disc": 2, "white_frame": 1,
-                       "red_arrow": 0.4}),
-    ("garden", 0.10, {"magenta_hourglass": 2, "green_xcross": 2, "yellow_triangle": 2, "blue_ring": 1,
-                      "black_heart": 0.5}),
-    ("station", 0.08, {"red_arrow": 2, "green_square": 2, "white_frame": 1, "brown_tshape": 1,
-                       "pink_lshape": 0.5}),
-)
-LEAK = 0.05
-OBJECTS_PER_IMAGE = (0.4, 0.3, 0.2, 0.1)  # P(1), P(2), P(3), P(4) instances
-
-
-def _scene_tables() -> tuple[np.ndarray, np.ndarray]:
-    """Scene probabilities (S,) and per-scene class distributions (S, C)."""
-    index = {name: j for j, name in enumerate(TOY_CLASSES)}
-    probs = np.array([p for _, p, _ in SCENES], dtype=np.float64)
-    weights = np.full((len(SCENES), len(TOY_CLASSES)), LEAK)
-    for s, (_, _, members) in enumerate(SCENES):
-        for name, w in members.items():
-            weights[s, index[name]] += w
-    return probs / probs.sum(), weights / weights.sum(axis=1, keepdims=True)
+FULL_SIZE_OBJECTS = 4  # glyphs shrink by sqrt(4 / k) in an image of k > 4 objects, so that they still fit
 
 
 def _shape_mask(shape: str, size: int):
@@ -237,10 +212,12 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
 PLACEMENT_TRIES = 12
 
 
-def _place(rng: np.random.Generator, size: int, boxes: list[tuple[int, int, int]]) -> tuple[int, int, int]:
+def _place(rng: np.random.Generator, size: int, boxes: list[tuple[int, int, int]],
+           shrink: float = 1.0) -> tuple[int, int, int]:
     """A (x, y, side) square box in pixels: the first of a few random candidates that overlaps the
-    earlier boxes by at most 15% of the smaller box, else the least overlapping one."""
-    lo, hi = max(8, round(size * 0.28)), max(9, round(size * 0.47))
+    earlier boxes by at most 15% of the smaller box, else the least overlapping one. Sides span 28-47% of
+    the image, times ``shrink``."""
+    lo, hi = max(8, round(size * 0.28 * shrink)), max(9, round(size * 0.47 * shrink))
     tries = PLACEMENT_TRIES if boxes else 1
     side = rng.integers(lo, hi + 1, size=tries)
     x = (rng.random(tries) * (size - side + 1)).astype(np.int64)
@@ -267,8 +244,9 @@ def _render(
     image = Image.fromarray(_background(rng, size))
     boxes: list[tuple[int, int, int]] = []
     objects = []
+    shrink = min(1.0, (FULL_SIZE_OBJECTS / len(classes)) ** 0.5) if classes else 1.0
     for c in classes:
-        x, y, side = _place(rng, size, boxes)
+        x, y, side = _place(rng, size, boxes, shrink)
         boxes.append((x, y, side))
         colour = np.asarray(COLOURS[glyphs[c].colour], dtype=np.float64) + rng.uniform(-15, 15, size=3)
         on, off = _glyph_masks(glyphs[c], side)
@@ -298,9 +276,11 @@ def _annotation(image_id: str, size: int, objects: list[tuple[int, int, int, int
 
 
 def make_toy(
-    out_dir: str | Path, *, seed: int = 0, n_trainval: int = 2400, n_test: int = 1000, image_size: int = 64
+    out_dir: str | Path, *, seed: int = 0, n_trainval: int | None = None, n_test: int | None = None,
+    image_size: int = 64, scenes: str = DEFAULT_MODEL, progress: bool = False,
 ) -> Path:
-    """Write the toy dataset under ``out_dir/VOCdevkit/TOY`` and return that folder.
+    """Write the toy dataset under ``out_dir/VOCdevkit/TOY`` and return that folder. ``scenes``: the label model
+    (noisymlt.data.toy_scenes); image counts default to the model's (DEFAULT_SIZES).
 
     Same arguments -> identical bytes in every file. Image ids ``000001``.. run through trainval
     first, then test. The folder is built beside its final place and swapped in, so a crash never
@@ -308,11 +288,16 @@ def make_toy(
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise NoisyMLTError(f"--seed: must be a non-negative integer, got {seed!r}")
+    if scenes not in LABEL_MODELS:
+        raise NoisyMLTError(f"--scenes: unknown label model {scenes!r}; choose one of {', '.join(LABEL_MODELS)}")
+    n_trainval = DEFAULT_SIZES[scenes][0] if n_trainval is None else n_trainval
+    n_test = DEFAULT_SIZES[scenes][1] if n_test is None else n_test
     if n_trainval < 1 or n_test < 1:
         raise NoisyMLTError(f"--n-trainval/--n-test: need at least 1 image each, got {n_trainval}/{n_test}")
     if not 32 <= image_size <= 512:
         raise NoisyMLTError(f"--size: image side must lie in 32..512 pixels, got {image_size}")
     from PIL import Image  # noqa: F401  (fail early with a clear import error)
+    from tqdm import tqdm
 
     root = Path(out_dir) / "VOCdevkit" / DATASET_NAME
     tmp = root.with_name(f".{DATASET_NAME}.tmp")
@@ -322,25 +307,19 @@ def make_toy(
         (tmp / sub).mkdir(parents=True)
 
     rng = np.random.default_rng(seed)
-    scene_p, class_p = _scene_tables()
-    scene_cdf, class_cdf = np.cumsum(scene_p), np.cumsum(class_p, axis=1)
-    count_cdf = np.cumsum(OBJECTS_PER_IMAGE)
     n_total = n_trainval + n_test
     ids = [f"{i:06d}" for i in range(1, n_total + 1)]
     labels = np.zeros((n_total, len(TOY_CLASSES)), dtype=np.int64)
-    scene_counts = np.zeros(len(SCENES), dtype=np.int64)
-    for row, image_id in enumerate(ids):
-        # inverse-CDF draws (min() guards the last bin against cumsum rounding below 1)
-        u = rng.random(2)
-        scene = min(int(np.searchsorted(scene_cdf, u[0], side="right")), len(SCENES) - 1)
-        n_obj = 1 + min(int(np.searchsorted(count_cdf, u[1], side="right")), len(OBJECTS_PER_IMAGE) - 1)
-        picks = np.searchsorted(class_cdf[scene], rng.random(n_obj), side="right")
-        classes = [min(int(c), len(TOY_CLASSES) - 1) for c in picks]
+    scene_of = np.zeros(n_total, dtype=np.int64)
+    about: dict = {}
+    draws = label_draws(scenes, rng, n_trainval, n_test, len(TOY_CLASSES), about)
+    for row, (image_id, (scene, classes)) in enumerate(
+            zip(tqdm(ids, desc="toy images", unit="img", disable=not progress), draws)):
         jpeg, objects = _render(rng, classes, image_size)
         (tmp / "JPEGImages" / f"{image_id}.jpg").write_bytes(jpeg)
         (tmp / "Annotations" / f"{image_id}.xml").write_text(_annotation(image_id, image_size, objects))
         labels[row, classes] = 1
-        scene_counts[scene] += 1
+        scene_of[row] = scene
 
     main = tmp / "ImageSets" / "Main"
     (main / "trainval.txt").write_text("".join(f"{i}\n" for i in ids[:n_trainval]))
@@ -356,8 +335,15 @@ def make_toy(
         "classes": list(TOY_CLASSES),
         "trainval_class_counts": [int(v) for v in labels[:n_trainval].sum(axis=0)],
         "test_class_counts": [int(v) for v in labels[n_trainval:].sum(axis=0)],
-        "scene_counts": {name: int(v) for (name, _, _), v in zip(SCENES, scene_counts)},
     }
+    if scenes == "glyph":  # the first toy's manifest, byte for byte
+        manifest["scene_counts"] = {name: int((scene_of == s).sum()) for s, name in enumerate(about["scene_names"])}
+    else:
+        scene_file = toy_scenes.SCENES_FILE
+        manifest.update(label_model=scenes, scene_counts=np.bincount(scene_of).tolist(),
+                        scene_model={"file": about["scene_model"],
+                                     "sha256": hashlib.sha256(scene_file.read_bytes()).hexdigest()},
+                        test_scene_weights=about["test_scene_weights"])
     (tmp / "toy_manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
     if root.exists():
@@ -367,7 +353,8 @@ def make_toy(
 
 
 def make_voc_standin(
-    out_dir: str | Path, *, seed: int = 0, n_trainval: int = 2400, n_test: int = 1000, image_size: int = 64
+    out_dir: str | Path, *, seed: int = 0, n_trainval: int | None = None, n_test: int | None = None,
+    image_size: int = 64, scenes: str = DEFAULT_MODEL, progress: bool = False,
 ) -> Path:
     """The toy set in Pascal VOC's own layout, under VOC's class names: trainval in ``VOCdevkit/VOC2012``,
     test in ``VOCdevkit/VOC2007``, glyph class i named VOC class i, no ``classes.txt``, and ``manifest.json``
@@ -380,7 +367,8 @@ def make_voc_standin(
     tmp = out.with_name(f".{out.name}.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    toy = make_toy(tmp / "build", seed=seed, n_trainval=n_trainval, n_test=n_test, image_size=image_size)
+    toy = make_toy(tmp / "build", seed=seed, n_trainval=n_trainval, n_test=n_test, image_size=image_size,
+                   scenes=scenes, progress=progress)
     rename = {f"<name>{t}</name>": f"<name>{v}</name>" for t, v in zip(TOY_CLASSES, VOC_CLASSES)}
     for year, image_set in (("VOC2012", "trainval"), ("VOC2007", "test")):
         ids = (toy / "ImageSets/Main" / f"{image_set}.txt").read_text().split()
@@ -418,12 +406,13 @@ def tree_digest(root: str | Path) -> dict[str, str]:
 def _run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     make = make_voc_standin if args.layout == "voc" else make_toy
-    root = make(args.out, seed=args.seed, n_trainval=args.n_trainval, n_test=args.n_test, image_size=args.size)
+    root = make(args.out, seed=args.seed, n_trainval=args.n_trainval, n_test=args.n_test, image_size=args.size,
+                scenes=args.scenes, progress=True)
     size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-    print(
-        f"{root}: {args.n_trainval} trainval + {args.n_test} test images, {len(TOY_CLASSES)} classes, "
-        f"{size / 1e6:.1f} MB in {time.perf_counter() - start:.1f} s"
-    )
+    n_trainval, n_test = (sum(len(f.read_text().split()) for f in root.rglob(f"ImageSets/Main/{part}.txt"))
+                          for part in ("trainval", "test"))
+    print(f"{root}: {n_trainval} trainval + {n_test} test images ({args.scenes} label model), {len(TOY_CLASSES)} classes, "
+          f"{size / 1e6:.1f} MB in {time.perf_counter() - start:.1f} s")
     return 0
 
 
@@ -440,8 +429,15 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, type=Path, help="output folder (VOCdevkit/TOY is created inside)")
     p.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
-    p.add_argument("--n-trainval", type=int, default=2400, help="trainval images (default 2400)")
-    p.add_argument("--n-test", type=int, default=1000, help="test images (default 1000)")
+    p.add_argument("--n-trainval", type=int, default=None,
+                   help="trainval images, the pool the long-tail subset is drawn from (default: the label model's, "
+                        + ", ".join(f"{m} {n[0]}" for m, n in DEFAULT_SIZES.items()) + ")")
+    p.add_argument("--n-test", type=int, default=None, help="test images (default: the label model's, "
+                   + ", ".join(f"{m} {n[1]}" for m, n in DEFAULT_SIZES.items()) + ")")
+    p.add_argument("--scenes", choices=LABEL_MODELS, default=DEFAULT_MODEL,
+                   help="label model (noisymlt.data.toy_scenes): voc = a scene mixture fit to VOC2012 trainval's "
+                        "labels, whose long-tail subset has VOC-MLT's structure; glyph = the first toy's six "
+                        f"hand-made scenes (default {DEFAULT_MODEL})")
     p.add_argument("--size", type=int, default=64, help="image side in pixels (default 64)")
     p.add_argument("--layout", choices=("toy", "voc"), default="toy",
                    help="toy: OUT/VOCdevkit/TOY with the glyph class names (default); voc: Pascal VOC's own layout "

@@ -119,6 +119,8 @@ def longtail_argv(params: dict, name: str, labels: str, out: str, split_out: str
             "--seed", str(lt.get("seed", 0))]
     if lt.get("cap_to_available"):
         argv.append("--cap-to-available")
+    if lt.get("groups", "fixed") != "fixed":
+        argv += ["--groups", lt["groups"]]
     if lt["source"] == "official":
         argv += ["--dataset", block["kind"]]
     return argv
