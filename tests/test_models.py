@@ -100,3 +100,15 @@ def test_trainer_applies_the_prior_bias_only_when_asked(tiny_toy, tmp_path):
         freq = trainer.train_table.labels.mean(0).clip(1e-3, 1 - 1e-3)
         want = torch.zeros(len(freq)) if init == "zero" else torch.as_tensor(np.log(freq / (1 - freq))).float()
         assert torch.allclose(head.fc.bias.detach(), want, atol=1e-6), init
+
+
+def test_the_half_width_tiny_resnet_has_the_same_stages_at_half_the_channels():
+    from noisymlt.models.backbones import OUT_DIMS, build_backbone
+
+    full, half = build_backbone("resnet_tiny"), build_backbone("resnet_tiny_half")
+    x = torch.randn(2, 3, 32, 32)
+    assert full.out_dim == 2 * half.out_dim == OUT_DIMS["resnet_tiny"]
+    assert full(x).shape[2:] == half(x).shape[2:] and half(x).shape[1] == 64
+    assert [n for n, _ in full.named_children()] == [n for n, _ in half.named_children()]
+    n_params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert 3.5 < n_params(full) / n_params(half) < 4.5  # widths halve: about a quarter of the weights

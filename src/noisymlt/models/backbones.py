@@ -21,12 +21,14 @@ from noisymlt.errors import NoisyMLTError
 
 log = logging.getLogger(__name__)
 
-BACKBONES = ("resnet50", "resnet18", "resnet_tiny", "smallcnn")
+BACKBONES = ("resnet50", "resnet18", "resnet_tiny", "resnet_tiny_half", "smallcnn")
 # ``trainable`` policies: ``all``, or the first stage that trains (it and every later stage do;
 # the stem and earlier stages stay frozen). [CL]: layer4; [DB]'s frozen_stages=1: layer2.
 STAGES = ("layer1", "layer2", "layer3", "layer4")
 TRAINABLE = ("all", *STAGES[1:])
-OUT_DIMS = {"resnet50": 2048, "resnet18": 512, "resnet_tiny": 128}
+OUT_DIMS = {"resnet50": 2048, "resnet18": 512, "resnet_tiny": 128, "resnet_tiny_half": 64}
+# resnet_tiny at half the widths (8-16-32-64): a [DB] step (layer2-4, batch 32, 32 px) 2.6x faster on one CPU thread
+TINY_WIDTHS = {"resnet_tiny": (16, 32, 64, 128), "resnet_tiny_half": (8, 16, 32, 64)}
 
 
 class TinyResNet(nn.Module):
@@ -151,7 +153,7 @@ def build_backbone(name: str, *, pretrained: bool = False, weights_path: str | N
         raise NoisyMLTError(f"train.backbone: unknown backbone {name!r}; known: {', '.join(BACKBONES)}")
     import torchvision
 
-    net = TinyResNet() if name == "resnet_tiny" else getattr(torchvision.models, name)(weights=None)
+    net = TinyResNet(widths=TINY_WIDTHS[name]) if name in TINY_WIDTHS else getattr(torchvision.models, name)(weights=None)
     if weights_path:
         path = Path(weights_path)
         if not path.is_file():
@@ -166,8 +168,8 @@ def build_backbone(name: str, *, pretrained: bool = False, weights_path: str | N
         if [k for k in missing if not k.startswith("fc.")]:
             raise NoisyMLTError(f"train.weights_path: {path} lacks backbone weights, e.g. {missing[:3]}")
         log.info("loaded backbone weights from %s", path)
-    elif pretrained and name == "resnet_tiny":
-        raise NoisyMLTError("train.pretrained: resnet_tiny has no published weights; set train.weights_path to the "
+    elif pretrained and name in TINY_WIDTHS:
+        raise NoisyMLTError(f"train.pretrained: {name} has no published weights; set train.weights_path to the "
                             "file `noisymlt pretrain` writes, or train.pretrained: false")
     elif pretrained:
         # never downloaded here: a run names its ImageNet file (assets.imagenet, fetched before training)

@@ -41,6 +41,7 @@ DEFAULTS = {
     "weight_decay": 0.0005,
     "cpu_threads": 2,
     "cpu_precision": "fp32",  # or bf16: the step under autocast (fast only on a CPU with bf16 units)
+    "photometric": True,  # mmcv's photometric distortion (train.photometric); its colour ops change a glyph's class
 }
 TEXTURES = ("solid", "hstripes", "vstripes", "checker")
 
@@ -96,13 +97,13 @@ def build_network(backbone: str, num_classes: int):
     """A torchvision-layout classifier network whose state dict ``build_backbone`` loads."""
     import torchvision
 
-    from noisymlt.models.backbones import TinyResNet
+    from noisymlt.models.backbones import TINY_WIDTHS, TinyResNet
 
-    if backbone == "resnet_tiny":
-        return TinyResNet(num_classes)
+    if backbone in TINY_WIDTHS:
+        return TinyResNet(num_classes, widths=TINY_WIDTHS[backbone])
     if backbone in ("resnet18", "resnet50"):
         return getattr(torchvision.models, backbone)(weights=None, num_classes=num_classes)
-    raise NoisyMLTError(f"pretrain.backbone: unknown backbone {backbone!r}; choose resnet_tiny, resnet18 or resnet50")
+    raise NoisyMLTError(f"pretrain.backbone: unknown backbone {backbone!r}; choose resnet_tiny, resnet_tiny_half, resnet18 or resnet50")
 
 
 def accuracy(net, images: list[bytes], labels: np.ndarray, size: int, batch: int = 256) -> float:
@@ -154,8 +155,8 @@ def pretrain(config: dict, out: Path, progress: bool = True) -> dict:
         bar = tqdm(range(iters), desc=f"pretrain epoch {epoch + 1}/{cfg['epochs']}", disable=not progress, leave=False)
         for it in bar:
             idx = order[it * cfg["batch_size"]:(it + 1) * cfg["batch_size"]]
-            x = torch.stack([train_transform(decoded[i], cfg["image_size"], np.random.default_rng(seeds[i]))
-                             for i in idx]).contiguous(memory_format=torch.channels_last)
+            x = torch.stack([train_transform(decoded[i], cfg["image_size"], np.random.default_rng(seeds[i]),
+                                             photometric=cfg["photometric"]) for i in idx]).contiguous(memory_format=torch.channels_last)
             y = torch.as_tensor(train_y[idx], dtype=torch.long)
             step = epoch * iters + it
             for group in opt.param_groups:  # cosine decay to 0 over the whole run

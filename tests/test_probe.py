@@ -1,0 +1,58 @@
+"""The linear probe of a frozen trunk (noisymlt.training.probe): the ridge solution against its normal equations
+solved another way, the strength chosen from the training images alone, and pooled features against a plain mean."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from noisymlt.errors import NoisyMLTError
+from noisymlt.evaluation.metrics import average_precisions
+from noisymlt.training.probe import _ridge, pooled_features, ridge_probe
+
+
+def test_the_ridge_solution_is_the_penalised_least_squares_one():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(50, 6)), (rng.random((50, 3)) < 0.4).astype(float)
+    w, b = _ridge(x, y, 0.3)
+    # augmented least squares: [x 1; sqrt(0.3 N) I 0] [w; b] ~ [y; 0] (the bias unpenalised)
+    n = x.shape[0]
+    a = np.block([[x, np.ones((n, 1))], [np.sqrt(0.3 * n) * np.eye(6), np.zeros((6, 1))]])
+    target = np.vstack([y, np.zeros((6, 3))])
+    solution = np.linalg.lstsq(a, target, rcond=None)[0]
+    assert np.allclose(w, solution[:6]) and np.allclose(b, solution[6])
+
+
+def test_a_planted_linear_structure_is_found_and_noise_is_not():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(300, 10))
+    y = (x[:, :4] + 0.3 * rng.normal(size=(300, 4)) > 0.8).astype(float)
+    test_x = rng.normal(size=(200, 10))
+    test_y = (test_x[:, :4] > 0.8).astype(float)
+    found = ridge_probe(x, y, test_x)
+    assert np.nanmean(average_precisions(test_y, found["test_scores"])) > 0.9
+    shuffled = ridge_probe(x, rng.permutation(y), test_x)
+    assert np.nanmean(average_precisions(test_y, shuffled["test_scores"])) < 0.6
+    assert set(found["cv_map"]) == {f"{s:g}" for s in (1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, 100, 1000)}
+
+
+def test_the_strength_is_chosen_without_the_test_images():
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(120, 8)), (rng.random((120, 3)) < 0.3).astype(float)
+    a = ridge_probe(x, y, rng.normal(size=(40, 8)))
+    b = ridge_probe(x, y, 100 * rng.normal(size=(70, 8)))
+    assert a["strength"] == b["strength"] and a["cv_map"] == b["cv_map"]
+    with pytest.raises(NoisyMLTError, match="feature rows"):
+        ridge_probe(x[:3], y[:3], x)
+
+
+def test_pooled_features_are_the_mean_over_positions_in_eval_mode():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 5, 3), torch.nn.BatchNorm2d(5), torch.nn.Dropout(0.9))
+    batches = [torch.randn(4, 3, 8, 8), torch.randn(2, 3, 8, 8)]
+    got = pooled_features(net, iter(batches))
+    net.eval()
+    with torch.no_grad():
+        want = torch.cat([net(b).mean(dim=(2, 3)) for b in batches]).numpy()
+    assert got.shape == (6, 5) and np.allclose(got, want, atol=1e-6)
