@@ -203,12 +203,12 @@ def test_the_workflow_writes_the_structure_report_of_its_dataset(tmp_path):
     from test_workflow import copy_workflow, snakemake
 
     wf = copy_workflow(tmp_path)
-    layer = {"datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 300, "n_test": 100, "size": 16},
+    layer = {"datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 300, "n_test": 100, "size": 32},
                                   "longtail": {"source": "pareto", "b": 6, "max": 60, "min": 2, "seed": 0,
                                                "groups": "scaled"}}}}
     (wf / "tiny.yaml").write_text(yaml.safe_dump(layer))
     args = ("--profile", "workflow/profiles/demo", "--configfile", "workflow/profiles/demo/params.yaml", "tiny.yaml")
-    snakemake(wf, *args, "reports/structure_toy.md", timeout=300)
+    snakemake(wf, "reports/structure_toy.md", *args, timeout=300)  # target first: --configfile takes what follows
     record = json.loads((wf / "reports" / "structure_toy.json").read_text())
     split = json.loads((wf / "data" / "toy" / "class_split.json").read_text())
     assert record["stats"]["groups"] == {g: len(split[g]) for g in ("head", "medium", "tail")}
@@ -216,5 +216,5 @@ def test_the_workflow_writes_the_structure_report_of_its_dataset(tmp_path):
     assert "VOC-MLT's 100 / 20 scaled to" in (wf / "reports" / "structure_toy.md").read_text()
     assert (wf / "logs" / "report" / "structure_toy.log").exists()
     assert (wf / "benchmarks" / "report" / "structure_toy.tsv").exists()
-    again = snakemake(wf, *args, "reports/structure_toy.md", "-n")
+    again = snakemake(wf, "reports/structure_toy.md", *args, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr

@@ -130,7 +130,7 @@ def render_readme_table(entry: dict) -> list[str]:
     judged = [v for v in ok.values() if v is not None]
     out = [f"Structure of the demo's training subset beside VOC-MLT's (`{entry['report']}`; groups "
            f"{entry['thresholds']['text']}). {sum(judged)} of {len(judged)} statistics are within tolerance of "
-           "VOC-MLT's (`docs/structure.md`):", "",
+           "VOC-MLT's ([docs/structure.md](docs/structure.md)):", "",
            f"| Statistic | {entry['title']} | VOC-MLT | tolerance | within? |", "|---|---|---|---|---|"]
     for key in README_KEYS:
         ours, theirs = fmt(stats, key, entry["hub_name"]), fmt(ref, key, REFERENCE_HUBS["VOC-MLT"])
