@@ -31,6 +31,45 @@ def test_readme_block_is_the_rendering_of_the_committed_numbers(tmp_path, capsys
     assert f"-| Ours | {row['mean'] + 5:.2f}" in diff  # the diff shows the typed row against the generated one
 
 
+def test_the_readme_shows_the_demo_datasets_structure_beside_voc_mlts():
+    """The block's structure table is the committed numbers' ``structure`` entry (the demo's reports/structure_toy.json),
+    each statistic beside VOC-MLT's with its tolerance and mark."""
+    numbers = json.loads((REPO / "docs" / "demo_numbers.json").read_text())
+    entry = numbers["structure"]
+    assert entry["dataset"] == numbers["dataset"] and entry["report"] == f"reports/structure_{numbers['dataset']}.md"
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index(START):readme.index(END)]
+    assert f"`{entry['report']}`; groups {entry['thresholds']['text']})" in block
+    row = next(line for line in block.splitlines() if line.startswith("| images with a tail label |"))
+    ok = next(r["ok"] for r in entry["compare"] if r["statistic"] == "tail_image_share")
+    assert row == (f"| images with a tail label | {100 * entry['stats']['tail_image_share']:.1f}% | 6.2% | ± 3 points | "
+                   f"{'within' if ok else '**outside**'} |")
+    assert sum("| ± " in line or "| within a factor" in line for line in block.splitlines()) == 13
+
+
+def test_demo_numbers_carry_the_structure_report_of_their_dataset(tmp_path):
+    from test_report import fake_run
+    from test_structure_report import _files
+
+    from noisymlt.report.aggregate import aggregate
+
+    files = _files(tmp_path)
+    out = tmp_path / "reports" / "structure_toy.json"
+    assert main(["structure", "--labels", str(files["labels"]), "--split", str(files["split"]), "--test-labels",
+                 str(files["test_labels"]), "--out", str(out), "--dataset", "toy"]) == 0
+    results = aggregate([fake_run(tmp_path, "erm", 0.5, 0, [0.5])])
+    numbers = demo_numbers(results, ["erm"], {"erm": "ERM"}, structure=out)
+    entry = numbers["structure"]
+    assert entry["report"] == out.with_suffix(".md").as_posix() and entry["stats"]["images"] == 10
+    assert entry["reference"]["images"] == 1142  # VOC-MLT's, kept in the file: the block renders from it alone
+    text = render(json.loads(json.dumps(numbers)))
+    assert "| labels per image | 1.50 | 2.05 | ± 0.3 | **outside** |" in text
+    record = json.loads(out.read_text())
+    out.write_text(json.dumps({**record, "dataset": "voc"}))
+    with pytest.raises(NoisyMLTError, match="structure_toy.json: the structure of dataset 'voc', the results are 'toy'"):
+        demo_numbers(results, ["erm"], {"erm": "ERM"}, structure=out)
+
+
 def test_demo_numbers_are_the_mean_and_t_interval_over_seeds(tmp_path):
     from test_report import fake_run
 

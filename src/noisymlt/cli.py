@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "noisymlt.report.fit",
     "noisymlt.report.figures",
     "noisymlt.report.readme",
+    "noisymlt.report.structure",
     "noisymlt.report.noise_level",
     "noisymlt.report.pseudo_labels",
     "noisymlt.pipeline.trace",

@@ -220,6 +220,7 @@ def timing_runs_trained(dataset):
 def report_targets():
     """Every table and figure the grid's runs support, each as the file the report links."""
     return [
+        *[f"reports/structure_{d}.md" for d in GRID["datasets"]],  # each dataset's structure beside VOC-MLT's
         "reports/results.parquet",
         "reports/table_total.tex",
         *[f"reports/table_groups_{d}.tex" for d in GRID["datasets"]],

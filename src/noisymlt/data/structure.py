@@ -30,6 +30,34 @@ def scaled_thresholds(images: int) -> tuple[int, int]:
     return max(2, round(HEAD_MIN * scale)), max(1, round(TAIL_MAX * scale))
 
 
+def recorded_thresholds(meta: dict, where: str) -> dict:
+    """The group thresholds a label table's class split was built with: ``noisymlt longtail`` records
+    ``groups: {rule, head_min, tail_max}`` in the table's metadata (noisymlt.data.labels.read_labels(...).meta).
+    A table without the record (written before it existed, or a CSV brought from elsewhere) gets SPEC 1's fixed
+    100 / 20, which longtail always used before, with ``recorded`` False so a report can say so."""
+    groups = meta.get("groups")
+    if groups is None:
+        return {"rule": "fixed", "head_min": HEAD_MIN, "tail_max": TAIL_MAX, "recorded": False}
+    try:
+        rule, head_min, tail_max = str(groups["rule"]), int(groups["head_min"]), int(groups["tail_max"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise NoisyMLTError(f"{where}: metadata key 'groups' must hold rule, head_min and tail_max, got {groups!r}; "
+                            "rebuild the table with `noisymlt longtail`") from exc
+    return {"rule": rule, "head_min": head_min, "tail_max": tail_max, "recorded": True}
+
+
+def threshold_text(thresholds: dict, images: int) -> str:
+    """The group rule as a reader reads it: "head >= 53 images, tail < 11: VOC-MLT's 100 / 20 scaled to 602 of
+    its 1,142 images", or "head >= 100 images, tail < 20: SPEC 1's, as VOC-MLT's"."""
+    text = f"head >= {thresholds['head_min']} images, tail < {thresholds['tail_max']}"
+    if thresholds["rule"] == "scaled":
+        return (f"{text}: VOC-MLT's {HEAD_MIN} / {TAIL_MAX} scaled to {images:,} of its {REFERENCE_IMAGES:,} "
+                "images")
+    if (thresholds["head_min"], thresholds["tail_max"]) == (HEAD_MIN, TAIL_MAX):
+        return f"{text}: SPEC 1's, as VOC-MLT's"
+    return text
+
+
 def group_split(counts: np.ndarray, head_min: int, tail_max: int) -> dict[str, np.ndarray]:
     counts = np.asarray(counts)
     return {"head": np.flatnonzero(counts >= head_min),

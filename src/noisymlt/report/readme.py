@@ -52,9 +52,10 @@ def selection_summary(stage_files: list[str | Path], labels: dict[str, str]) -> 
 
 
 def demo_numbers(results: pd.DataFrame, methods: list[str], labels: dict[str, str], timing: dict | None = None,
-                 selection: list[str | Path] = ()) -> dict:
+                 selection: list[str | Path] = (), structure: str | Path | None = None) -> dict:
     """Headline numbers of a finished grid (one dataset): what the README quotes, rounded once, to the
-    tables' DECIMALS, so that the README shows each number digit for digit as the tables do."""
+    tables' DECIMALS, so that the README shows each number digit for digit as the tables do. ``structure``: the
+    dataset's structure report (JSON of `noisymlt structure`), shown beside VOC-MLT's."""
     from noisymlt.report.tables import mean_ci, primary_head
 
     sel = results[results["metric"] == "mAP"]
@@ -89,7 +90,22 @@ def demo_numbers(results: pd.DataFrame, methods: list[str], labels: dict[str, st
             "numerics": run_numerics(results),
             "claims": paper_claims(results, methods, labels, datasets[0], middle),
             **({"selection": selection_summary(selection, labels)} if selection else {}),
+            **({"structure": structure_entry(structure, datasets[0])} if structure else {}),
             **({"timing": timing} if timing else {})}
+
+
+def structure_entry(path: str | Path, dataset: str) -> dict:
+    """The README's part of a structure report (noisymlt.report.structure.readme_entry), from its JSON file."""
+    from noisymlt.report.structure import readme_entry
+
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise NoisyMLTError(f"{path}: cannot read a structure report ({exc})") from exc
+    if record.get("dataset") != dataset:
+        raise NoisyMLTError(f"{path}: the structure of dataset {record.get('dataset')!r}, the results are {dataset!r}'s")
+    return readme_entry(record, path.with_suffix(".md").as_posix())
 
 
 BALANCED = ("rs", "db_focal")  # the paper's re-balanced baselines set against ERM
@@ -228,6 +244,10 @@ def render(numbers: dict) -> str:
                 "|---|---|---|---|"]
         out += [f"| {labels[m]} | " + " | ".join(fmt(cell.get((m, g, grp))) for grp in ("head", "medium", "tail"))
                 + " |" for m in spot]
+    if numbers.get("structure"):
+        from noisymlt.report.structure_text import render_readme_table
+
+        out += ["", *render_readme_table(numbers["structure"])]
     out += render_selection(numbers.get("selection", []))
     out += render_claims(numbers.get("claims", {}), gammas)
     out += render_numerics(numbers)
@@ -324,7 +344,7 @@ def _cmd_readme_numbers(args: argparse.Namespace) -> int:
     results = read_results(args.results)
     labels = json.loads(args.labels) if args.labels else {}
     timing = json.loads(Path(args.timing).read_text()) if args.timing else None
-    numbers = demo_numbers(results, args.methods, labels, timing, args.selection or ())
+    numbers = demo_numbers(results, args.methods, labels, timing, args.selection or (), args.structure)
     Path(args.out).write_text(json.dumps(numbers, indent=1, sort_keys=True) + "\n")
     return 0
 
@@ -360,6 +380,7 @@ def add_cli(sub) -> None:
     p.add_argument("--labels", help="method display names as JSON")
     p.add_argument("--timing", help="JSON from scripts/benchmark_demo.py (wall_minutes, cores, runs), optional")
     p.add_argument("--selection", nargs="*", help="the last stage file of each method's model selection")
+    p.add_argument("--structure", help="the dataset's structure report (reports/structure_DATASET.json), optional")
     p.add_argument("--out", required=True, help="JSON to write")
     p.set_defaults(func=_cmd_readme_numbers)
     p = sub.add_parser("readme", help="check or rewrite the README's generated demo numbers",

@@ -133,8 +133,9 @@ def markdown_table_html(md_rows: list[str], caption: str) -> str:
 
 def render(results: pd.DataFrame, cells: dict, methods: list[str], cols: list[tuple], labels: dict[str, str],
            header_tex: list[str], header_md: str, spec: str, out_tex: Path, caption: str,
-           unranked: set = frozenset()) -> dict:
-    """Write the .tex/.md/.cells.json trio. Rows: each method's primary head, then its other heads."""
+           unranked: set = frozenset(), note: str | None = None) -> dict:
+    """Write the .tex/.md/.cells.json trio. Rows: each method's primary head, then its other heads. ``note``: a
+    line under the table (the .md, the .html caption, a footnote row of the .tex)."""
     rows = []
     for m in methods:
         heads = list(dict.fromkeys(k[1] for k in cells if k[0] == m))
@@ -163,12 +164,17 @@ def render(results: pd.DataFrame, cells: dict, methods: list[str], cols: list[tu
             if (m, h, *c) in cells:
                 shown[(m, h, *c)] = {"row": row, "col": col + 1, "title": title, "tex": tex_cells[col],
                                      "md": md_cells[col], "html": html_cell(md_cells[col])}
-    lines += ["\\bottomrule", "\\end{tabular}", ""]
+    lines += ["\\bottomrule"]
+    if note:
+        lines.append(f"\\multicolumn{{{1 + len(cols)}}}{{l}}{{\\footnotesize {tex_text(note)}}} \\\\")
+    lines += ["\\end{tabular}", ""]
     out_tex.parent.mkdir(parents=True, exist_ok=True)
     out_tex.write_text("\n".join(lines))
     legend = "mAP (%), mean ± 95% CI over seeds; **rank 1**, _rank 2_ (separate branches not ranked)"
-    out_tex.with_suffix(".md").write_text(f"{caption}\n\n{legend}\n\n" + "\n".join(md) + "\n")
-    out_tex.with_suffix(".html").write_text(markdown_table_html(md, f"{caption}. {legend}"))
+    out_tex.with_suffix(".md").write_text(f"{caption}\n\n{legend}\n\n" + "\n".join(md) + "\n"
+                                          + (f"\n{note}\n" if note else ""))
+    html_caption = f"{caption}. {legend}" + (f". {note}" if note else "")
+    out_tex.with_suffix(".html").write_text(markdown_table_html(md, html_caption))
     from noisymlt.core.manifest import file_sha256
 
     def name(key: tuple) -> str:
@@ -217,9 +223,10 @@ def write_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, str], gr
 
 
 def write_groups_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, str], dataset: str,
-                       methods: list[str] | None = None) -> dict:
+                       methods: list[str] | None = None, note: str | None = None) -> dict:
     """The paper's per-dataset tables (table:VOC, table:COCO): columns = noise rate x (head, medium,
-    tail) on one dataset. Cell keys: METHOD/HEAD/GAMMA/GROUP."""
+    tail) on one dataset. Cell keys: METHOD/HEAD/GAMMA/GROUP. ``note``: the group thresholds when they are not
+    SPEC 1's (``groups_note``)."""
     sel = results[(results["dataset"] == dataset) & results["group"].isin(GROUPS)]
     if methods:
         sel = sel[sel["method"].isin(methods)]
@@ -237,7 +244,25 @@ def write_groups_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, s
     header_md = "| Method | " + " | ".join(f"{grp} (γ={g:g})" for g, grp in cols) + " |"
     spec = "l|" + "|".join("ccc" for _ in gammas)
     return render(results, cells, methods, cols, labels, header, header_md, spec, out_tex,
-                  f"head / medium / tail mAP on {title}")
+                  f"head / medium / tail mAP on {title}", note=note)
+
+
+def groups_note(train_labels: str | Path) -> str | None:
+    """The group thresholds of a dataset's class split, as a line under its group table, when `noisymlt longtail`
+    scaled them (recorded in the training subset's label table); None for SPEC 1's 100 / 20."""
+    from noisymlt.data.labels import read_labels
+    from noisymlt.data.structure import recorded_thresholds, threshold_text
+
+    table = read_labels(train_labels)
+    thresholds = recorded_thresholds(table.meta, str(train_labels))
+    if thresholds["rule"] != "scaled":
+        return None
+    return f"Groups by training images per class: {threshold_text(thresholds, len(table))}."
+
+
+def tex_text(text: str) -> str:
+    """Plain text as LaTeX text (a note under a table)."""
+    return text.replace("%", "\\%").replace(">=", "$\\geq$").replace("<", "$<$").replace("_", "\\_")
 
 
 def write_ablation_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, str], block: dict) -> dict:
@@ -300,7 +325,8 @@ def _cmd_table(args: argparse.Namespace) -> int:
     elif args.ablation_spec:
         write_ablation_table(results, Path(args.out), labels, json.loads(args.ablation_spec))
     elif args.groups:
-        write_groups_table(results, Path(args.out), labels, args.groups, methods)
+        note = groups_note(args.train_labels) if args.train_labels else None
+        write_groups_table(results, Path(args.out), labels, args.groups, methods, note)
     else:
         write_table(results, Path(args.out), labels, args.group, methods)
     if args.print:
@@ -325,5 +351,8 @@ def add_cli(sub) -> None:
     p.add_argument("--groups", metavar="DATASET",
                    help="the per-dataset layout (the paper's VOC and COCO tables): columns = noise rate x "
                         "head/medium/tail on DATASET")
+    p.add_argument("--train-labels", metavar="TABLE",
+                   help="with --groups: DATASET's training subset (data/DATASET/train_labels.parquet), whose "
+                        "recorded group thresholds the table states when `noisymlt longtail` scaled them")
     p.add_argument("--print", action="store_true", help="print the Markdown version")
     p.set_defaults(func=_cmd_table)
