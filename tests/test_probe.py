@@ -56,3 +56,19 @@ def test_pooled_features_are_the_mean_over_positions_in_eval_mode():
     with torch.no_grad():
         want = torch.cat([net(b).mean(dim=(2, 3)) for b in batches]).numpy()
     assert got.shape == (6, 5) and np.allclose(got, want, atol=1e-6)
+
+
+def test_the_experiments_readme_shows_its_frozen_result():
+    """experiments/probe_vs_finetune/README.md's table is the rendering of its result.json."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "experiments" / "probe_vs_finetune"
+    spec = importlib.util.spec_from_file_location("summarize", folder / "summarize.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = json.loads((folder / "result.json").read_text())
+    assert module.table(result) in (folder / "README.md").read_text()
+    demo = result["demo_recipe"]["runs"]
+    assert all(demo[s]["probe_map"] - next(iter(demo[s]["finetuned_map"].values())) > 5 for s in demo)
