@@ -47,7 +47,8 @@ class Trainer:
                  progress: bool = True, limit_iters: int | None = None,
                  provenance_inputs: dict[str, Path] | None = None, keep_stale: bool = False,
                  clean_labels: Path | None = None, train_cache: Path | None = None,
-                 test_cache: Path | None = None, cores: int | None = None, expect_code: str | None = None):
+                 test_cache: Path | None = None, cores: int | None = None, expect_code: str | None = None,
+                 runs_per_gpu: int | None = None):
         import torch
 
         from noisymlt.core.codedeps import TRAINER, digest, load_code
@@ -89,7 +90,7 @@ class Trainer:
         self.progress = progress
         # CPU float results depend on the thread count (reduction order), so it is part of the run config.
         torch.set_num_threads(int(resolved["train"].get("cpu_threads", 1)))
-        self.device = select_device(device)
+        self.device = select_device(device, runs_per_gpu)
         if self.device.type == "cpu":
             # Denormal floats slow CPU kernels several-fold (measured with scripts/benchmark_throughput.py);
             # flushing them to zero is deterministic, so CPU runs stay bit-reproducible.
