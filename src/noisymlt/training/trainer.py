@@ -30,6 +30,7 @@ from noisymlt.core.files import replacing
 from noisymlt.training import checkpoint
 from noisymlt.training.inputs import RunImages
 from noisymlt.training.schedule import capped, check_warmup, epoch_iterations, lr_at, lr_groups
+from noisymlt.training.speed import StepLog, compile_model, make_sgd
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +146,8 @@ class Trainer:
             self.model = self.model.to(memory_format=torch.channels_last)
         groups = lr_groups(self.model, self.method.lr_multipliers(), tcfg.get("new_layers_lr_mult", 1.0))
         self.lr_mults = [mult for mult, _ in groups]
-        self.optimizer = torch.optim.SGD([{"params": params} for _, params in groups], lr=tcfg["lr"],
-                                         momentum=tcfg["momentum"], weight_decay=tcfg["weight_decay"])
+        self.optimizer = make_sgd([{"params": params} for _, params in groups], tcfg, self.device)
+        self.compiled = compile_model(self.model, self.device) if tcfg.get("compile", False) else []
         self.noise_monitor = None
         self.saved_noise_log: str | None = None  # the noise log as the loaded checkpoint holds it
         self.checkpoint_sha256: str | None = None  # content hash of the checkpoint saved or resumed last
@@ -363,7 +364,7 @@ class Trainer:
             self.method.on_epoch_start(self.model, epoch)
             for loader, plan in zip(loaders, plans):
                 loader.batch_sampler.batches = plan.batches(epoch)
-            sums: dict[str, float] = {}
+            steps = StepLog(self.device)  # sums and the finiteness check stay on the device until the epoch ends
             bar = tqdm(zip(*loaders), total=self.iters, desc=f"{self.cfg['method']} epoch {epoch + 1}/{tcfg['epochs']}",
                        disable=not self.progress, leave=False, dynamic_ncols=True)
             for it, raw in enumerate(bar):
@@ -376,19 +377,20 @@ class Trainer:
                 published = self.method.take_published()  # computed targets only, never read back
                 if monitor is not None:
                     monitor.observe(epoch, it, published)
-                if not torch.isfinite(loss):
-                    raise NoisyMLTError(f"{self.cfg['method']}: non-finite loss at epoch {epoch + 1} iteration {it}")
+                steps.add(it, loss, logs)
+                if self.device.type != "cuda":  # free on the CPU: stop at the first bad step
+                    steps.check_finite(self.cfg['method'], epoch)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if tcfg["grad_clip"]:
                     torch.nn.utils.clip_grad_norm_(params, tcfg["grad_clip"])
                 self.optimizer.step()
-                for k, v in logs.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.4g}")
+                if self.progress and it % 20 == 0:  # a host sync: only where a bar shows it
+                    bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.4g}")
+            steps.check_finite(self.cfg['method'], epoch)  # before anything of this epoch is saved
             # the history goes into the checkpoint and the manifest (tracked outputs): results only; the
             # wall time goes to the untracked epoch log (train_log.jsonl) and the run's timing file
-            record = {"epoch": epoch + 1, "lr": lr, **{k: v / self.iters for k, v in sums.items()}}
+            record = {"epoch": epoch + 1, "lr": lr, **steps.means(self.iters)}
             seconds = round(time.time() - t0, 2)
             history.append(record)
             log.info("epoch %d/%d %s seconds=%.2f", epoch + 1, tcfg["epochs"],
