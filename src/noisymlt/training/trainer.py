@@ -341,7 +341,6 @@ class Trainer:
         from tqdm import tqdm
 
         from noisymlt.data.sampling import EpochPlan
-        from noisymlt.training.loaders import stream_loader
 
         tcfg = self.cfg["train"]
         self.out.mkdir(parents=True, exist_ok=True)
@@ -354,9 +353,8 @@ class Trainer:
         streams = self.streams
         plans = [EpochPlan(s, self.cfg["seed"], self.iters) for s in streams]
         self.open_trunk()
-        dataset = self.images.train_dataset()
-        pin = self.device.type == "cuda"
-        loaders = [stream_loader(dataset, None, self.workers, pin) for _ in plans]
+        self.images.open_device_images()
+        loaders = self.images.train_loaders(len(plans), self.workers, self.device.type == "cuda")
         params = [p for p in self.model.parameters() if p.requires_grad]
         for epoch in range(start_epoch, tcfg["epochs"]):
             t0 = time.time()
@@ -516,6 +514,8 @@ class Trainer:
                                 "cpu": cpu_model()},
                    # fixed views (train.trunk_cache_views) or, with the reason, fresh ones
                    "trunk_cache": self.images.trunk_status,
+                   # the training set on the device, augmented there (another draw than the loader's), or why not
+                   "device_images": self.images.device_images_status,
                    # the build as well as the release (the environment block has the release only)
                    "torch_build": {"version": torch.__version__, "cuda": torch.version.cuda}},
             # how it ran, not what it computed (loader workers never change results): untracked
