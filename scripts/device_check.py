@@ -113,7 +113,7 @@ PART_KEYS = {
     "cuda_tests": ["files", "passed", "failed", "skipped", "tests"],
     "throughput": ["device", "precision", "backbone", "image_size", "batch_size", "balanced_batch_size", "methods",
                    "bare"],
-    "loader": ["rows", "best", "keeps_up"],
+    "loader": ["rows", "best", "keeps_up", "device_images", "device_over_ours"],
     "end_to_end": ["params", "quick_layer", "fixed_layer", "dataset", "method", "gamma", "seed", "prepare_s", "cpu",
                    "cpu_reason", "cuda", "cuda_reason", "map_difference_cuda_minus_cpu"],
     "grid": ["runs", "candidates", "iterations", "by_dataset", "by_method", "labels", "packing", "device", "gpu_hours",
@@ -271,11 +271,19 @@ def loader(ctx: dict) -> dict:
            ctx["device"], "--json", str(out)]
     run_logged(cmd, ctx["out"] / "logs" / "loader.log", min(ctx["budget"].left(), 180), ctx["env"])
     rows = json.loads(out.read_text())["results"][0]["rows"]
-    cache_rows = [r for r in rows if r["loader"].startswith("cache")]
+    cache_rows = [r for r in rows if r["loader"].startswith(("cache", "device_images"))]
     best = max(cache_rows, key=lambda r: r["img_per_s"])
     trained = (ctx["results"]["throughput"].get("methods") or {})
+    # the training set on the device at Ours' balanced batch, against what Ours' fastest step consumes
+    device_rows = [r for r in rows if r["loader"].startswith("device_images")]
+    device = max(device_rows, key=lambda r: r["img_per_s"]) if device_rows else None
+    steps = (ctx["results"].get("step_profile") or {}).get("methods") or {}
+    ours = [v["images_per_s"] for v in (steps.get("ours") or {}).values() if isinstance(v, dict) and v.get("images_per_s")]
+    ours_rate = max(ours) if ours else (trained.get("ours") or {}).get("train_images_per_s")
     return {"rows": rows, "best": best,
-            "keeps_up": {m: best["img_per_s"] >= r["train_images_per_s"] for m, r in trained.items()} or None}
+            "keeps_up": {m: best["img_per_s"] >= r["train_images_per_s"] for m, r in trained.items()} or None,
+            "device_images": device,
+            "device_over_ours": device["img_per_s"] / ours_rate if device and ours_rate else None}
 
 
 @contextlib.contextmanager

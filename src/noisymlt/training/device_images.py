@@ -109,7 +109,7 @@ class DeviceImages:
 
     def __init__(self, cache: Path, device, size: int, photometric: bool = True):
         arr = np.load(cache, mmap_mode="r")  # (N, S, S, 3) uint8
-        self.images = torch.from_numpy(np.ascontiguousarray(arr)).to(device).permute(0, 3, 1, 2).contiguous()
+        self.images = torch.from_numpy(np.array(arr)).to(device).permute(0, 3, 1, 2).contiguous()
         self.device, self.size, self.photometric = torch.device(device), size, photometric
         self.generator = torch.Generator(device=self.device)
 

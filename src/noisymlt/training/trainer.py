@@ -468,8 +468,13 @@ class Trainer:
         started = now()
         with self.exclusive():
             history = self.fit()
+            t0 = time.perf_counter()
             scores = self.predict()
-            return self._write_outputs(started, history, scores, self.fit_record(history, scores))
+            fit = self.fit_record(history, scores)  # predicts the training images too
+            # how long prediction took, for the GPU check's grid wall time (untracked timing file)
+            self.predict_timing = {"predict_seconds": round(time.perf_counter() - t0, 3),
+                                   "predicted_images": len(self.test_table) + len(self.train_table)}
+            return self._write_outputs(started, history, scores, fit)
 
     def fit_record(self, history: list, test_scores: dict) -> dict:
         """How far the finished model fitted its training labels (noisymlt.training.fit_diagnostics; analysis
@@ -520,6 +525,7 @@ class Trainer:
                    "torch_build": {"version": torch.__version__, "cuda": torch.version.cuda}},
             # how it ran, not what it computed (loader workers never change results): untracked
             timing={"epoch_seconds": self._epoch_seconds(), "loader_workers": self.workers,
+                    **getattr(self, "predict_timing", {}),
                     **({"trunk_cache": self.images.trunk_memo} if self.images.trunk_memo else {})},  # computed or loaded
         )
         checkpoint.keep_finished(self.out)
