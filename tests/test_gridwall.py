@@ -55,3 +55,17 @@ def test_run_cost_reads_a_finished_run(tmp_path):
     bench.write_text("nothing\n")
     with pytest.raises(NoisyMLTError, match="not a Snakemake benchmark file"):
         read_benchmark_seconds(bench)
+
+
+def test_run_cost_reads_what_a_trainer_writes(tiny_toy, tmp_path):
+    from conftest import tiny_params, toy_trainer
+    from noisymlt.config import resolve_run
+
+    resolved = resolve_run(tiny_params("erm"), "toy", "erm", 0.5, 0)
+    trainer = toy_trainer(tiny_toy, resolved, tmp_path / "run")
+    trainer.run()
+    timing = json.loads((tmp_path / "run" / "manifest.timing.json").read_text())
+    assert timing["predicted_images"] == len(trainer.test_table) + len(trainer.train_table) == 200 + len(trainer.train_table)
+    cost = run_cost(tmp_path / "run", timing["seconds"] + 5.0)
+    assert cost["iterations"] == trainer.iters * 2 and cost["s_per_iteration"] > 0
+    assert cost["predict_images_per_s"] > 0 and cost["fixed_s"] > 0 and cost["device"] == "cpu"
