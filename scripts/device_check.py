@@ -8,11 +8,13 @@ Writes OUT/device_check.json (the same keys in every mode; GPU fields null witho
 OUT/device_check.md (a short summary) and each part's log and raw measurements under OUT
 ($OUT, default benchmarks/device/). Stops starting new work at the time budget (--budget-min, default 8).
 
-Parts, in order (what each imports besides torch and torchvision is NEEDS below; a part whose library
+Parts (run in the order of PART_KEYS; what each imports besides torch and torchvision is NEEDS below; a part whose library
 is missing, or that the time budget no longer allows, is skipped with a line saying so):
   environment  GPU name and memory, torch / CUDA / cuDNN versions, bf16 and TF32 support, which
                optional libraries are installed.
-  smoke        first: the smoke profile (workflow/profiles/smoke: the paper's configuration, every method and
+  step_profile scripts/step_profile.py: ERM, Ours and DB-Focal steps at paper shapes, eager and compiled
+               (train.compile), with the torch profiler's view (device busy share, launches, top operators).
+  smoke        the smoke profile (workflow/profiles/smoke: the paper's configuration, every method and
                ablation code path, one iteration an epoch) through Snakemake with --resources gpu=1, in a copy
                of the workflow under OUT/smoke (needs snakemake; skipped with --quick, since the test suite
                runs it: tests/test_smoke.py).
@@ -26,6 +28,9 @@ is missing, or that the time budget no longer allows, is skipped with a line say
   end_to_end   the demo profile's `ours` at gamma 0.5, seed 0 through the pipeline's own steps (`noisymlt
                step ...`, as DVC runs them, in this process): data, pretraining, then train + evaluate +
                trace on the CPU and on CUDA; wall times and the mAP difference (quick: a smaller toy set).
+  grid_wall    scripts/device_grid.py: every grid method at paper shapes on the enlarged smoke stand-in through
+               Snakemake, packed as workflow/profiles/h200 packs them; from those runs, the paper grid's wall time on
+               one card (without CUDA or with --dry-run: `snakemake -n` and the grid's plan only).
   grid         the paper grid's runs and iterations (noisymlt.pipeline.gridplan: every run the workflow plans,
                iterations from the trainer's own planning code); with CUDA, GPU-hours at the measured
                step costs, unpacked and packed, packing measured with 2 and 4 concurrent runs as memory
@@ -147,18 +152,27 @@ def module_version(name: str) -> str | None:
         return "?"
 
 
+def wheel_modules(wheel: Path) -> set[str]:
+    """The top-level modules a wheel installs (from its file list: folders and .py files outside its
+    .dist-info and .data)."""
+    with zipfile.ZipFile(wheel) as z:
+        tops = {name.split("/", 1)[0] for name in z.namelist()}
+    return {t[:-3] if t.endswith(".py") else t.split(".")[0] for t in tops
+            if not t.endswith((".dist-info", ".data")) and (t.endswith(".py") or "." not in t)}
+
+
 def unpack_wheels(wheels: Path, site: Path) -> list[str]:
-    """Unpack each wheel in ``wheels`` whose module is not importable into ``site`` (a wheel is a zip of
-    its installed files); returns the modules added."""
+    """Unpack each wheel in ``wheels`` none of whose modules is importable into ``site`` (a wheel is a zip of its
+    installed files), so that a library the machine has is never shadowed; returns the modules added."""
     added = []
     for wheel in sorted(wheels.glob("*.whl")):
         dist = wheel.name.split("-")[0].lower()
-        module = WHEEL_MODULES.get(dist, dist)
-        if importlib.util.find_spec(module) is not None:
+        modules = wheel_modules(wheel) or {WHEEL_MODULES.get(dist, dist)}
+        if any(importlib.util.find_spec(m) is not None for m in modules):
             continue
         with zipfile.ZipFile(wheel) as z:
             z.extractall(site)
-        added.append(module)
+        added.extend(sorted(modules))
     if added:
         sys.path.insert(0, str(site))
         importlib.invalidate_caches()

@@ -61,9 +61,12 @@ def workdir(out: Path, methods: list[str]) -> tuple[Path, Path]:
     return work, layer
 
 
-def snakemake_cmd(layer: Path, k: int, cores: int, dry: bool) -> list[str]:
+def snakemake_cmd(layer: Path, k: int, cores: int, dry: bool, methods: list[str]) -> list[str]:
+    """The packed workflow up to each method's evaluated run (no report steps); targets first (a target after
+    --resources is read as a resource)."""
     threads = max(1, cores // k)
-    return [sys.executable, "-m", "snakemake", "--profile", "workflow/profiles/smoke", "--configfile",
+    targets = [f"runs/{DATASET}/g{GAMMA}/s{SEED}/{m}/metrics.json" for m in methods]
+    return [sys.executable, "-m", "snakemake", *targets, "--profile", "workflow/profiles/smoke", "--configfile",
             "workflow/profiles/smoke/params.yaml", str(layer), "--resources", f"gpu={k}",
             "--set-resources", f"train:runs_per_gpu={k}", "--set-threads", f"train={threads}",
             "--cores", str(max(cores, k)), *(["-n", "--quiet", "rules"] if dry else [])]
@@ -103,7 +106,7 @@ def grid_wall_part(ctx: dict, run_logged) -> dict:
     dry = ctx["dry_run"] or ctx["device"] != "cuda"
     work, layer = workdir(ctx["out"], methods)
     log_path = ctx["out"] / "logs" / "grid_wall.log"
-    cmd = snakemake_cmd(layer, k, ctx["cores"], dry)
+    cmd = snakemake_cmd(layer, k, ctx["cores"], dry, methods)
     t0 = time.monotonic()
     run_logged(cmd, log_path, min(ctx["budget"].left(), 60 if dry else 330), ctx["env"], cwd=work)
     wall = time.monotonic() - t0
