@@ -581,6 +581,8 @@ def summary_markdown(result: dict) -> str:
                   "|---|---|---|---|---|---|---|"]
         for m, modes in sp["methods"].items():
             for mode, r in modes.items():
+                if isinstance(r, dict) and "error" in r:
+                    lines.append(f"| {m} | {mode} | failed | | | | {r['error'][:120]} |")
                 if not isinstance(r, dict) or "ms_per_step" not in r:
                     continue
                 busy = "" if r["device_busy_share"] is None else f"{100 * r['device_busy_share']:.0f}%"

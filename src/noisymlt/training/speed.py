@@ -22,7 +22,7 @@ def compile_mode(device) -> str:
     return "reduce-overhead" if device.type == "cuda" else "default"
 
 
-def compile_model(model, device) -> list[str]:
+def compile_model(model, device, mode: str | None = None) -> list[str]:
     """Compile, in place (``nn.Module.compile``), every stage of every trunk and every head of ``model``;
     returns the compiled modules' names. In place, so the state dict (and every checkpoint) keeps the eager
     module's keys, and methods that call a trunk's stages one by one (frozen prefix, trained stages) run
@@ -36,7 +36,7 @@ def compile_model(model, device) -> list[str]:
     # nn.Sequential.forward, and each instance is a cache entry of its own: dynamo's default of 8 would leave
     # Ours' second branch in eager mode
     dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
-    mode = compile_mode(device)
+    mode = mode or compile_mode(device)
     heads = tuple(HEADS.values())
     names = []
     for name, module in model.named_modules():
@@ -92,3 +92,12 @@ class StepLog:
 
     def means(self, iters: int) -> dict[str, float]:
         return {k: float(v) / iters for k, v in self.sums.items()}
+
+
+def mark_step(device, compiled: bool) -> None:
+    """A new training step for CUDA graphs: outputs of the previous step's replays may be overwritten from here
+    (torch.compiler.cudagraph_mark_step_begin); nothing to do eagerly or on the CPU."""
+    if compiled and device.type == "cuda":
+        import torch
+
+        torch.compiler.cudagraph_mark_step_begin()

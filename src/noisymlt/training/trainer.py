@@ -30,7 +30,7 @@ from noisymlt.core.files import replacing
 from noisymlt.training import checkpoint
 from noisymlt.training.inputs import RunImages
 from noisymlt.training.schedule import capped, check_warmup, epoch_iterations, lr_at, lr_groups
-from noisymlt.training.speed import StepLog, compile_model, make_sgd
+from noisymlt.training.speed import StepLog, compile_model, make_sgd, mark_step
 
 log = logging.getLogger(__name__)
 
@@ -369,6 +369,7 @@ class Trainer:
                 lr = lr_at(tcfg, epoch, it, self.iters)
                 for group, mult in zip(self.optimizer.param_groups, self.lr_mults):
                     group["lr"] = lr * mult
+                mark_step(self.device, bool(self.compiled))
                 batches = {s.name: self.images.to_device(b) for s, b in zip(streams, raw)}
                 with self.autocast(), self.images.frozen_inputs(self.model):
                     loss, logs = self.method.training_loss(self.model, batches, epoch, it)
