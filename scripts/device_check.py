@@ -355,10 +355,16 @@ def smoke(ctx: dict) -> dict:
     """The smoke profile through Snakemake on this machine's device, in a copy of the workflow files."""
     if ctx["quick"] and not ctx["dry_run"]:
         raise Skip("quick mode: the test suite runs the smoke profile (tests/test_smoke.py)")
-    work = ctx["out"] / "smoke"
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    # in a temporary folder: its records and logs are kept in OUT/smoke, its checkpoints and caches are not
+    work = Path(tempfile.mkdtemp(prefix="device_check_smoke_"))
+    try:
+        return smoke_in(ctx, work)
+    finally:
+        device_grid.keep_records(work, ctx["out"] / "smoke")
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def smoke_in(ctx: dict, work: Path) -> dict:
     shutil.copy2(REPO / "params.yaml", work / "params.yaml")
     shutil.copytree(REPO / "workflow", work / "workflow")
     log_path = ctx["out"] / "logs" / "smoke.log"
