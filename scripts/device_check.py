@@ -272,7 +272,8 @@ def step_profile(ctx: dict) -> dict:
     elif ctx["quick"]:
         args += ["--quick", "--methods", "erm", "ours", "--modes", "eager"]
     else:  # ERM first (its step is the acceptance's), then Ours, whose rate the device loader must beat
-        args += ["--methods", "erm", "ours", "db_focal", "--budget-s", f"{max(ctx['budget'].left() - 330, 60):.0f}"]
+        # new modes start while the loaders (~40 s) and grid_wall (<= 330 s) still fit in the budget
+        args += ["--methods", "erm", "ours", "db_focal", "--budget-s", f"{max(ctx['budget'].left() - 420, 60):.0f}"]
     run_logged([sys.executable, "scripts/step_profile.py", *args], ctx["out"] / "logs" / "step_profile.log",
                min(ctx["budget"].left(), 420), ctx["env"])
     info = json.loads(out.read_text())

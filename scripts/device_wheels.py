@@ -52,7 +52,9 @@ def closure(root: str) -> dict[str, str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--python-version", default="3.12", help="the GPU machine's Python (major.minor)")
+    ap.add_argument("--python-version", nargs="+", default=["3.12"],
+                    help="the GPU machine's Python (major.minor); several when unsure: compiled modules of each "
+                         "version have their own file names, so they unpack side by side")
     ap.add_argument("--dest", default=str(REPO / "benchmarks" / "wheels"))
     ap.add_argument("--root", default="snakemake")
     args = ap.parse_args()
@@ -63,9 +65,12 @@ def main() -> int:
     plat = [x for p in PLATFORMS for x in ("--platform", p)]
     missing = []
     for name, version in sorted(pins.items()):
-        cmd = [*pip, "download", "--quiet", "--no-deps", "--only-binary=:all:", "--python-version", args.python_version,
-               "--implementation", "cp", *plat, "-d", str(dest), f"{name}=={version}"]
-        if subprocess.run(cmd, capture_output=True, text=True).returncode != 0:
+        got = []
+        for py in args.python_version:
+            cmd = [*pip, "download", "--quiet", "--no-deps", "--only-binary=:all:", "--python-version", py,
+                   "--implementation", "cp", *plat, "-d", str(dest), f"{name}=={version}"]
+            got.append(subprocess.run(cmd, capture_output=True, text=True).returncode == 0)
+        if not all(got):
             built = subprocess.run([*pip, "wheel", "--quiet", "--no-deps", "-w", str(dest), f"{name}=={version}"],
                                    capture_output=True, text=True)
             if built.returncode != 0:
