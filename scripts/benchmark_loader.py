@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Training-loader throughput: PIL decode per view (train.loader: pil) against the decoded-image cache
-(train.loader: cache), with the training transform (random crop, resize, photometric distortion, flip,
+(train.loader: cache) and the training set on the device (train.device_images, rows device_images_bB), with the training transform (random crop, resize, photometric distortion, flip,
 normalise) and nothing else, so the number is what the loader can feed a model.
 
     python scripts/benchmark_loader.py --json loader.json                        # both scenarios below
@@ -85,6 +85,25 @@ def time_loader(dataset, batches, workers: int, device: torch.device, size: int)
     return count / (time.perf_counter() - t0)
 
 
+def time_device_images(cache: Path, batches, device: torch.device, size: int) -> float:
+    """img/s of ``noisymlt.training.device_images``: the cache's rows on ``device``, each batch indexed and
+    augmented there (the set's upload, once per run, is not counted)."""
+    from noisymlt.training.device_images import DeviceBatches, DeviceImages
+
+    loader = DeviceBatches(DeviceImages(cache, device, size))
+    loader.batch_sampler.batches = batches[:2]
+    for _ in loader:  # warm-up: kernels, allocator
+        pass
+    loader.batch_sampler.batches = batches
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    count = sum(b["images"].shape[0] for b in loader)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return count / (time.perf_counter() - t0)
+
+
 def scenario(name: str, n: int, workers: list[int], batch: int, device: torch.device, tmp: Path) -> dict:
     size, cache_size = (32, 40) if name == "toy" else (224, 256)
     if name == "toy":
@@ -112,6 +131,11 @@ def scenario(name: str, n: int, workers: list[int], batch: int, device: torch.de
         if device.type == "cuda":
             rows.append({"loader": "cache_batched_gpu", "workers": w,
                          "img_per_s": time_loader(deferred, batches, w, device, size)})
+    # the training set on the device (train.device_images): no workers; at this batch and at Ours' balanced 256
+    for b in sorted({batch, 256}):
+        rows.append({"loader": f"device_images_b{b}", "workers": 0,
+                     "img_per_s": time_device_images(tmp / f"{name}_cache.npy", epoch_batches(len(paths), b), device,
+                                                     size)})
     for r in rows:
         print(f"{name:<5} {r['loader']:<18} workers={r['workers']:<3} {r['img_per_s']:>9.1f} img/s")
     print(f"{name:<5} cache build: {len(paths)} images in {build_s:.1f} s ({len(paths) / build_s:.1f} img/s)")

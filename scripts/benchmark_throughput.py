@@ -64,8 +64,11 @@ def timed_steps(step, iters: int, warmup: int, device: torch.device) -> float:
 
 
 def method_step(params: dict, dataset: str, method: str, device: torch.device, num_images: int,
-                num_classes: int):
-    """(one training step of ``method`` on synthetic batches, images it processes)."""
+                num_classes: int, compile: bool | str = False):
+    """(one training step of ``method`` on synthetic batches, images it processes); ``compile``: the model's
+    stages compiled as ``train.compile`` does. The optimiser is the trainer's (fused SGD on CUDA)."""
+    from noisymlt.training.speed import compile_model, make_sgd, mark_step
+
     cfg = resolve_run(params, dataset, method, 0.5, 0)
     tcfg = cfg["train"]
     torch.manual_seed(0)
@@ -84,7 +87,9 @@ def method_step(params: dict, dataset: str, method: str, device: torch.device, n
         model = model.to(memory_format=torch.channels_last)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(trainable, lr=1e-3, momentum=0.9, weight_decay=1e-4)
+    opt = make_sgd(trainable, {"lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-4}, device)
+    if compile:  # True: the trainer's mode; a string: that torch.compile mode
+        compile_model(model, device, compile if isinstance(compile, str) else None)
     size = tcfg["image_size"]
     gen = torch.Generator().manual_seed(0)
     batches, images_per_step = {}, 0
@@ -98,6 +103,7 @@ def method_step(params: dict, dataset: str, method: str, device: torch.device, n
         images_per_step += b * k
 
     def step():
+        mark_step(device, bool(compile))
         with autocast(device, tcfg["precision"]):
             loss, _ = m.training_loss(model, batches, epoch, 0)
         opt.zero_grad(set_to_none=True)

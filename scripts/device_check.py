@@ -8,11 +8,13 @@ Writes OUT/device_check.json (the same keys in every mode; GPU fields null witho
 OUT/device_check.md (a short summary) and each part's log and raw measurements under OUT
 ($OUT, default benchmarks/device/). Stops starting new work at the time budget (--budget-min, default 8).
 
-Parts, in order (what each imports besides torch and torchvision is NEEDS below; a part whose library
+Parts (run in the order of PART_KEYS; what each imports besides torch and torchvision is NEEDS below; a part whose library
 is missing, or that the time budget no longer allows, is skipped with a line saying so):
   environment  GPU name and memory, torch / CUDA / cuDNN versions, bf16 and TF32 support, which
                optional libraries are installed.
-  smoke        first: the smoke profile (workflow/profiles/smoke: the paper's configuration, every method and
+  step_profile scripts/step_profile.py: ERM, Ours and DB-Focal steps at paper shapes, eager and compiled
+               (train.compile), with the torch profiler's view (device busy share, launches, top operators).
+  smoke        the smoke profile (workflow/profiles/smoke: the paper's configuration, every method and
                ablation code path, one iteration an epoch) through Snakemake with --resources gpu=1, in a copy
                of the workflow under OUT/smoke (needs snakemake; skipped with --quick, since the test suite
                runs it: tests/test_smoke.py).
@@ -26,6 +28,9 @@ is missing, or that the time budget no longer allows, is skipped with a line say
   end_to_end   the demo profile's `ours` at gamma 0.5, seed 0 through the pipeline's own steps (`noisymlt
                step ...`, as DVC runs them, in this process): data, pretraining, then train + evaluate +
                trace on the CPU and on CUDA; wall times and the mAP difference (quick: a smaller toy set).
+  grid_wall    scripts/device_grid.py: every grid method at paper shapes on the enlarged smoke stand-in through
+               Snakemake, packed as workflow/profiles/h200 packs them; from those runs, the paper grid's wall time on
+               one card (without CUDA or with --dry-run: `snakemake -n` and the grid's plan only).
   grid         the paper grid's runs and iterations (noisymlt.pipeline.gridplan: every run the workflow plans,
                iterations from the trainer's own planning code); with CUDA, GPU-hours at the measured
                step costs, unpacked and packed, packing measured with 2 and 4 concurrent runs as memory
@@ -58,6 +63,9 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+import device_grid  # noqa: E402  (the grid_wall part, beside this script)
+
 PAPER_METHODS = ["erm", "db_focal", "bbn", "dividemix", "ours"]
 OPTIONAL_MODULES = ["yaml", "jsonschema", "tqdm", "scipy", "sklearn", "pandas", "pyarrow", "PIL", "matplotlib",
                     "pytest", "snakemake", "dvc"]
@@ -71,7 +79,10 @@ NEEDS = {"smoke": ["snakemake", "yaml", "jsonschema", "tqdm", "scipy", "sklearn"
          "cuda_tests": ["pytest", "yaml", "jsonschema", "tqdm", "scipy", "pandas", "pyarrow", "PIL"],
          "throughput": ["yaml", "jsonschema"], "loader": ["PIL", "pandas", "pyarrow", "tqdm"],
          "end_to_end": ["yaml", "jsonschema", "tqdm", "scipy", "sklearn", "pandas", "pyarrow", "PIL"],
-         "grid": ["yaml", "jsonschema", "pandas", "pyarrow"]}
+         "grid": ["yaml", "jsonschema", "pandas", "pyarrow"],
+         "step_profile": ["yaml", "jsonschema"],
+         "grid_wall": ["snakemake", "yaml", "jsonschema", "tqdm", "scipy", "sklearn", "pandas", "pyarrow", "PIL",
+                       "matplotlib"]}
 # Shrinks the demo for `--quick` (CPU CI): a smaller toy set and source task, two epochs.
 QUICK_LAYER = {
     "datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 600, "n_test": 200, "size": 64},
@@ -109,13 +120,15 @@ class Skip(Exception):
 
 # Every key of every part, present in every mode (null where a part or a field did not run).
 PART_KEYS = {
-    "smoke": ["device", "runs", "methods", "map_min", "map_max", "log"],
+    "step_profile": ["device", "precision", "backbone", "image_size", "methods"],
     "cuda_tests": ["files", "passed", "failed", "skipped", "tests"],
     "throughput": ["device", "precision", "backbone", "image_size", "batch_size", "balanced_batch_size", "methods",
                    "bare"],
-    "loader": ["rows", "best", "keeps_up"],
+    "loader": ["rows", "best", "keeps_up", "device_images", "device_over_ours"],
     "end_to_end": ["params", "quick_layer", "fixed_layer", "dataset", "method", "gamma", "seed", "prepare_s", "cpu",
                    "cpu_reason", "cuda", "cuda_reason", "map_difference_cuda_minus_cpu"],
+    "grid_wall": device_grid.KEYS,
+    "smoke": ["device", "runs", "methods", "map_min", "map_max", "log"],
     "grid": ["runs", "candidates", "iterations", "by_dataset", "by_method", "labels", "packing", "device", "gpu_hours",
              "gpu_hours_reason"],
 }
@@ -139,18 +152,27 @@ def module_version(name: str) -> str | None:
         return "?"
 
 
+def wheel_modules(wheel: Path) -> set[str]:
+    """The top-level modules a wheel installs (from its file list: folders and .py files outside its
+    .dist-info and .data)."""
+    with zipfile.ZipFile(wheel) as z:
+        tops = {name.split("/", 1)[0] for name in z.namelist()}
+    return {t[:-3] if t.endswith(".py") else t.split(".")[0] for t in tops
+            if not t.endswith((".dist-info", ".data")) and (t.endswith(".py") or "." not in t)}
+
+
 def unpack_wheels(wheels: Path, site: Path) -> list[str]:
-    """Unpack each wheel in ``wheels`` whose module is not importable into ``site`` (a wheel is a zip of
-    its installed files); returns the modules added."""
+    """Unpack each wheel in ``wheels`` none of whose modules is importable into ``site`` (a wheel is a zip of its
+    installed files), so that a library the machine has is never shadowed; returns the modules added."""
     added = []
     for wheel in sorted(wheels.glob("*.whl")):
         dist = wheel.name.split("-")[0].lower()
-        module = WHEEL_MODULES.get(dist, dist)
-        if importlib.util.find_spec(module) is not None:
+        modules = wheel_modules(wheel) or {WHEEL_MODULES.get(dist, dist)}
+        if any(importlib.util.find_spec(m) is not None for m in modules):
             continue
         with zipfile.ZipFile(wheel) as z:
             z.extractall(site)
-        added.append(module)
+        added.extend(sorted(modules))
     if added:
         sys.path.insert(0, str(site))
         importlib.invalidate_caches()
@@ -241,6 +263,23 @@ def cuda_tests(ctx: dict) -> dict:
             "reason": f"{counts['failed']} test(s) failed" if counts["failed"] else None}
 
 
+def step_profile(ctx: dict) -> dict:
+    """scripts/step_profile.py: ERM, Ours and DB-Focal steps eager and compiled, with the profiler's view."""
+    out = ctx["out"] / "step_profile.json"
+    args = ["--device", ctx["device"], "--json", str(out)]
+    if ctx["dry_run"]:  # the code path in seconds: one method, eager, the demo's shapes
+        args += ["--quick", "--methods", "erm", "--modes", "eager"]
+    elif ctx["quick"]:
+        args += ["--quick", "--methods", "erm", "ours", "--modes", "eager"]
+    else:  # ERM first (its step is the acceptance's), then Ours, whose rate the device loader must beat
+        # new modes start while the loaders (~40 s) and grid_wall (<= 330 s) still fit in the budget
+        args += ["--methods", "erm", "ours", "db_focal", "--budget-s", f"{max(ctx['budget'].left() - 420, 60):.0f}"]
+    run_logged([sys.executable, "scripts/step_profile.py", *args], ctx["out"] / "logs" / "step_profile.log",
+               min(ctx["budget"].left(), 420), ctx["env"])
+    info = json.loads(out.read_text())
+    return {k: info[k] for k in PART_KEYS["step_profile"]}
+
+
 def throughput(ctx: dict) -> dict:
     if ctx["quick"]:
         args = ["--params", "params.yaml", "workflow/profiles/demo/params.yaml", "--dataset", "toy", "--iters", "1",
@@ -271,11 +310,19 @@ def loader(ctx: dict) -> dict:
            ctx["device"], "--json", str(out)]
     run_logged(cmd, ctx["out"] / "logs" / "loader.log", min(ctx["budget"].left(), 180), ctx["env"])
     rows = json.loads(out.read_text())["results"][0]["rows"]
-    cache_rows = [r for r in rows if r["loader"].startswith("cache")]
+    cache_rows = [r for r in rows if r["loader"].startswith(("cache", "device_images"))]
     best = max(cache_rows, key=lambda r: r["img_per_s"])
     trained = (ctx["results"]["throughput"].get("methods") or {})
+    # the training set on the device at Ours' balanced batch, against what Ours' fastest step consumes
+    device_rows = [r for r in rows if r["loader"].startswith("device_images")]
+    device = max(device_rows, key=lambda r: r["img_per_s"]) if device_rows else None
+    steps = (ctx["results"].get("step_profile") or {}).get("methods") or {}
+    ours = [v["images_per_s"] for v in (steps.get("ours") or {}).values() if isinstance(v, dict) and v.get("images_per_s")]
+    ours_rate = max(ours) if ours else (trained.get("ours") or {}).get("train_images_per_s")
     return {"rows": rows, "best": best,
-            "keeps_up": {m: best["img_per_s"] >= r["train_images_per_s"] for m, r in trained.items()} or None}
+            "keeps_up": {m: best["img_per_s"] >= r["train_images_per_s"] for m, r in trained.items()} or None,
+            "device_images": device,
+            "device_over_ours": device["img_per_s"] / ours_rate if device and ours_rate else None}
 
 
 @contextlib.contextmanager
@@ -307,17 +354,27 @@ def noisymlt(argv: list[str], work: Path, log_path: Path) -> None:
 
 def smoke(ctx: dict) -> dict:
     """The smoke profile through Snakemake on this machine's device, in a copy of the workflow files."""
-    if ctx["quick"]:
+    if ctx["quick"] and not ctx["dry_run"]:
         raise Skip("quick mode: the test suite runs the smoke profile (tests/test_smoke.py)")
-    work = ctx["out"] / "smoke"
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    # in a temporary folder: its records and logs are kept in OUT/smoke, its checkpoints and caches are not
+    work = Path(tempfile.mkdtemp(prefix="device_check_smoke_"))
+    try:
+        return smoke_in(ctx, work)
+    finally:
+        device_grid.keep_records(work, ctx["out"] / "smoke")
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def smoke_in(ctx: dict, work: Path) -> dict:
     shutil.copy2(REPO / "params.yaml", work / "params.yaml")
     shutil.copytree(REPO / "workflow", work / "workflow")
     log_path = ctx["out"] / "logs" / "smoke.log"
     cmd = [sys.executable, "-m", "snakemake", "--profile", "workflow/profiles/smoke", "--resources", "gpu=1",
            "--cores", str(max(4, min(ctx["cores"], 8)))]
+    if ctx["dry_run"]:  # the plan only: Snakemake's dry run of the same command
+        run_logged([*cmd, "-n", "--quiet", "rules"], log_path, min(ctx["budget"].left(), 60), ctx["env"], cwd=work)
+        return {"runs": device_grid.planned_train_jobs(log_path.read_text()),
+                "log": str(log_path.relative_to(ctx["out"])), "reason": "dry run: planned only"}
     # a few minutes on a GPU; a CPU (a full check without --quick) takes the budget it is given
     run_logged(cmd, log_path, min(ctx["budget"].left(), 420 if ctx["device"] == "cuda" else math.inf),
                ctx["env"], cwd=work)
@@ -517,9 +574,29 @@ def summary_markdown(result: dict) -> str:
         wall = "" if p["wall_s"] is None else f"{p['wall_s']:.0f}"
         lines.append(f"| {name} | {p['status']} | {wall} | {p['reason'] or ''} |")
     sm = parts.get("smoke") or {}  # absent from checks made before the part existed
-    if sm.get("status") == "ok":
+    if sm.get("status") == "ok" and sm.get("device") is None:  # --dry-run
+        lines += ["", f"Smoke profile: planned only (--dry-run), {sm['runs']} train jobs."]
+    elif sm.get("status") == "ok":
         lines += ["", f"Smoke profile on {', '.join(sm['device'])}: {sm['runs']} runs, every one trained and "
                   f"evaluated (test mAP {sm['map_min']:.1f}-{sm['map_max']:.1f} after 8 iterations)."]
+    sp = parts.get("step_profile") or {}
+    if sp.get("methods"):
+        lines += ["", f"Training steps on {sp['device']} ({sp['backbone']} @ {sp['image_size']} px, {sp['precision']}), "
+                  "eager and compiled (train.compile), with the profiler's view: the share of the step the device "
+                  "is busy and its kernel launches:", "",
+                  "| method | mode | ms/step | img/s | device busy | launches/step | top operator |",
+                  "|---|---|---|---|---|---|---|"]
+        for m, modes in sp["methods"].items():
+            for mode, r in modes.items():
+                if isinstance(r, dict) and "error" in r:
+                    lines.append(f"| {m} | {mode} | failed | | | | {r['error'][:120]} |")
+                if not isinstance(r, dict) or "ms_per_step" not in r:
+                    continue
+                busy = "" if r["device_busy_share"] is None else f"{100 * r['device_busy_share']:.0f}%"
+                launches = "" if r["kernel_launches_per_step"] is None else f"{r['kernel_launches_per_step']:.0f}"
+                top = r["top_ops"][0]["op"] if r["top_ops"] else ""
+                lines.append(f"| {m} | {mode} | {r['ms_per_step']:.1f} | {r['images_per_s']:.0f} | {busy} | "
+                             f"{launches} | {top} |")
     ct = parts["cuda_tests"]
     if ct["status"] == "ok" or ct["status"] == "failed":
         lines += ["", f"CUDA tests: {ct['passed']} passed, {ct['failed']} failed, {ct['skipped']} skipped."]
@@ -539,7 +616,13 @@ def summary_markdown(result: dict) -> str:
         slower = [m for m, ok in (ld["keeps_up"] or {}).items() if not ok]
         lines += ["", f"Loader: best {ld['best']['img_per_s']:.0f} img/s ({ld['best']['loader']}, "
                   f"{ld['best']['workers']} workers); "
-                  + (f"slower than the training of {', '.join(slower)}." if slower else "keeps up with every method.")]
+                  + (f"slower than the training of {', '.join(slower)}." if slower
+                     else "keeps up with every method." if ld["keeps_up"] else "no training rate measured to compare.")]
+    if ld.get("device_images"):
+        ratio = ld.get("device_over_ours")
+        lines.append(f"Training set on the device (train.device_images): {ld['device_images']['img_per_s']:.0f} img/s "
+                     f"({ld['device_images']['loader']})"
+                     + (f", {ratio:.2f}x what Ours' fastest measured step consumes." if ratio else "."))
     e2e = parts["end_to_end"]
     for dev in ("cpu", "cuda"):
         if e2e.get(dev):
@@ -549,6 +632,7 @@ def summary_markdown(result: dict) -> str:
     if e2e.get("map_difference_cuda_minus_cpu"):
         diffs = ", ".join(f"{head} {100 * v:+.2f}" for head, v in e2e["map_difference_cuda_minus_cpu"].items())
         lines.append(f"mAP CUDA - CPU (points): {diffs}.")
+    lines += device_grid.summary_lines(parts.get("grid_wall") or {})
     gr = parts["grid"]
     if gr.get("runs"):
         per_dataset = ", ".join(f"{d}: {v['runs']} runs, {v['iterations']} it" for d, v in gr["by_dataset"].items())
@@ -573,6 +657,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"], help="auto: CUDA when available")
     ap.add_argument("--quick", action="store_true", help="small shapes and one short run (the CPU CI mode)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="plan and take every part's code path in seconds, on any machine: the workflows through "
+                         "`snakemake -n`, the paper grid's plan, one eager step, the loaders on the demo's shapes; "
+                         "the measuring parts are skipped and no time is measured for the grid")
     ap.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/device", help="output folder ($OUT)")
     ap.add_argument("--budget-min", type=float, default=8.0, help="stop starting work after this many minutes")
     ap.add_argument("--wheels", default="benchmarks/wheels", help="wheels of missing libraries (optional)")
@@ -595,14 +683,19 @@ def main() -> int:
         return 2
     budget = Budget(args.budget_min * 60)
     parts = {name: part_record(name) for name in PART_KEYS}
-    result = {"schema": 1, "mode": {"device": device, "quick": args.quick, "budget_s": args.budget_min * 60,
-                                    "wheels_unpacked": added},
+    args.quick = args.quick or args.dry_run
+    result = {"schema": 1, "mode": {"device": device, "quick": args.quick, "dry_run": args.dry_run,
+                                    "budget_s": args.budget_min * 60, "wheels_unpacked": added},
               "environment": environment(), "parts": parts, "wall_s": None}
-    ctx = {"out": out, "device": device, "quick": args.quick, "budget": budget, "env": child_env(site),
+    ctx = {"out": out, "device": device, "quick": args.quick, "dry_run": args.dry_run, "budget": budget,
+           "env": child_env(site),
            "cores": len(os.sched_getaffinity(0)), "results": parts}
-    runners = {"smoke": smoke, "cuda_tests": cuda_tests, "throughput": throughput, "loader": loader, "end_to_end": end_to_end,
-               "grid": grid}
-    min_seconds = {"smoke": 60, "cuda_tests": 20, "throughput": 30, "loader": 15, "end_to_end": 45, "grid": 10}
+    runners = {"step_profile": step_profile, "cuda_tests": cuda_tests, "throughput": throughput, "loader": loader,
+               "end_to_end": end_to_end, "grid_wall": lambda c: device_grid.grid_wall_part(c, run_logged),
+               "smoke": smoke, "grid": grid}
+    min_seconds = {"step_profile": 20, "smoke": 60, "cuda_tests": 20, "throughput": 30, "loader": 15,
+                   "end_to_end": 45, "grid_wall": 10 if args.dry_run or device != "cuda" else 120, "grid": 10}
+    dry_skips = {"cuda_tests", "throughput", "end_to_end"}  # measurements only: nothing to plan
 
     def write() -> None:
         result["wall_s"] = time.monotonic() - started
@@ -615,11 +708,15 @@ def main() -> int:
         try:
             if name not in args.parts:
                 raise Skip("not selected (--parts)")
+            if args.dry_run and name in dry_skips:
+                raise Skip("dry run: this part measures only")
             lacking = missing(name)
             if lacking:
                 raise Skip(f"needs {', '.join(lacking)}, not importable here (see --wheels)")
             if not budget.allows(min_seconds[name]):
                 raise Skip(f"time budget: {budget.left():.0f} s left")
+            if name == "grid_wall" and args.quick and not args.dry_run:
+                raise Skip("quick mode: --dry-run plans it (tests/test_device_check.py)")
             found = run(ctx)
             unknown = set(found) - set(record)
             if unknown:  # a key the template lacks would differ between modes

@@ -28,10 +28,10 @@ ERM = ["noisymlt", "noisymlt.core", "noisymlt.core.codedeps", "noisymlt.core.fil
        "noisymlt.methods", "noisymlt.methods.base", "noisymlt.methods.options", "noisymlt.methods.single",
        "noisymlt.models", "noisymlt.models.backbones", "noisymlt.models.branch", "noisymlt.models.choices",
        "noisymlt.models.heads", "noisymlt.training", "noisymlt.training.augment", "noisymlt.training.checkpoint",
-       "noisymlt.training.devices", "noisymlt.training.fit_diagnostics", "noisymlt.training.inputs",
-       "noisymlt.training.loaders", "noisymlt.training.noise_monitor", "noisymlt.training.numerics",
-       "noisymlt.training.schedule", "noisymlt.training.trainer", "noisymlt.training.transforms",
-       "noisymlt.training.trunkcache"]
+       "noisymlt.training.device_images", "noisymlt.training.devices", "noisymlt.training.fit_diagnostics",
+       "noisymlt.training.inputs", "noisymlt.training.loaders", "noisymlt.training.noise_monitor",
+       "noisymlt.training.numerics", "noisymlt.training.schedule", "noisymlt.training.speed",
+       "noisymlt.training.trainer", "noisymlt.training.transforms", "noisymlt.training.trunkcache"]
 
 
 @pytest.fixture(scope="module")

@@ -33,18 +33,20 @@ def test_cpu_quick_mode_runs_every_part_and_writes_the_gpu_keys_as_null(tmp_path
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((tmp_path / "device_check.json").read_text())
     assert result["wall_s"] < 120  # the acceptance: under 2 minutes on CPU
-    assert result["mode"] == {"device": "cpu", "quick": True, "budget_s": 480.0, "wheels_unpacked": []}
+    assert result["mode"] == {"device": "cpu", "quick": True, "dry_run": False, "budget_s": 480.0,
+                              "wheels_unpacked": []}
     env = result["environment"]
     assert env["cuda_available"] is False and isinstance(env["torch"], str)
     for key in ("gpu_name", "gpu_memory_gib", "cuda_runtime", "bf16_supported", "tf32_supported"):
         assert key in env and env[key] is None, key
     parts = result["parts"]
     keys = load_script().PART_KEYS
-    assert list(parts) == ["smoke", "cuda_tests", "throughput", "loader", "end_to_end", "grid"]
+    assert list(parts) == ["step_profile", "cuda_tests", "throughput", "loader", "end_to_end", "grid_wall", "smoke",
+                           "grid"]
     for name, record in parts.items():
         assert set(record) == {"status", "reason", "wall_s", *keys[name]}, name  # the GPU mode's keys
-        if name == "smoke":  # the suite runs the smoke profile itself (tests/test_smoke.py)
-            assert record["status"] == "skipped" and "tests/test_smoke.py" in record["reason"]
+        if name in ("smoke", "grid_wall"):  # the suite runs the smoke profile; --dry-run plans the grid's wall
+            assert record["status"] == "skipped" and "tests/test_" in record["reason"]
             continue
         assert record["status"] == "ok" and isinstance(record["wall_s"], float), (name, record["reason"])
 
@@ -75,6 +77,30 @@ def test_cpu_quick_mode_runs_every_part_and_writes_the_gpu_keys_as_null(tmp_path
     assert grid["packing"]["speedup"] is None and grid["packing"]["reason"] == "no CUDA device"
     summary = (tmp_path / "device_check.md").read_text()
     assert "| end_to_end | ok |" in summary and "GPU-hours: not estimated" in summary
+
+
+def test_dry_run_plans_every_part_quickly_and_measures_nothing(tmp_path):
+    """The GPU reading's code paths on the CPU: one eager step profiled, the device set's loader, the packed grid
+    and the smoke profile through `snakemake -n` with the resources a GPU run gives them, the paper grid's plan."""
+    proc = run_check(tmp_path, "--dry-run", "--device", "cpu")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "device_check.json").read_text())
+    assert result["mode"]["dry_run"] is True and result["wall_s"] < 150
+    parts = result["parts"]
+    assert {n for n, p in parts.items() if p["status"] == "skipped"} == {"cuda_tests", "throughput", "end_to_end"}
+    assert all(p["status"] == "ok" for n, p in parts.items() if n not in {"cuda_tests", "throughput", "end_to_end"})
+    erm = parts["step_profile"]["methods"]["erm"]["eager"]
+    assert erm["ms_per_step"] > 0 and erm["images_per_step"] == 32 and erm["top_ops"][0]["self_cpu_ms_per_step"] > 0
+    assert erm["device_busy_share"] is None  # no device timeline on the CPU
+    loader = parts["loader"]
+    assert loader["device_images"]["loader"].startswith("device_images_b") and loader["device_images"]["img_per_s"] > 0
+    gw = parts["grid_wall"]
+    assert gw["dry_run"] is True and gw["runs_per_gpu"] == 4  # the h200 profile's packing
+    assert gw["planned_jobs"] == len(gw["methods"]) == 11 and gw["grid_runs"] == 560 + 112
+    assert gw["grid_wall"] is None and gw["grid_wall_reason"] == "dry run: planned only"
+    assert parts["smoke"]["runs"] > 11 and parts["smoke"]["reason"] == "dry run: planned only"
+    summary = (tmp_path / "device_check.md").read_text()
+    assert "Grid wall time: not measured (dry run: planned only)" in summary and " h for the paper grid" not in summary
 
 
 def test_a_spent_budget_skips_every_part_and_says_so(tmp_path):

@@ -28,6 +28,96 @@ def test_concurrent_jobs_lock_different_gpus(tmp_path):
     assert other_process_gets(2, tmp_path) == "1"
 
 
+# A job that takes a slot and holds it until its stdin closes (a training run's lifetime).
+HOLDER = ("import sys, pathlib; from noisymlt.training.devices import acquire_gpu; "
+          "print(acquire_gpu(int(sys.argv[1]), pathlib.Path(sys.argv[2]), slots=int(sys.argv[3])), flush=True); "
+          "sys.stdin.read()")
+
+
+def start_holder(num_gpus: int, lock_dir, slots: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", HOLDER, str(num_gpus), str(lock_dir), str(slots)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.stdin.close()
+    proc.wait(timeout=60)
+
+
+def test_slots_fill_the_least_loaded_card_first_and_cap_each_card(tmp_path):
+    """Two fake cards with 3 slots each: jobs alternate cards, a 7th finds none, and a freed slot goes to
+    the card that has fewest runs, whichever slot index it was."""
+    holders = []
+    try:
+        got = []
+        for _ in range(6):
+            holders.append(start_holder(2, tmp_path, 3))
+            got.append(holders[-1].stdout.readline().strip())
+        assert got == ["0", "1", "0", "1", "0", "1"]
+        probe = subprocess.run([sys.executable, "-c", HOLDER, "2", str(tmp_path), "3"], input="", text=True,
+                               capture_output=True, timeout=120)
+        assert probe.stdout.strip() == "None"
+        assert sorted(p.name for p in tmp_path.glob("*.lock")) == [f"gpu{i}.slot{j}.lock" for i in (0, 1)
+                                                                   for j in range(3)]
+        stop(holders.pop(1))  # card 1 drops to 2 runs (its slot 0 frees), card 0 keeps 3
+        stop(holders.pop(2))  # card 1 drops to 1 run (slot 1)
+        stop(holders.pop(0))  # card 0 drops to 2 runs (slot 0)
+        holders.append(start_holder(2, tmp_path, 3))
+        assert holders[-1].stdout.readline().strip() == "1"  # 1 run on card 1 < 2 on card 0
+        holders.append(start_holder(2, tmp_path, 3))
+        assert holders[-1].stdout.readline().strip() in ("0", "1")  # 2 and 2: lowest index first
+    finally:
+        for proc in holders:
+            stop(proc)
+
+
+def test_concurrent_jobs_never_exceed_the_slots_of_a_card(tmp_path):
+    """Ten jobs started at once on 2 fake cards x 3 slots: six get a slot, three per card, four get none."""
+    procs = [start_holder(2, tmp_path, 3) for _ in range(10)]
+    try:
+        got = [p.stdout.readline().strip() for p in procs]
+    finally:
+        for proc in procs:
+            stop(proc)
+    assert sorted(got) == ["0"] * 3 + ["1"] * 3 + ["None"] * 4
+
+
+def test_one_slot_per_card_is_todays_exclusive_lock(tmp_path):
+    assert acquire_gpu(3, tmp_path, slots=1) == 0
+    assert other_process_gets(3, tmp_path) == "1"
+    with pytest.raises(ValueError, match="at least 1"):
+        acquire_gpu(2, tmp_path, slots=0)
+
+
+def test_runs_per_gpu_comes_from_the_argument_else_the_environment(monkeypatch):
+    from noisymlt.training.devices import runs_per_gpu
+
+    monkeypatch.delenv("NOISYMLT_RUNS_PER_GPU", raising=False)
+    assert runs_per_gpu() == 1  # safe default: one run per card
+    monkeypatch.setenv("NOISYMLT_RUNS_PER_GPU", "4")
+    assert runs_per_gpu() == 4 and runs_per_gpu(2) == 2
+    monkeypatch.setenv("NOISYMLT_RUNS_PER_GPU", "four")
+    with pytest.raises(ValueError, match="NOISYMLT_RUNS_PER_GPU"):
+        runs_per_gpu()
+
+
+def test_select_device_takes_slots_on_fake_cards_and_honours_cuda_visible_devices(tmp_path, monkeypatch):
+    import noisymlt.training.devices as devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("NOISYMLT_GPU_LOCK_DIR", str(tmp_path))
+    monkeypatch.setattr(devices, "_held_locks", [])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # SLURM assigned a card: no lock taken
+    assert select_device("auto", 2) == torch.device("cuda:0") and not list(tmp_path.glob("*.lock"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    got = [select_device("auto", 2) for _ in range(5)]  # this process plays five jobs
+    assert got == [torch.device(f"cuda:{i}") for i in (0, 1, 0, 1, 0)]  # the fifth finds no slot: cuda:0
+    assert len(devices._held_locks) == 4
+    for handle in devices._held_locks:
+        handle.close()
+
+
 def test_cpu_fallback_and_forced_device():
     assert select_device("cpu") == torch.device("cpu")
     if not torch.cuda.is_available():

@@ -100,6 +100,7 @@ rule train_candidate:
     threads: train_threads
     resources:
         gpu=1,
+        runs_per_gpu=1,  # a packing profile raises it (and the gpu total) with set-resources
     conda:
         "../envs/noisymlt.yaml"
     log:
@@ -110,7 +111,7 @@ rule train_candidate:
         "printf '%s\\n' {params.config:q} > {output.requested} && "
         "$NOISYMLT_CLI train --run-config {output.requested} --train-labels {input.train} --test-labels {input.val} "
         "--split {input.split} --train-images {params.images} --test-images {params.images} {params.caches} "
-        "--out {params.out} --cores {threads} --no-progress --keep-stale --expect-code {params.code} > {log} 2>&1 && "
+        "--out {params.out} --cores {threads} --runs-per-gpu {resources.runs_per_gpu} --no-progress --keep-stale --expect-code {params.code} > {log} 2>&1 && "
         "$NOISYMLT_CLI evaluate --predictions {output.predictions} --test-labels {input.val} --split {input.split} "
         "--out {output.metrics} --map-out {output.map} >> {log} 2>&1"
 

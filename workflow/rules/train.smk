@@ -28,8 +28,9 @@ rule pretrain:
 # (its code param holds both digests), which resumes the finished checkpoint and predicts the same bytes.
 # The resolved configuration is a param (a changed configuration reruns the job) that the job writes to
 # requested_config.json before training reads it; a failed job's command line shows it.
-# The job picks its own GPU (CUDA_VISIBLE_DEVICES under SLURM, else a per-GPU lock), so --resources gpu=N
-# spreads jobs over N cards. The clean subset goes in twice: its hash into the manifest, its labels into the
+# The job picks its own GPU (CUDA_VISIBLE_DEVICES under SLURM, else one of runs_per_gpu slot locks on the
+# least-loaded card), so --resources gpu=N spreads jobs over N cards; a packing profile (workflow/profiles/h200)
+# counts gpu in run slots, cards x runs_per_gpu (docs/gpu-check.md#runs-packed-per-card). The clean subset goes in twice: its hash into the manifest, its labels into the
 # noise-level log (analysis only; training never reads them). The log is empty for methods that publish no
 # targets.
 
@@ -68,6 +69,7 @@ rule train:
     threads: train_threads
     resources:
         gpu=1,
+        runs_per_gpu=1,  # a packing profile raises it (and the gpu total) with set-resources
     conda:
         "../envs/noisymlt.yaml"
     log:
@@ -78,7 +80,7 @@ rule train:
         "printf '%s\\n' {params.config:q} > {output.requested} && "
         "$NOISYMLT_CLI train --run-config {output.requested} --train-labels {input.train} "
         "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
-        "--test-images {params.test_images} {params.caches} --out {params.out} --cores {threads} --no-progress "
+        "--test-images {params.test_images} {params.caches} --out {params.out} --cores {threads} --runs-per-gpu {resources.runs_per_gpu} --no-progress "
         "--keep-stale --expect-code {params.code} --clean-labels {input.subset} --provenance raw_manifest={input.raw} clean_subset={input.subset} "
         "{params.selection} > {log} 2>&1 && "
         "$NOISYMLT_CLI evaluate --predictions {output.predictions} --test-labels {input.test} --split {input.split} "

@@ -97,8 +97,8 @@ def run_iterations(resolved: dict, noisy: np.ndarray, split: dict) -> dict:
 def plan_grid(params: dict, data_root: str | Path = "data") -> list[dict]:
     """One record per run the workflow trains: the model-selection candidates of the methods that select
     (params `selection`; ``candidate`` names them), then the main grid and the selected ablations. Each
-    has its key, its iterations and where its labels came from; a candidate's iterations are those of its
-    fit part (the training images less the held-out split)."""
+    has its key, its iterations, its training (and held-out) images and where its labels came from; a
+    candidate's iterations are those of its fit part (the training images less the held-out split)."""
     from noisymlt.pipeline import selection
     from noisymlt.config import resolve_run
     from noisymlt.pipeline.paths import all_runs
@@ -127,12 +127,15 @@ def plan_grid(params: dict, data_root: str | Path = "data") -> list[dict]:
                         cfg = selection.candidate_config(params, dataset, method, gamma, seed, values)
                         jobs.append({"dataset": dataset, "gamma": gamma, "seed": seed, "method": method,
                                      "candidate": f"stage{stage}/{tag}", "labels": f"{source}, fit part",
+                                     "kind": params["datasets"][dataset]["kind"],
+                                     "train_images": int((~val).sum()), "held_out_images": int(val.sum()),
                                      **run_iterations(cfg, noisy[~val], split)})
     for dataset, gamma, seed, method in runs:
         noisy, split, source = noisy_of(dataset, gamma, seed)
         cfg = resolve_run(params, dataset, method, gamma, seed)
         jobs.append({"dataset": dataset, "gamma": gamma, "seed": seed, "method": method, "labels": source,
-                     **run_iterations(cfg, noisy, split)})
+                     "kind": params["datasets"][dataset]["kind"], "train_images": int(len(noisy)),
+                     "held_out_images": 0, **run_iterations(cfg, noisy, split)})
     return jobs
 
 

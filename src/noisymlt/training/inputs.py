@@ -31,6 +31,10 @@ class RunImages:
         # execution computed or loaded them (noisymlt.training.trunkcache's memo), in the untracked timing file only
         self.trunk_status = "off"
         self.trunk_memo: str | None = None
+        # train.device_images: the training set on the device (noisymlt.training.device_images), and what the
+        # manifest says about it: on or off, and why
+        self.device_store = None
+        self.device_images_status = "off (not opened)"
 
     def _open_caches(self, given: dict[str, Path | None]) -> dict[str, Path]:
         """``train.loader: cache``: the decoded-image caches of the train and test tables, checked
@@ -66,6 +70,33 @@ class RunImages:
                                tcfg["photometric"])
         return CachedTrainImages(CacheRows(self.caches["train"]), tcfg["image_size"], tcfg["photometric"],
                                  deferred=True, views=self.trunk.views if self.trunk is not None else 0)
+
+    def open_device_images(self):
+        """``train.device_images``: the decoded training set on the device, where the setting and the card
+        allow (``device_images_choice``); called after ``open_trunk``, whose fixed views take precedence."""
+        import numpy as np
+
+        from noisymlt.training.device_images import DeviceImages, device_images_choice
+
+        tcfg = self.cfg["train"]
+        cache = self.caches.get("train")
+        nbytes = int(np.prod(np.load(cache, mmap_mode="r").shape)) if cache else 0
+        use, self.device_images_status = device_images_choice(
+            tcfg, self.device, nbytes, self.trunk.views if self.trunk is not None else 0, cache is not None)
+        log.info("training images on the device: %s", self.device_images_status)
+        self.device_store = DeviceImages(cache, self.device, tcfg["image_size"], tcfg["photometric"]) if use else None
+        return self.device_store
+
+    def train_loaders(self, streams: int, workers: int, pin_memory: bool) -> list:
+        """One loader per stream, each assigned its epoch's batch plan by the trainer: batches of the training
+        set on the device, else loader processes reading images (``train_dataset``)."""
+        from noisymlt.training.device_images import DeviceBatches
+        from noisymlt.training.loaders import stream_loader
+
+        if self.device_store is not None:
+            return [DeviceBatches(self.device_store) for _ in range(streams)]
+        dataset = self.train_dataset()
+        return [stream_loader(dataset, None, workers, pin_memory) for _ in range(streams)]
 
     def open_trunk(self, model, *, needs_pixels: bool, autocast, precision: str, code: str):
         """``train.trunk_cache_views`` > 0: the frozen trunk's outputs of V fixed views per training image

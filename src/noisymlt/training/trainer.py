@@ -30,6 +30,7 @@ from noisymlt.core.files import replacing
 from noisymlt.training import checkpoint
 from noisymlt.training.inputs import RunImages
 from noisymlt.training.schedule import capped, check_warmup, epoch_iterations, lr_at, lr_groups
+from noisymlt.training.speed import StepLog, compile_model, make_sgd, mark_step
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,8 @@ class Trainer:
                  progress: bool = True, limit_iters: int | None = None,
                  provenance_inputs: dict[str, Path] | None = None, keep_stale: bool = False,
                  clean_labels: Path | None = None, train_cache: Path | None = None,
-                 test_cache: Path | None = None, cores: int | None = None, expect_code: str | None = None):
+                 test_cache: Path | None = None, cores: int | None = None, expect_code: str | None = None,
+                 runs_per_gpu: int | None = None):
         import torch
 
         from noisymlt.core.codedeps import TRAINER, digest, load_code
@@ -89,7 +91,7 @@ class Trainer:
         self.progress = progress
         # CPU float results depend on the thread count (reduction order), so it is part of the run config.
         torch.set_num_threads(int(resolved["train"].get("cpu_threads", 1)))
-        self.device = select_device(device)
+        self.device = select_device(device, runs_per_gpu)
         if self.device.type == "cpu":
             # Denormal floats slow CPU kernels several-fold (measured with scripts/benchmark_throughput.py);
             # flushing them to zero is deterministic, so CPU runs stay bit-reproducible.
@@ -144,8 +146,8 @@ class Trainer:
             self.model = self.model.to(memory_format=torch.channels_last)
         groups = lr_groups(self.model, self.method.lr_multipliers(), tcfg.get("new_layers_lr_mult", 1.0))
         self.lr_mults = [mult for mult, _ in groups]
-        self.optimizer = torch.optim.SGD([{"params": params} for _, params in groups], lr=tcfg["lr"],
-                                         momentum=tcfg["momentum"], weight_decay=tcfg["weight_decay"])
+        self.optimizer = make_sgd([{"params": params} for _, params in groups], tcfg, self.device)
+        self.compiled = compile_model(self.model, self.device) if tcfg.get("compile", False) else []
         self.noise_monitor = None
         self.saved_noise_log: str | None = None  # the noise log as the loaded checkpoint holds it
         self.checkpoint_sha256: str | None = None  # content hash of the checkpoint saved or resumed last
@@ -339,7 +341,6 @@ class Trainer:
         from tqdm import tqdm
 
         from noisymlt.data.sampling import EpochPlan
-        from noisymlt.training.loaders import stream_loader
 
         tcfg = self.cfg["train"]
         self.out.mkdir(parents=True, exist_ok=True)
@@ -352,9 +353,8 @@ class Trainer:
         streams = self.streams
         plans = [EpochPlan(s, self.cfg["seed"], self.iters) for s in streams]
         self.open_trunk()
-        dataset = self.images.train_dataset()
-        pin = self.device.type == "cuda"
-        loaders = [stream_loader(dataset, None, self.workers, pin) for _ in plans]
+        self.images.open_device_images()
+        loaders = self.images.train_loaders(len(plans), self.workers, self.device.type == "cuda")
         params = [p for p in self.model.parameters() if p.requires_grad]
         for epoch in range(start_epoch, tcfg["epochs"]):
             t0 = time.time()
@@ -362,32 +362,34 @@ class Trainer:
             self.method.on_epoch_start(self.model, epoch)
             for loader, plan in zip(loaders, plans):
                 loader.batch_sampler.batches = plan.batches(epoch)
-            sums: dict[str, float] = {}
+            steps = StepLog(self.device)  # sums and the finiteness check stay on the device until the epoch ends
             bar = tqdm(zip(*loaders), total=self.iters, desc=f"{self.cfg['method']} epoch {epoch + 1}/{tcfg['epochs']}",
                        disable=not self.progress, leave=False, dynamic_ncols=True)
             for it, raw in enumerate(bar):
                 lr = lr_at(tcfg, epoch, it, self.iters)
                 for group, mult in zip(self.optimizer.param_groups, self.lr_mults):
                     group["lr"] = lr * mult
+                mark_step(self.device, bool(self.compiled))
                 batches = {s.name: self.images.to_device(b) for s, b in zip(streams, raw)}
                 with self.autocast(), self.images.frozen_inputs(self.model):
                     loss, logs = self.method.training_loss(self.model, batches, epoch, it)
                 published = self.method.take_published()  # computed targets only, never read back
                 if monitor is not None:
                     monitor.observe(epoch, it, published)
-                if not torch.isfinite(loss):
-                    raise NoisyMLTError(f"{self.cfg['method']}: non-finite loss at epoch {epoch + 1} iteration {it}")
+                steps.add(it, loss, logs)
+                if self.device.type != "cuda":  # free on the CPU: stop at the first bad step
+                    steps.check_finite(self.cfg['method'], epoch)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if tcfg["grad_clip"]:
                     torch.nn.utils.clip_grad_norm_(params, tcfg["grad_clip"])
                 self.optimizer.step()
-                for k, v in logs.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.4g}")
+                if self.progress and it % 20 == 0:  # a host sync: only where a bar shows it
+                    bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.4g}")
+            steps.check_finite(self.cfg['method'], epoch)  # before anything of this epoch is saved
             # the history goes into the checkpoint and the manifest (tracked outputs): results only; the
             # wall time goes to the untracked epoch log (train_log.jsonl) and the run's timing file
-            record = {"epoch": epoch + 1, "lr": lr, **{k: v / self.iters for k, v in sums.items()}}
+            record = {"epoch": epoch + 1, "lr": lr, **steps.means(self.iters)}
             seconds = round(time.time() - t0, 2)
             history.append(record)
             log.info("epoch %d/%d %s seconds=%.2f", epoch + 1, tcfg["epochs"],
@@ -467,8 +469,13 @@ class Trainer:
         started = now()
         with self.exclusive():
             history = self.fit()
+            t0 = time.perf_counter()
             scores = self.predict()
-            return self._write_outputs(started, history, scores, self.fit_record(history, scores))
+            fit = self.fit_record(history, scores)  # predicts the training images too
+            # how long prediction took, for the GPU check's grid wall time (untracked timing file)
+            self.predict_timing = {"predict_seconds": round(time.perf_counter() - t0, 3),
+                                   "predicted_images": len(self.test_table) + len(self.train_table)}
+            return self._write_outputs(started, history, scores, fit)
 
     def fit_record(self, history: list, test_scores: dict) -> dict:
         """How far the finished model fitted its training labels (noisymlt.training.fit_diagnostics; analysis
@@ -513,10 +520,13 @@ class Trainer:
                                 "cpu": cpu_model()},
                    # fixed views (train.trunk_cache_views) or, with the reason, fresh ones
                    "trunk_cache": self.images.trunk_status,
+                   # the training set on the device, augmented there (another draw than the loader's), or why not
+                   "device_images": self.images.device_images_status,
                    # the build as well as the release (the environment block has the release only)
                    "torch_build": {"version": torch.__version__, "cuda": torch.version.cuda}},
             # how it ran, not what it computed (loader workers never change results): untracked
             timing={"epoch_seconds": self._epoch_seconds(), "loader_workers": self.workers,
+                    **getattr(self, "predict_timing", {}),
                     **({"trunk_cache": self.images.trunk_memo} if self.images.trunk_memo else {})},  # computed or loaded
         )
         checkpoint.keep_finished(self.out)
