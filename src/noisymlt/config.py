@@ -133,12 +133,18 @@ def validate_params(params: dict, source: str | None = None) -> None:
     for name in (params.get("timing") or {}).get("methods", []):
         if name not in params["methods"]:
             raise ParamsError(source, "timing.methods", f"unknown method {name!r} (no block under methods)")
-    method_lists = {"grid.methods": params["grid"]["methods"],
+    method_lists = {"grid.methods": params["grid"]["methods"], "grid.clean_methods": params["grid"].get("clean_methods", []),
                     **{f"ablations.{n}.methods": a["methods"] for n, a in params.get("ablations", {}).items()}}
     for key, names in method_lists.items():
         for name in names:
             if name not in params["methods"]:
                 raise ParamsError(source, key, f"unknown method {name!r} (no block under methods)")
+    for name in params["grid"].get("clean_methods", []):
+        if name not in params["grid"]["methods"]:  # a clean cell sits in a row of the main table
+            raise ParamsError(source, "grid.clean_methods", f"{name!r} is not in grid.methods")
+    if 0.0 in params["grid"]["gammas"]:
+        raise ParamsError(source, "grid.gammas", "noise rate 0.0 is the clean column: list its methods under "
+                                                 "grid.clean_methods instead")
     for name, block in params["methods"].items():
         schedule = block.get("schedule", DEFAULT_SCHEDULE)
         if schedule not in params.get("schedules", {}):

@@ -202,11 +202,16 @@ def run_dir(dataset: str, gamma: float, seed: int, method: str, root: str = "run
     return f"{root}/{dataset}/g{gtag(gamma)}/s{int(seed)}/{method}"
 
 
+CLEAN = 0.0  # the noise rate of the clean column: the noise step copies the clean labels
+
+
 def grid_runs(params: dict) -> list[tuple[str, float, int, str]]:
-    """(dataset, gamma, seed, method) of every run in the grid, in Snakemake's expansion order."""
+    """(dataset, gamma, seed, method) of every run in the grid, in Snakemake's expansion order, then the clean
+    column's (gamma 0, grid.clean_methods) at every dataset and seed."""
     g = params["grid"]
-    return [(d, float(gm), int(s), m) for d in g["datasets"] for gm in g["gammas"] for s in g["seeds"]
-            for m in g["methods"]]
+    return ([(d, float(gm), int(s), m) for d in g["datasets"] for gm in g["gammas"] for s in g["seeds"]
+             for m in g["methods"]]
+            + [(d, CLEAN, int(s), m) for d in g["datasets"] for s in g["seeds"] for m in g.get("clean_methods", [])])
 
 
 def ablation_runs(params: dict, name: str) -> list[tuple[str, float, int, str]]:

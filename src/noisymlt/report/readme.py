@@ -63,7 +63,8 @@ def demo_numbers(results: pd.DataFrame, methods: list[str], labels: dict[str, st
     if len(datasets) != 1:
         raise NoisyMLTError(f"readme numbers: expected the results of one dataset, got {datasets}")
     gammas = sorted(float(g) for g in sel["gamma"].unique())
-    middle = gammas[len(gammas) // 2 - 1] if len(gammas) > 1 else gammas[0]
+    noisy = [g for g in gammas if g > 0] or gammas  # the clean column (gamma 0) is no noise rate of the grid
+    middle = noisy[len(noisy) // 2 - 1] if len(noisy) > 1 else noisy[0]
     rows = []
     for m in methods:
         part = sel[(sel["method"] == m)]
@@ -134,7 +135,7 @@ def paper_claims(results: pd.DataFrame, methods: list[str], labels: dict, datase
                                         for r in _paired(results, b, ["erm"], dataset, labels)]
     # noise rate: each method at the lowest minus at the highest noise rate, paired by seed index
     sel = results[(results["metric"] == "mAP") & (results["group"] == "total") & (results["dataset"] == dataset)]
-    gammas = sorted(sel["gamma"].unique())
+    gammas = sorted(g for g in sel["gamma"].unique() if g > 0)  # over the noise rates: the clean column apart
     if len(gammas) > 1:
         from noisymlt.report.tables import mean_ci, primary_head
 
@@ -235,7 +236,8 @@ def render(numbers: dict) -> str:
 
     out = [f"Total mAP (%) on the demo dataset, mean ± 95% CI over {'/'.join(map(str, seeds))} seeds, as "
            "`reports/table_total.md` shows them:", "",
-           "| Method | " + " | ".join(f"γ = {g:g}" for g in gammas) + " |", "|---|" + "---|" * len(gammas)]
+           "| Method | " + " | ".join("clean" if g == 0 else f"γ = {g:g}" for g in gammas) + " |",
+           "|---|" + "---|" * len(gammas)]
     out += [f"| {labels[m]} | " + " | ".join(fmt(cell.get((m, g, "total"))) for g in gammas) + " |" for m in methods]
     g = numbers["middle_gamma"]
     spot = [m for m in methods if (m, g, "head") in cell]

@@ -195,6 +195,11 @@ def render(results: pd.DataFrame, cells: dict, methods: list[str], cols: list[tu
     return sidecar
 
 
+def gamma_text(gamma: float) -> str:
+    """A noise rate as a column header: 0 is the clean column (grid.clean_methods)."""
+    return "clean" if float(gamma) == 0.0 else f"{gamma:g}"
+
+
 def rendered_path(table: str | Path) -> Path:
     """The record of a table's rendered files beside it: reports/table_total.tex -> reports/table_total.rendered.json
     (also from its cells sidecar, reports/table_total.cells.json)."""
@@ -215,9 +220,9 @@ def write_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, str], gr
     header = [
         "Dataset & " + " & ".join(f"\\multicolumn{{{len(per_ds[d])}}}{{c}}{{{dataset_title(d)}}}"
                                    for d in datasets) + " \\\\", "\\midrule",
-        "Noise rate~$\\gamma$ & " + " & ".join(f"{g:g}" for d in datasets for _, g in per_ds[d]) + " \\\\",
+        "Noise rate~$\\gamma$ & " + " & ".join(gamma_text(g) for d in datasets for _, g in per_ds[d]) + " \\\\",
     ]
-    header_md = "| Method | " + " | ".join(f"{dataset_title(d)} {g:g}" for d, g in cols) + " |"
+    header_md = "| Method | " + " | ".join(f"{dataset_title(d)} {gamma_text(g)}" for d, g in cols) + " |"
     spec = "l|" + "||".join("|".join("c" for _ in per_ds[d]) for d in datasets)
     return render(results, cells, methods, cols, labels, header, header_md, spec, out_tex, f"{group} mAP")
 
@@ -238,10 +243,10 @@ def write_groups_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, s
     cols = [(g, grp) for g in gammas for grp in GROUPS]
     title = dataset_title(dataset)
     header = [f"\\multicolumn{{{1 + len(cols)}}}{{c}}{{{title}}} \\\\", "\\midrule",
-              "Noise rate~$\\gamma$ & " + " & ".join(f"\\multicolumn{{3}}{{c}}{{{g:g}}}" for g in gammas) + " \\\\",
+              "Noise rate~$\\gamma$ & " + " & ".join(f"\\multicolumn{{3}}{{c}}{{{gamma_text(g)}}}" for g in gammas) + " \\\\",
               "\\midrule",
               "Methods & " + " & ".join(grp for _ in gammas for grp in GROUPS) + " \\\\"]
-    header_md = "| Method | " + " | ".join(f"{grp} (γ={g:g})" for g, grp in cols) + " |"
+    header_md = "| Method | " + " | ".join(f"{grp} ({'clean' if g == 0 else f'γ={g:g}'})" for g, grp in cols) + " |"
     spec = "l|" + "|".join("ccc" for _ in gammas)
     return render(results, cells, methods, cols, labels, header, header_md, spec, out_tex,
                   f"head / medium / tail mAP on {title}", note=note)
