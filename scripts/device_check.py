@@ -52,7 +52,6 @@ import logging
 import math
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys

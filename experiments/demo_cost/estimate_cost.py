@@ -60,7 +60,8 @@ def regime_cost(params: dict, root: Path, weights: str | None, candidate: bool) 
     with tempfile.TemporaryDirectory() as scratch:
         for method in params["grid"]["methods"]:
             cfg = resolve_run(params, "toy", method, 0.5, 0)
-            aware = cfg["train"]["epochs"] == 8 and method != "dividemix"  # the db recipe's class-aware schedule
+            # the db recipe's single-branch methods train class-aware ([DB]); DivideMix keeps its own schedule
+            aware = params["methods"][method].get("schedule") == "db" and cfg["method_cfg"]["family"] == "single"
             overrides = (CLASS_AWARE if aware else UNIFORM) if candidate else {}
             if candidate and method == "dividemix":
                 overrides = {"photometric": False}

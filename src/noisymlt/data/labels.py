@@ -217,8 +217,12 @@ def read_class_split(path: str | Path) -> dict[str, list[int]]:
     return split
 
 
-def split_from_counts(counts: np.ndarray, head_min: int = 100, tail_max: int = 20) -> dict[str, list[int]]:
-    """SPEC 1: head >= 100 clean training images, medium 20..99, tail < 20."""
+HEAD_MIN, TAIL_MAX = 100, 20  # SPEC 1, on VOC-MLT's clean training images
+
+
+def split_from_counts(counts: np.ndarray, head_min: int = HEAD_MIN, tail_max: int = TAIL_MAX) -> dict[str, list[int]]:
+    """SPEC 1: head >= 100 clean training images, medium 20..99, tail < 20 (other thresholds: a scaled stand-in,
+    noisymlt.data.structure.scaled_thresholds)."""
     counts = np.asarray(counts)
     return {
         "head": [int(i) for i in np.flatnonzero(counts >= head_min)],

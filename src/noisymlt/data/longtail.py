@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from noisymlt.data.labels import GROUPS, LabelTable, read_labels, split_from_counts, write_class_split, write_labels
-from noisymlt.data import structure
+from noisymlt.data.labels import (GROUPS, HEAD_MIN, TAIL_MAX, LabelTable, read_labels, split_from_counts,
+                                  write_class_split, write_labels)
 from noisymlt.data.structure import scaled_thresholds
 from noisymlt.errors import NoisyMLTError
 
@@ -267,8 +267,7 @@ def _run(args: argparse.Namespace) -> int:
             "subset": {"source": "pareto", "b": args.b, "max": max_count, "min": args.min,
                        "seed": args.seed, "cap_to_available": args.cap_to_available},
         }
-    head_min, tail_max = (scaled_thresholds(len(subset)) if args.groups == "scaled"
-                          else (structure.HEAD_MIN, structure.TAIL_MAX))
+    head_min, tail_max = scaled_thresholds(len(subset)) if args.groups == "scaled" else (HEAD_MIN, TAIL_MAX)
     split = split_from_counts(subset.labels.sum(axis=0), head_min, tail_max)
     subset.meta = {**subset.meta, "groups": {"rule": args.groups, "head_min": head_min, "tail_max": tail_max}}
     write_labels(subset, out)

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from noisymlt.data.labels import GROUPS, HEAD_MIN, TAIL_MAX, split_from_counts
 from noisymlt.errors import NoisyMLTError
 
-GROUPS = ("head", "medium", "tail")
-# SPEC 1: head >= 100 clean training images, tail < 20, on VOC-MLT's 1,142 images
-HEAD_MIN, TAIL_MAX, REFERENCE_IMAGES = 100, 20, 1142
+REFERENCE_IMAGES = 1142  # VOC-MLT's training images, on which SPEC 1's thresholds are counted
 
 # Test-set images per class, VOC2007 test (4,952 images), from the VOC2007 development kit's statistics table
 VOC2007_TEST_COUNTS = (204, 239, 282, 172, 212, 174, 721, 322, 417, 127, 190, 418, 274, 222, 2007, 224, 97, 223,
@@ -58,13 +57,6 @@ def threshold_text(thresholds: dict, images: int) -> str:
     return text
 
 
-def group_split(counts: np.ndarray, head_min: int, tail_max: int) -> dict[str, np.ndarray]:
-    counts = np.asarray(counts)
-    return {"head": np.flatnonzero(counts >= head_min),
-            "medium": np.flatnonzero((counts >= tail_max) & (counts < head_min)),
-            "tail": np.flatnonzero(counts < tail_max)}
-
-
 def class_aware_exposure(labels: np.ndarray, groups: dict[str, np.ndarray]) -> dict[str, float]:
     """Per group: positives of its classes in a class-aware draw (a class uniformly, then one of its images
     uniformly; [DB]'s sampler) over the same in a uniform draw of an image. Above 1: re-sampling shows that
@@ -99,7 +91,7 @@ def structure_stats(train: np.ndarray, *, test_counts=None, test_images: int | N
     counts = y.sum(axis=0)
     if head_min is None or tail_max is None:
         head_min, tail_max = scaled_thresholds(n)
-    groups = group_split(counts, head_min, tail_max)
+    groups = {g: np.asarray(idx, dtype=np.int64) for g, idx in split_from_counts(counts, head_min, tail_max).items()}
     hub = int(np.argmax(counts))
     has = {g: y[:, idx].any(axis=1) if idx.size else np.zeros(n, dtype=bool) for g, idx in groups.items()}
     tail_images = int(has["tail"].sum())

@@ -168,8 +168,7 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
         # DATASET-GAMMA-SEED -> one noisy label set: the grid's and the selection's (a selection set may lie
         # outside the grid, e.g. a second seed when the grid has one)
         "noisy_sets": {f"{d}-{g}-{s}": {"dataset": d, "gamma": g, "seed": s} for d, g, s in dict.fromkeys(
-            [(d, float(g), int(s)) for d in grid["datasets"] for g in grid["gammas"] for s in grid["seeds"]]
-            + [(d, g, s) for d, g, s, _ in paths.grid_runs(params) if g == paths.CLEAN]
+            [(d, g, s) for d, g, s, _ in paths.grid_runs(params)]  # the clean column's sets too
             + [(v["dataset"], v["gamma"], v["seed"]) for v in select["select_sets"].values()])},
     }
 

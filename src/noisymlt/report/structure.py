@@ -11,11 +11,10 @@ writes OUT (JSON: every statistic, the comparison with VOC-MLT, the files and th
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from noisymlt.data.labels import GROUPS, read_class_split, read_labels
-from noisymlt.data.structure import (REFERENCE, compare, group_split, recorded_thresholds, structure_stats,
+from noisymlt.data.labels import GROUPS, read_class_split, read_labels, split_from_counts
+from noisymlt.data.structure import (REFERENCE, compare, recorded_thresholds, structure_stats,
                                      threshold_text)
 from noisymlt.errors import NoisyMLTError
 from noisymlt.report.style import dataset_title
@@ -31,7 +30,7 @@ def check_split(split_path: str | Path, labels_path: str | Path, classes: list[s
     if sum(len(split[g]) for g in GROUPS) != len(classes):
         raise NoisyMLTError(f"{split_path}: a split of {sum(len(split[g]) for g in GROUPS)} classes, but {labels_path} "
                             f"has {len(classes)}; rebuild both with `noisymlt longtail`")
-    want = {g: idx.tolist() for g, idx in group_split(counts, thresholds["head_min"], thresholds["tail_max"]).items()}
+    want = split_from_counts(counts, thresholds["head_min"], thresholds["tail_max"])
     for g in GROUPS:
         moved = sorted(set(split[g]) ^ set(want[g]))
         if moved:
