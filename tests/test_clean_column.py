@@ -30,14 +30,18 @@ def with_clean(params: dict, methods: list[str]) -> dict:
 
 
 def test_clean_runs_follow_the_grid_at_every_seed_and_nowhere_else(demo):
-    params = with_clean(demo, ["erm", "db_focal"])
+    noisy = copy.deepcopy(demo)
+    noisy["grid"].pop("clean_methods", None)
+    params = with_clean(noisy, ["erm", "db_focal"])
     runs = paths.grid_runs(params)
-    assert runs[:len(paths.grid_runs(demo))] == paths.grid_runs(demo)  # the noisy grid first, unchanged
+    assert runs[:len(paths.grid_runs(noisy))] == paths.grid_runs(noisy)  # the noisy grid first, unchanged
     clean = [r for r in runs if r[1] == 0.0]
     assert clean == [("toy", 0.0, s, m) for s in demo["grid"]["seeds"] for m in ("erm", "db_focal")]
     assert paths.run_dir(*clean[0]) == "runs/toy/g0.0/s0/erm"
-    assert set(paths.all_runs(params)) - set(paths.all_runs(demo)) == set(clean)
-    assert not [r for r in paths.grid_runs(demo) if r[1] == 0.0]  # absent key: no clean run
+    assert set(paths.all_runs(params)) - set(paths.all_runs(noisy)) == set(clean)
+    assert not [r for r in paths.grid_runs(noisy) if r[1] == 0.0]  # absent key: no clean run
+    # the demo trains the clean column of issue 37
+    assert {m for _, g, _, m in paths.grid_runs(demo) if g == 0.0} == {"erm", "rs", "db_focal", "ldam", "ours"}
 
 
 def test_dvc_plans_the_clean_noisy_sets(demo):
@@ -47,7 +51,9 @@ def test_dvc_plans_the_clean_noisy_sets(demo):
     sets = dvc_block(with_clean(demo, ["erm"]), layers)["noisy_sets"]
     assert {k: v for k, v in sets.items() if v["gamma"] == 0.0} == {
         f"toy-0.0-{s}": {"dataset": "toy", "gamma": 0.0, "seed": s} for s in demo["grid"]["seeds"]}
-    assert not [v for v in dvc_block(demo, layers)["noisy_sets"].values() if v["gamma"] == 0.0]
+    noisy = copy.deepcopy(demo)
+    noisy["grid"].pop("clean_methods", None)
+    assert not [v for v in dvc_block(noisy, layers)["noisy_sets"].values() if v["gamma"] == 0.0]
 
 
 def test_the_clean_set_is_the_clean_labels():

@@ -98,12 +98,12 @@ def _toy_subset(tmp_path: Path, scenes: str, pool: int, max_count: int, min_coun
     return structure_stats(trainval.labels[rows], test_counts=test.labels.sum(axis=0), test_images=len(test))
 
 
-def test_the_voc_toy_has_voc_mlts_structure_within_every_tolerance(tmp_path):
-    """The demo's voc-structure layer (workflow/profiles/demo/voc_structure.yaml): its pool, subsampling and group
-    rule give a subset whose every statistic lies within TOLERANCE of VOC-MLT's."""
+def test_the_demo_toy_has_voc_mlts_structure_within_every_tolerance(tmp_path):
+    """The demo's toy (workflow/profiles/demo/params.yaml): its pool, subsampling and group rule give a subset whose
+    every statistic lies within TOLERANCE of VOC-MLT's (the structure report `make demo` writes says the same)."""
     import yaml
 
-    layer = yaml.safe_load((REPO / "workflow/profiles/demo/voc_structure.yaml").read_text())["datasets"]["toy"]
+    layer = yaml.safe_load((REPO / "workflow/profiles/demo/params.yaml").read_text())["datasets"]["toy"]
     assert layer["toy"]["scenes"] == "voc" and layer["longtail"]["groups"] == "scaled"
     stats = _toy_subset(tmp_path, "voc", layer["toy"]["n_trainval"], layer["longtail"]["max"], layer["longtail"]["min"])
     rows = compare(stats)

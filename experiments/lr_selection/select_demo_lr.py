@@ -6,9 +6,10 @@ demo: it holds out a stratified 20% of one noisy training set (every class keeps
 trains every candidate lr on the rest with the demo's schedule, and scores each by mAP against the held-out
 *noisy* labels. It never reads the test set or the clean labels. Each lr is tried with the layers that start
 from scratch (neck, head) at 1x and at 10x it (train.new_layers_lr_mult). That factor is part of the demo's
-regime, set per recipe in the profile from the fit diagnostics (experiments/new_layer_lr/experiment_new_layer_lr.py), not by this
-validation; the lr is chosen at the profile's factor, and the other factor's scores are kept for the record.
-One representative method per recipe is selected (ERM for db_random, DB-Focal for db, Ours for cl) and the
+regime, one value for every recipe (workflow/profiles/demo/params.yaml says why), not chosen by this validation;
+the lr is chosen at the profile's factor, and the other factor's scores are kept for the record. Candidates
+within the demo's selection.tie_margin of the best are tied, as in the demo's own selection, and a tie goes to the
+smaller lr (the references' 0.02 first). One representative method per recipe is selected (ERM for db_random, DB-Focal for db, Ours for cl) and the
 choice goes into the demo profile by hand, where tests/test_select_demo_lr.py holds it equal to the JSON this
 script writes (experiments/lr_selection/result.json).
 
@@ -52,20 +53,23 @@ def held_out_split(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray
     return val
 
 
-def choose(scores: dict) -> float | tuple:
-    """The best validation mAP; ties go to the smallest key: the smaller lr (the gentler schedule), and for
-    (new-layer factor, lr) keys the smaller factor first (the references' 1)."""
+def choose(scores: dict, margin: float = 0.0) -> float | tuple:
+    """The best validation mAP; candidates within ``margin`` points of it are tied, as in the demo's own model
+    selection (its selection.tie_margin), and ties go to the smallest key: the smaller lr (the references' 0.02
+    first, the gentler schedule), and for (new-layer factor, lr) keys the smaller factor first (the references' 1)."""
     best = max(scores.values())
-    return min(key for key, s in scores.items() if s == best)
+    return min(key for key, s in scores.items() if s >= best - margin)
 
 
-def recipe_record(method: str, scores: dict[tuple[float, float], float], regime_factor: float) -> dict:
+def recipe_record(method: str, scores: dict[tuple[float, float], float], regime_factor: float,
+                  margin: float = 0.0) -> dict:
     """One recipe's entry: every (new-layer factor, lr) score, and the lr chosen at the profile's factor."""
     at_regime = {lr: s for (f, lr), s in scores.items() if f == regime_factor}
     if not at_regime:
         raise SystemExit(f"{method}: no candidate at the profile's train.new_layers_lr_mult={regime_factor:g}")
     factors = sorted({f for f, _ in scores})
-    return {"method": method, "new_layers_lr_mult": regime_factor, "chosen_lr": choose(at_regime),
+    return {"method": method, "new_layers_lr_mult": regime_factor, "tie_margin": margin,
+            "chosen_lr": choose(at_regime, margin),
             "scores": {f"x{f:g}": {f"{lr:g}": s for (g, lr), s in scores.items() if g == f} for f in factors}}
 
 
@@ -81,6 +85,8 @@ def main() -> int:
     ap.add_argument("--factors", type=float, nargs="+", default=list(NEW_LAYER_FACTORS),
                     help="train.new_layers_lr_mult candidates, each tried with every lr")
     ap.add_argument("--workdir", help="scratch folder (default: a temporary folder, removed)")
+    ap.add_argument("--tie-margin", type=float,
+                    help="mAP points within which candidates tie (default: the params' selection.tie_margin)")
     args = ap.parse_args()
 
     sys.path.insert(0, str(REPO / "src"))
@@ -96,6 +102,8 @@ def main() -> int:
     noisy_path = REPO / "data" / args.dataset / "noisy" / f"g{args.gamma:g}_s{args.seed}.parquet"
     table = read_labels(noisy_path)  # noisy labels only: the clean_* columns are never read
     val = held_out_split(table.labels, args.held_out, args.seed)
+    # the demo's own selection counts candidates this close as tied (selection.tie_margin): one rule for all
+    margin = float(params.get("selection", {}).get("tie_margin", 0.0)) if args.tie_margin is None else args.tie_margin
     scratch = Path(args.workdir or tempfile.mkdtemp(prefix="noisymlt-select-"))
     scratch.mkdir(parents=True, exist_ok=True)
     frame = pd.read_parquet(noisy_path)
@@ -132,7 +140,7 @@ def main() -> int:
             scores[factor, lr] = round(100 * float(np.nanmean(average_precisions(val_labels, heads[head]))), 2)
             print(f"{recipe}: {method} lr {lr:g}, new layers x{factor:g}: noisy validation mAP "
                   f"{scores[factor, lr]:.2f}", flush=True)
-        result["recipes"][recipe] = recipe_record(method, scores, regime)
+        result["recipes"][recipe] = recipe_record(method, scores, regime, margin)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     if not args.workdir:

@@ -80,6 +80,8 @@ def fit_rows(fit: dict | None, base: dict) -> list[dict]:
         return float("nan") if v is None else float(v)
 
     rows = [{**row, "head": None, "metric": f"fit_{k}", "value": value(fit[k])} for k in RUN_FIT]
+    # runs on clean labels: the frozen-trunk probe (fit_probe_map, ...; noisymlt.training.probe)
+    rows += [{**row, "head": None, "metric": f"fit_{k}", "value": value(v)} for k, v in fit.get("probe", {}).items()]
     for head, rec in fit["heads"].items():
         rows += [{**row, "head": head, "metric": f"fit_{k}", "value": value(v)} for k, v in rec.items()]
     for rec in fit["pseudo_labels"]:

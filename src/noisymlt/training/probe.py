@@ -66,3 +66,18 @@ def ridge_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, *,
     w, b = _ridge(train_x, train_y, best)
     return {"test_scores": test_x @ w + b, "strength": best, "cv_map": {f"{s:g}": round(100 * v, 2)
                                                                          for s, v in cv.items()}}
+
+
+def probe_record(trunk, train_batches, test_batches, train_labels: np.ndarray, test_labels: np.ndarray,
+                 seed: int) -> dict:
+    """The probe of ``trunk`` (a pretrained backbone, frozen) fit on ``train_labels`` and scored on the test set:
+    its test mAP (a fraction: the mean of the classes' APs, as a run's total mAP), the ridge strength cross-validation
+    chose (folds drawn with ``seed``), and the participation ratio of the pooled features' spectrum (how many
+    directions the trunk's features use)."""
+    train_x = pooled_features(trunk, train_batches)
+    test_x = pooled_features(trunk, test_batches)
+    probe = ridge_probe(train_x, train_labels, test_x, seed=seed)
+    spectrum = np.clip(np.linalg.eigvalsh(np.cov(train_x, rowvar=False)), 0.0, None)
+    return {"probe_map": round(_map(np.asarray(test_labels) > 0.5, probe["test_scores"]), 6),
+            "probe_strength": probe["strength"],
+            "probe_participation_ratio": round(float(spectrum.sum() ** 2 / (spectrum ** 2).sum()), 4)}

@@ -416,15 +416,15 @@ class Trainer:
         # would otherwise be joined by the next append
         write_records(path, [r for r in read_records(path) if r.get("epoch", 0) <= epochs_done])
 
-    def iterate_train_eval(self):
-        """Yield (row indices, images on device) over the whole train set with the test transform:
+    def iterate_train_eval(self, part: str = "train"):
+        """Yield (row indices, images on device) over the whole train set (or ``part``) with the test transform:
         for methods that score every training image (DivideMix's per-sample losses)."""
         import torch
 
         from noisymlt.training.loaders import eval_loader
 
         tcfg = self.cfg["train"]
-        loader = eval_loader(self.images.eval_dataset("train"), tcfg["eval_batch_size"], self.workers,
+        loader = eval_loader(self.images.eval_dataset(part), tcfg["eval_batch_size"], self.workers,
                              self.device.type == "cuda")
         start = 0
         for images in loader:
@@ -485,8 +485,29 @@ class Trainer:
         tcfg = self.cfg["train"]
         rates = [lr_at(tcfg, e, i, self.iters) for e in range(tcfg["epochs"]) for i in range(self.iters)]
         noise_log = self.noise_monitor.snapshot() if self.noise_monitor is not None else None
-        return diagnose(train_cfg=tcfg, lr_rates=rates, history=history, noisy=self.train_table.labels,
-                        train_scores=self.predict(part="train"), test_scores=test_scores, noise_log=noise_log)
+        record = diagnose(train_cfg=tcfg, lr_rates=rates, history=history, noisy=self.train_table.labels,
+                          train_scores=self.predict(part="train"), test_scores=test_scores, noise_log=noise_log)
+        if float(self.cfg["gamma"]) == 0.0:  # clean labels: would a probe of the frozen trunk do as well?
+            record["probe"] = self.probe()
+        return record
+
+    def probe(self) -> dict:
+        """The linear probe of the run's pretrained trunk, frozen, on the run's training labels
+        (noisymlt.training.probe): fine-tuning should do better than it, as with ImageNet features on VOC.
+        The trunk is built afresh from the run's weights, so a resumed run gets the same probe."""
+        import torch
+
+        from noisymlt.models.backbones import build_backbone
+        from noisymlt.training.probe import probe_record
+
+        tcfg = self.cfg["train"]
+        trunk = build_backbone(tcfg["backbone"], pretrained=tcfg["pretrained"],
+                               weights_path=tcfg.get("weights_path")).to(self.device)
+        if tcfg["channels_last"]:
+            trunk = trunk.to(memory_format=torch.channels_last)
+        return probe_record(trunk, (x for _, x in self.iterate_train_eval()),
+                            (x for _, x in self.iterate_train_eval("test")), self.train_table.labels,
+                            self.test_table.labels, seed=self.cfg["seed"])
 
     def _write_outputs(self, started: str, history: list, scores: dict, fit: dict) -> Path:
         import torch
