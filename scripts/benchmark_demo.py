@@ -63,11 +63,29 @@ def job_seconds(root: Path) -> dict[str, float]:
     return {k: round(v, 1) for k, v in out.items()}
 
 
+def readme_timing(timing: dict) -> dict:
+    """What the README's block says of a timing (and of the older commit's, timed in the same sitting): wall minutes,
+    cores, runs, and the calibration workload's seconds (the mean of its readings before and after the demo)."""
+
+    def calibration_s(t: dict) -> float:
+        return round((t["calibration"]["before"]["torch_s"] + t["calibration"]["after"]["torch_s"]) / 2, 3)
+
+    out = {k: timing[k] for k in ("wall_minutes", "cores", "runs")}
+    if "previous" in timing:
+        old = timing["previous"]
+        out["calibration_s"] = calibration_s(timing)
+        out["previous"] = {"commit": old["commit"], "wall_minutes": old["wall_minutes"], "runs": old["runs"],
+                           "calibration_s": calibration_s(old)}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", required=True, help="file to write the timing to")
     ap.add_argument("--workdir", help="scratch folder for the clone (default: a temporary folder, removed)")
     ap.add_argument("--readme", action="store_true", help="render the demo's numbers and this timing into README.md")
+    ap.add_argument("--previous", help="JSON this script wrote for an older commit in the same sitting: kept in --json "
+                    "and named in the README (is the demo slower than it was?)")
     ap.add_argument("--commit", default="HEAD",
                     help="the commit to clone (default HEAD): time an older commit in the same sitting, or keep its "
                          "demo (--workdir) to compare with another's (scripts/compare_runs.py)")
@@ -102,12 +120,14 @@ def main() -> int:
               # the Snakemake process itself (DAG, scheduling; its jobs are other processes): CPU it takes from them
               "snakemake_cpu_seconds": round(scheduler_cpu, 1),
               "calibration": {"before": before, "after": calibrate()}}
+    if args.previous:
+        timing["previous"] = json.loads(Path(args.previous).read_text())
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(timing, indent=1) + "\n")
     print(json.dumps(timing, indent=1))
     if args.readme:
         numbers = json.loads((clone / "reports" / "readme_numbers.json").read_text())
-        numbers["timing"] = {k: timing[k] for k in ("wall_minutes", "cores", "runs")}
+        numbers["timing"] = readme_timing(timing)
         merged = scratch / "demo_numbers.json"
         merged.write_text(json.dumps(numbers, indent=1, sort_keys=True) + "\n")
         subprocess.run([sys.executable, "-m", "noisymlt", "readme", "--numbers", str(merged), "--readme",

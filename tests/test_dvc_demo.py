@@ -34,7 +34,7 @@ DEMO = ("params.yaml", "workflow/profiles/demo/params.yaml")
 # The demo reduced to seconds: one noise rate, one epoch, a small source task for the pretrained backbone.
 TINY_LAYER = {
     # no ablations (Snakemake's only: their runs would enter its results.parquet, not DVC's) and no timing runs
-    "grid": {"datasets": ["toy"], "gammas": [0.5], "seeds": [0], "methods": ["erm"], "ablations": []},
+    "grid": {"datasets": ["toy"], "gammas": [0.5], "seeds": [0], "methods": ["erm"], "ablations": [], "clean_methods": []},
     "timing": {"methods": ["erm"], "trials": 1, "batch_sizes": [1]},
     "datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 240, "n_test": 60, "size": 32},
                          "longtail": {"source": "pareto", "b": 6, "max": 60, "min": 3, "seed": 0}}},

@@ -318,3 +318,22 @@ def test_readme_claims_say_when_a_branch_got_no_pseudo_labels():
     assert "nan" not in text and "2 of 3 runs reached" in text
     assert "changed 0.0 labels of 352 random-branch anchors in the last epoch (mean over seeds)." in text
     assert "changed 61.3 labels of 704 balanced-branch anchors in the last epoch (mean over seeds), 83%" in text
+
+
+def test_the_fit_report_and_readme_set_clean_runs_beside_their_probe(tmp_path):
+    from noisymlt.report.fit import probe_comparison
+    from noisymlt.report.readme import paper_claims, render_claims
+
+    maps = {("erm", g, s): 0.6 + s / 100 for g in (0.0, 0.5) for s in range(3)}
+    res = _results(maps)
+    base = res[(res["gamma"] == 0.0) & (res["metric"] == "mAP")].drop(columns=["metric", "value", "head"])
+    probe = base.assign(head=None, metric="fit_probe_map", value=[0.615, 0.605, 0.5])  # seed 0 above ERM's 0.60
+    res = pd.concat([res, probe], ignore_index=True)
+    rows = probe_comparison(res, "toy")
+    assert [(r["seed"], round(r["finetuned"], 2), round(r["probe"], 2)) for r in rows] == [
+        (0, 60.0, 61.5), (1, 61.0, 60.5), (2, 62.0, 50.0)]
+    write_fit_table(res, tmp_path / "fit.tex", {"erm": "ERM"}, "toy")
+    md = (tmp_path / "fit.md").read_text()
+    assert "| ERM | 60.0 / 61.5 | 61.0 / 60.5 | 62.0 / 50.0 | 2 of 3 |" in md
+    text = "\n".join(render_claims(paper_claims(res, ["erm"], {"erm": "ERM"}, "toy", 0.5), [0.5]))
+    assert "ERM is above the probe on 2 of 3 seeds (ERM 60.0 to 62.0 mAP, the probe 50.0 to 61.5" in text

@@ -72,3 +72,50 @@ def test_the_experiments_readme_shows_its_frozen_result():
     assert module.table(result) in (folder / "README.md").read_text()
     demo = result["demo_recipe"]["runs"]
     assert all(demo[s]["probe_map"] - next(iter(demo[s]["finetuned_map"].values())) > 5 for s in demo)
+
+
+def test_the_probe_record_is_the_ridge_probes_test_map_and_the_feature_spectrum():
+    from noisymlt.training.probe import probe_record
+
+    torch.manual_seed(1)
+    trunk = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3), torch.nn.ReLU())
+    rng = np.random.default_rng(4)
+    train_images, test_images = torch.randn(40, 3, 8, 8), torch.randn(30, 3, 8, 8)
+    train_y, test_y = (rng.random((40, 3)) < 0.4).astype(float), (rng.random((30, 3)) < 0.4).astype(float)
+    got = probe_record(trunk, iter([train_images[:25], train_images[25:]]), iter([test_images]), train_y, test_y, seed=2)
+    with torch.no_grad():
+        train_x = trunk(train_images).mean(dim=(2, 3)).double().numpy()
+        test_x = trunk(test_images).mean(dim=(2, 3)).double().numpy()
+    want = ridge_probe(train_x, train_y, test_x, seed=2)
+    assert got["probe_map"] == pytest.approx(np.nanmean(average_precisions(test_y, want["test_scores"])), abs=1e-6)
+    assert got["probe_strength"] == want["strength"]
+    eig = np.linalg.eigvalsh(np.cov(train_x, rowvar=False))
+    assert got["probe_participation_ratio"] == pytest.approx(eig.sum() ** 2 / (eig ** 2).sum(), abs=1e-3)
+    assert 1 <= got["probe_participation_ratio"] <= 6
+
+
+def test_a_clean_run_records_the_probe_of_its_pretrained_trunk_and_a_noisy_run_does_not(tiny_toy, tmp_path):
+    """gamma 0 (the clean column): the fit record holds the probe of the run's frozen trunk as the run's weights
+    give it before training (built afresh: the same after a resume), scored on the test set; aggregate carries it
+    as fit_probe_map and the fit table sets it beside the run's own mAP."""
+    import json
+
+    from conftest import tiny_params, toy_trainer
+
+    from noisymlt.config import resolve_run
+    from noisymlt.report.aggregate import fit_rows
+
+    params = tiny_params("erm", epochs=1, lr_steps=[1], warmup_iters=1)
+    clean = resolve_run(params, "toy", "erm", 0.0, 0)
+    trainer = toy_trainer(tiny_toy, clean, tmp_path / "clean", train_labels=tiny_toy["train"], limit_iters=2)
+    trainer.run()
+    fit = json.loads((tmp_path / "clean" / "manifest.json").read_text())["fit"]
+    assert set(fit["probe"]) == {"probe_map", "probe_strength", "probe_participation_ratio"}
+    assert 0 < fit["probe"]["probe_map"] < 1
+    assert fit["probe"] == trainer.probe()  # the trunk from the run's weights, not the fine-tuned one
+    rows = fit_rows(fit, {"run_id": "r"})
+    assert [r["value"] for r in rows if r["metric"] == "fit_probe_map"] == [fit["probe"]["probe_map"]]
+    noisy = resolve_run(params, "toy", "erm", 0.5, 0)
+    trainer = toy_trainer(tiny_toy, noisy, tmp_path / "noisy", limit_iters=2)
+    trainer.run()
+    assert "probe" not in json.loads((tmp_path / "noisy" / "manifest.json").read_text())["fit"]

@@ -31,7 +31,7 @@ RUN_TIMEOUT_S = 600
 # One run (toy, gamma 0.5, seed 0, ERM) on 32 px images, one epoch. 600 trainval images with
 # max 110 give a 200-image long-tailed subset with 1 head, 4 medium and 15 tail classes.
 TINY_PARAMS = {
-    "grid": {"datasets": ["toy"], "gammas": [0.5], "seeds": [0], "methods": ["erm"], "ablations": []},
+    "grid": {"datasets": ["toy"], "gammas": [0.5], "seeds": [0], "methods": ["erm"], "ablations": [], "clean_methods": []},
     "datasets": {
         "toy": {
             "toy": {"seed": 0, "n_trainval": 600, "n_test": 200, "size": 32},

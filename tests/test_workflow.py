@@ -194,7 +194,8 @@ def test_a_train_job_writes_its_config_trains_on_it_and_evaluates(tmp_path):
 
 TINY_LAYER = {
     # ERM and Ours at two noise rates, the K sweep (Ours variants) at 0.5: every kind of table and figure
-    "grid": {"datasets": ["toy"], "gammas": [0.5, 0.9], "seeds": [0], "methods": ["erm", "ours"], "ablations": ["ab_k"]},
+    "grid": {"datasets": ["toy"], "gammas": [0.5, 0.9], "seeds": [0], "methods": ["erm", "ours"], "ablations": ["ab_k"],
+             "clean_methods": []},
     "ablations": {"ab_k": {"methods": ["ours_no_pseudo", "ours_k3"], "seeds": [0]}},  # the demo's: three
     "timing": {"methods": ["erm", "ours"], "trials": 1, "batch_sizes": [1, 64]},
     "datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 600, "n_test": 200, "size": 32},

@@ -18,7 +18,7 @@ the candidates' validation scores only (no test set, no clean label), and the ma
 selection.tie_margin is set to.
 
     python experiments/cpu_numerics/tie_margin.py --select-dir runs/toy/select/ours \\
-        --other OTHER_demo_numbers.json --out experiments/cpu_numerics/tie_margin.json
+        [--other OTHER_demo_numbers.json] --out experiments/cpu_numerics/tie_margin.json
 """
 
 from __future__ import annotations
@@ -55,12 +55,13 @@ def other_means(numbers: Path, method: str = "ours") -> dict[str, float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--select-dir", required=True, help="this machine's selection folder of Ours (runs/toy/select/ours)")
-    p.add_argument("--other", required=True, help="docs/demo_numbers.json made on another machine")
+    p.add_argument("--other", help="docs/demo_numbers.json made on another machine from the same toy (optional: "
+                                   "the margin itself needs this machine's two selection sets only)")
     p.add_argument("--other-numerics", default="", help="what the other machine was, in words")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     here = candidates(Path(args.select_dir))
-    there = other_means(Path(args.other))
+    there = other_means(Path(args.other)) if args.other else {}
     made = next(Path(args.select_dir).rglob("manifest.json"), None)  # a candidate run's manifest
     numerics = json.loads(made.read_text()).get("numerics") if made else None
     sets = sorted(next(iter(here.values()))["sets"])
@@ -71,8 +72,9 @@ def main() -> int:
     # the first stage only: a later stage's candidates carry the earlier choices, which may differ between machines
     shared = sorted(k for k, c in here.items() if c["stage"] == "stage1" and c["tag"] in there)
     change = np.array([here[k]["mean"] - there[here[k]["tag"]] for k in shared])
-    sd_cpu = float(change.std(ddof=1))
-    pair_sd = {"between_sets": round(sd_sets, 3), "between_machines": round(math.sqrt(2) * sd_cpu, 3)}
+    sd_cpu = float(change.std(ddof=1)) if len(shared) > 1 else None
+    pair_sd = {"between_sets": round(sd_sets, 3),
+               "between_machines": None if sd_cpu is None else round(math.sqrt(2) * sd_cpu, 3)}
     # the margin is the selection's own resolution (between its sets: a set's training run is another draw, as a
     # CPU type's is); the change between machines is reported beside it, since there it also holds the precision
     # the other machine ran (bf16 against fp32)
@@ -81,8 +83,9 @@ def main() -> int:
         "question": "how close may two selection candidates be before the selection cannot tell them apart?",
         "this_machine": {"select_dir": args.select_dir, "numerics": numerics, "sets": sets,
                          "candidates": {t: c for t, c in here.items()}},
-        "other_machine": {"file": args.other, "numerics": args.other_numerics, "means": there},
-        "mean_change_between_machines": round(float(change.mean()), 3), "candidates_compared": len(shared),
+        "other_machine": {"file": args.other, "numerics": args.other_numerics, "means": there} if args.other else None,
+        "mean_change_between_machines": round(float(change.mean()), 3) if len(shared) else None,
+        "candidates_compared": len(shared),
         "pair_difference_sd": pair_sd,
         "tie_margin": margin,
     }

@@ -11,7 +11,7 @@ what it decides is whether the source task gives a trunk worth fine-tuning.
 Needs the layered demo's data (`snakemake --profile workflow/profiles/demo --configfile ... data/toy/train_labels.parquet
 data/toy/test_labels.parquet data/toy/cache/train.npy data/toy/cache/test.npy data/pretrained/toy_glyphs.pt`).
 
-    python experiments/probe_vs_finetune/experiment_probe.py --root . --layers workflow/profiles/demo/voc_structure.yaml \
+    python experiments/probe_vs_finetune/experiment_probe.py --root . \
         --seeds 0 1 2 --json experiments/probe_vs_finetune/result.json --tag demo_recipe
 
 (the variants of result.json: experiments/probe_vs_finetune/run_variants.sh)

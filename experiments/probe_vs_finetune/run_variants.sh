@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Every variant of result.json, on the layered demo's data (see experiment_probe.py's docstring), three seeds each.
+# Ran at commit e66d040, whose demo profile and layer voc_structure.yaml it reads: check that commit out to rerun it
+# (the demo has since moved to the same structure at a quarter of the scale; schedule_rule.sh sweeps it there).
 # Run from the project folder after building that data; about 6 minutes on 2 cores.
 set -euo pipefail
 run() { python experiments/probe_vs_finetune/experiment_probe.py --root . \

@@ -5,7 +5,8 @@
   images, both against the prior-only BCE of the same labels; the training-image mAP against the noisy
   labels; the spread of the test outputs; the peak learning rate against the nominal one; and, for the
   co-learning family, the labels its pseudo labels changed per branch in the last epoch and the share of
-  those changes that moved toward the clean label.
+  those changes that moved toward the clean label; below it, for the runs on clean labels (the clean column), each
+  run's total test mAP beside the linear probe of its frozen pretrained trunk (noisymlt.training.probe), per seed.
 * ``noisymlt paired-table``: a method (Ours) minus every other method, paired by noise rate and seed.
   Every run of a seed trains on that seed's noisy labels, so the difference per seed removes what the
   seeds share, and its 95% CI over seeds is far narrower than the two methods' own intervals; a CI that

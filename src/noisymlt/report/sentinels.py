@@ -6,7 +6,8 @@ the last bit, the values its model selection chose, the numerics fingerprint the
 sentinel run is then held
 
 * **exactly** where its fingerprint and chosen values are those of a recorded reading: the README's own, or one
-  of ``docs/numerics_readings.json`` (readings taken on other CPU types, to the digits they were read with).
+  of ``docs/numerics_readings.json`` (readings taken on other CPU types, to the digits they were read with, of
+  the run with the same run id: a reading of an earlier demo's configuration applies to none of today's).
   Runs are bit-reproducible there, so one ulp is a failure;
 * **inside its interval** elsewhere: another CPU type's kernels round differently (experiments/cpu_numerics),
   and over a run that grows into another draw of training (the readings differ from each other by whole
@@ -83,6 +84,9 @@ def sentinel_record(results: pd.DataFrame, middle: float, first: int) -> dict:
         manifest = json.loads(Path(run["manifest"].iloc[0]).read_text())
         selected = (manifest["run"].get("selected") or {}).get("values")
         runs[f"{m}/{middle:g}/{first}"] = {"map": float(run["value"].iloc[0]), "selected": selected,
+                                           # the run's configuration (its hash): a reading is of this demo's run
+                                           # only where it recorded the same
+                                           "run_id": str(run["run_id"].iloc[0]),
                                            "interval": prediction_interval(100 * cell["value"].to_numpy())}
     numerics = run_numerics(results)
     return {"numerics": numerics[0] if len(numerics) == 1 else None, "runs": runs}
@@ -112,6 +116,8 @@ def check(key: str, got: dict, sentinels: dict, readings: list[dict]) -> tuple[s
                              "must be bit-identical")
     for reading in readings:
         run = reading["runs"].get(key)
+        if run and run.get("run_id") != own.get("run_id"):
+            continue  # a reading of another demo's run (another toy or profile): not this run's numbers
         if run and mine is not None and mine == identity(reading["numerics"]) and _same_selection(got["selected"],
                                                                                                    run.get("selected")):
             digits = int(run["digits"])

@@ -501,8 +501,10 @@ class Trainer:
         from noisymlt.training.probe import probe_record
 
         tcfg = self.cfg["train"]
-        trunk = build_backbone(tcfg["backbone"], pretrained=tcfg["pretrained"],
-                               weights_path=tcfg.get("weights_path")).to(self.device)
+        with torch.random.fork_rng(devices=[]):  # a trunk without weights file: the same random one every time
+            torch.manual_seed(self.cfg["seed"])
+            trunk = build_backbone(tcfg["backbone"], pretrained=tcfg["pretrained"],
+                                   weights_path=tcfg.get("weights_path")).to(self.device)
         if tcfg["channels_last"]:
             trunk = trunk.to(memory_format=torch.channels_last)
         return probe_record(trunk, (x for _, x in self.iterate_train_eval()),
