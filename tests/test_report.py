@@ -442,3 +442,25 @@ def test_figure_checks_catch_what_the_old_figures_did():
             check_layout(figure(**kwargs))
     with pytest.raises(AssertionError, match="internal name 'erm'"):
         check_layout(figure(title="erm"), internal_names=["erm"])
+
+
+def test_the_clean_column_is_a_point_apart_on_the_map_vs_gamma_figure():
+    """gamma 0 (grid.clean_methods) is no noise rate: its mean is drawn as a marker without a line to the noise
+    rates' curve, at a tick named "clean"; a method with no clean runs draws only its curve."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from noisymlt.report.figures import map_vs_gamma_figure
+
+    rows = [{"metric": "mAP", "dataset": "toy", "method": m, "gamma": g, "seed": s, "head": "main", "group": grp,
+             "value": 0.5 - g / 2 + s / 100}
+            for m in ("erm", "focal") for g in (0.0, 0.3, 0.5) for s in (0, 1) for grp in ("total", "head", "medium", "tail")
+            if not (m == "focal" and g == 0.0)]
+    fig = map_vs_gamma_figure(pd.DataFrame(rows), ["erm", "focal"], {"erm": "ERM", "focal": "Focal Loss"})
+    ax = fig.axes[0]
+    lines = [(list(line.get_xdata()), line.get_linestyle(), line.get_label()) for line in ax.get_lines()]
+    assert ([0.3, 0.5], "-", "ERM") in lines and ([0.3, 0.5], "-", "Focal Loss") in lines
+    assert [(x, style) for x, style, _ in lines if x == [0.0]] == [([0.0], "None")]  # ERM's clean point only
+    fig.canvas.draw()
+    assert [t.get_text() for t in fig.axes[-1].get_xticklabels()] == ["clean", "0.3", "0.5"]
+    plt.close(fig)

@@ -21,7 +21,7 @@ from noisymlt.data.labels import GROUPS
 from noisymlt.errors import NoisyMLTError
 from noisymlt.report.style import (BLACK, BLUE, COLUMN_WIDTH, GREEN, ORANGE, VERMILLION, FONT_PT, dataset_title,
                                    paper_style, save_figure)
-from noisymlt.report.tables import mean_ci, method_choice, primary_head, read_results
+from noisymlt.report.tables import gamma_text, mean_ci, method_choice, primary_head, read_results
 
 MARKERS = "osv^D<>phXd"
 PAPER_ABLATION_DATASET = "voc"  # every ablation of the paper is reported on VOC-MLT-Noise (its captions)
@@ -65,10 +65,15 @@ def map_vs_gamma_figure(results: pd.DataFrame, methods: list[str], labels: dict[
                 for method in methods:
                     rows = part[(part["method"] == method) & (part["head"] == primary_head(results, method))]
                     means = [(g, mean_ci(100 * r["value"].to_numpy())[0]) for g, r in rows.groupby("gamma")]
-                    if means:
-                        ax.plot(*zip(*means), label=labels.get(method, method), **styles[method])
+                    noisy = [(g, m) for g, m in means if g > 0]
+                    if noisy:
+                        ax.plot(*zip(*noisy), label=labels.get(method, method), **styles[method])
+                    clean = [(g, m) for g, m in means if g == 0]  # the clean column: a point apart, no line to γ 0.3
+                    if clean:
+                        ax.plot(*zip(*clean), **{**styles[method], "linestyle": "none"},
+                                **({} if noisy else {"label": labels.get(method, method)}))
                 ax.set_title(f"{dataset_title(ds)}: {group}" if len(datasets) > 1 else group)
-                ax.set_xticks(gammas, [f"{g:g}" for g in gammas])
+                ax.set_xticks(gammas, [gamma_text(g) for g in gammas])
                 ax.grid(True)
                 if j // 2 == 1:
                     ax.set_xlabel("noise rate $\\gamma$")
