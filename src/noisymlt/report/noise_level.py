@@ -145,7 +145,7 @@ def noise_level_figure(frame: pd.DataFrame, title: str = "", smooth: int = 1):
                     std = 100 * rates.std(axis=1)
                     ax.fill_between(x, mean - std, mean + std, color=style["color"], alpha=0.12, lw=0)
             ax.set_title(TITLES[panel])
-            ax.set_xticks(range(epochs + 1))
+            ax.set_xticks(range(0, epochs + 1, -(-epochs // 12)))  # at most 13 ticks: readable in one column
             ax.set_xlim(0, epochs)
             ax.grid(True)
         axes[-1, 0].set_xlabel("epoch")
