@@ -128,8 +128,9 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     assert not [k for k in whole if k.startswith("dvc_runs_")]  # the lists are in their shard files, not here
     methods = ["erm", "focal", "rs", "rs_focal", "ldam", "bbn", "mlgcn", "dividemix", "db", "db_focal", "ours"]
     grid = [f"toy-{g}-{s}-{m}" for g in ("0.3", "0.5", "0.7", "0.9") for s in range(5) for m in methods]
-    assert set(grid) < set(runs)  # the demo's main grid, then its ablations' runs (24 variants, three seeds)
-    assert len(runs) == len(grid) + 24 * 3 and {f"toy-0.5-{s}-ours_no_both" for s in range(3)} < set(runs)
+    clean = [f"toy-0.0-{s}-{m}" for s in range(5) for m in ("erm", "rs", "db_focal", "ldam", "ours")]
+    assert set(grid) < set(runs) and set(clean) < set(runs)  # the main grid and its clean column, then the ablations
+    assert len(runs) == len(grid) + len(clean) + 24 * 3 and {f"toy-0.5-{s}-ours_no_both" for s in range(3)} < set(runs)
     # each run in the shard its key hashes to (a stable hash: a new run moves no other), each shard used,
     # every shard block carries the command prefix: the shared preload server, as the demo asks
     shards = _shards("dvc-params.json")
@@ -151,9 +152,9 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     assert len(candidates) == 32 and list(block["selections"]) == ["toy-ours-1", "toy-ours-2"]
     assert list(block["select_sets"]) == ["toy-0.5-0", "toy-0.5-1"]
     # a noise stage for each of the grid's noisy sets, and for a selection set outside the grid
-    assert list(block["noisy_sets"]) == [f"toy-{g}-{s}" for g in (0.3, 0.5, 0.7, 0.9) for s in range(5)]
+    assert list(block["noisy_sets"]) == [f"toy-{g}-{s}" for g in (0.3, 0.5, 0.7, 0.9, 0.0) for s in range(5)]
     one_seed = yaml.safe_load(Path("demo.yaml").read_text())
-    one_seed["grid"].update(gammas=[0.5], seeds=[0])
+    one_seed["grid"].update(gammas=[0.5], seeds=[0], clean_methods=[])
     Path("one_seed.yaml").write_text(yaml.safe_dump(one_seed))
     write(["params.yaml", "one_seed.yaml"], "one_seed_dvc.yaml")
     narrow = yaml.safe_load(Path("one_seed_dvc.yaml").read_text())["dvc"]
@@ -216,13 +217,13 @@ def test_a_value_the_selection_chooses_reruns_no_stage_when_set_by_hand(tmp_path
         return {k: v for k, v in {**block["run_configs"], **block["candidate_configs"]}.items() if "ours" in k}
 
     base = hashes()
-    assert len(base) == 20 + 24 * 3 + 32  # Ours' final runs, its ablation variants' (they take its values), candidates
+    assert len(base) == 20 + 5 + 24 * 3 + 32  # Ours' final runs (noisy, clean), its ablation variants' (they take its values), candidates
     Path("lr.yaml").write_text("train: {lr: 0.05}\nmethods: {ours: {train: {lr: 0.3}}}\n")
     assert hashes("lr.yaml") == base
     Path("epochs.yaml").write_text("methods: {ours: {train: {epochs: 15}}}\n")
     changed = hashes("epochs.yaml")
     own = [k for k in base if k.endswith("-ours") or k.startswith("toy-ours-")]
-    assert len(own) == 20 + 32 and all(changed[k] != base[k] for k in own)
+    assert len(own) == 20 + 5 + 32 and all(changed[k] != base[k] for k in own)
 
 
 def readme_dag(md: str) -> str:

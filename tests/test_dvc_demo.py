@@ -36,8 +36,8 @@ TINY_LAYER = {
     # no ablations (Snakemake's only: their runs would enter its results.parquet, not DVC's) and no timing runs
     "grid": {"datasets": ["toy"], "gammas": [0.5], "seeds": [0], "methods": ["erm"], "ablations": [], "clean_methods": []},
     "timing": {"methods": ["erm"], "trials": 1, "batch_sizes": [1]},
-    "datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 240, "n_test": 60, "size": 32},
-                         "longtail": {"source": "pareto", "b": 6, "max": 60, "min": 3, "seed": 0}}},
+    "datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 240, "n_test": 60, "size": 32, "scenes": "glyph"},
+                         "longtail": {"source": "pareto", "b": 6, "max": 60, "min": 3, "seed": 0, "groups": "fixed"}}},
     "train": {"epochs": 1, "batch_size": 16, "warmup_iters": 2, "lr_steps": [1], "eval_batch_size": 64},
     # a schedule's keys win over the train block: the demo's recipes set their own epochs
     "schedules": {name: {"train": {"warmup_iters": 2, "epochs": 1, "lr_steps": [1]}}

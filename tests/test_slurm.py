@@ -34,8 +34,8 @@ TINY_PARAMS = {
     "grid": {"datasets": ["toy"], "gammas": [0.5], "seeds": [0], "methods": ["erm"], "ablations": [], "clean_methods": []},
     "datasets": {
         "toy": {
-            "toy": {"seed": 0, "n_trainval": 600, "n_test": 200, "size": 32},
-            "longtail": {"source": "pareto", "b": 6, "max": 110, "min": 2, "seed": 0},
+            "toy": {"seed": 0, "n_trainval": 600, "n_test": 200, "size": 32, "scenes": "glyph"},
+            "longtail": {"source": "pareto", "b": 6, "max": 110, "min": 2, "seed": 0, "groups": "fixed"},
         }
     },
     "train": {"image_size": 32, "epochs": 1, "warmup_iters": 2, "lr_steps": [], "eval_batch_size": 100},

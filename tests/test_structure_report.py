@@ -203,7 +203,7 @@ def test_the_workflow_writes_the_structure_report_of_its_dataset(tmp_path):
     from test_workflow import copy_workflow, snakemake
 
     wf = copy_workflow(tmp_path)
-    layer = {"datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 300, "n_test": 100, "size": 32},
+    layer = {"datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 300, "n_test": 100, "size": 32, "scenes": "glyph"},
                                   "longtail": {"source": "pareto", "b": 6, "max": 60, "min": 2, "seed": 0,
                                                "groups": "scaled"}}}}
     (wf / "tiny.yaml").write_text(yaml.safe_dump(layer))

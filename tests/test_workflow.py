@@ -198,8 +198,8 @@ TINY_LAYER = {
              "clean_methods": []},
     "ablations": {"ab_k": {"methods": ["ours_no_pseudo", "ours_k3"], "seeds": [0]}},  # the demo's: three
     "timing": {"methods": ["erm", "ours"], "trials": 1, "batch_sizes": [1, 64]},
-    "datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 600, "n_test": 200, "size": 32},
-                         "longtail": {"source": "pareto", "b": 6, "max": 150, "min": 4, "seed": 0}}},
+    "datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 600, "n_test": 200, "size": 32, "scenes": "glyph"},
+                         "longtail": {"source": "pareto", "b": 6, "max": 150, "min": 4, "seed": 0, "groups": "fixed"}}},
     "train": {"epochs": 2, "batch_size": 16, "balanced_batch_size": 32, "image_size": 32, "warmup_iters": 2,
               "lr_steps": [2], "workers": 0},
     # a schedule's keys win over the train block: the demo's recipes set their own epochs
