@@ -304,7 +304,8 @@ def test_co_divide_separates_truly_noisy_from_clean_images(tiny_toy, tmp_path):
     from sklearn.metrics import roc_auc_score
 
     params = tiny_params("dividemix", image_size=32, epochs=3, lr_steps=[5], warmup_iters=10, lr=0.05,
-                         new_layers_lr_mult=1.0)  # one lr for every layer, as DivideMix's code
+                         new_layers_lr_mult=1.0,  # one lr for every layer, as DivideMix's code
+                         photometric=True)  # the references' augmentation (the demo's toy drops it)
     params["methods"]["dividemix"] = {**BLOCK, "warmup_epochs": "auto"}
     trainer = toy_trainer(tiny_toy, resolve_run(params, "toy", "dividemix", 0.5, 0), tmp_path / "run")
     assert trainer.method.warmup == 2  # ceil(10 / iterations per epoch) + 1: two warm-up epochs
