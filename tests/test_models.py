@@ -112,3 +112,31 @@ def test_the_half_width_tiny_resnet_has_the_same_stages_at_half_the_channels():
     assert [n for n, _ in full.named_children()] == [n for n, _ in half.named_children()]
     n_params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert 3.5 < n_params(full) / n_params(half) < 4.5  # widths halve: about a quarter of the weights
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_global_average_matches_autograds_mean_and_keeps_the_maps_memory_format_in_its_gradient(channels_last):
+    """The neck's pooling: values and gradients bit-equal to ``maps.mean(dim=(2, 3))``'s, and the gradient that
+    reaches the maps (a ReLU's output in the trunk, not a leaf) laid out as the maps are: autograd's own is
+    contiguous, which put the trunk's last ReLU on PyTorch's slow mixed-format kernel under channels_last."""
+    from noisymlt.models.heads import global_average
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, 4, 3, generator=g)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    weights = torch.randn(6, 5, generator=g)
+    grads = {}
+    outs = {}
+    for name, pool in (("ours", global_average), ("autograd", lambda m: m.mean(dim=(2, 3)))):
+        leaf = x.clone().requires_grad_()
+        maps = torch.relu(leaf)  # as the trunk's last block ends
+        maps.register_hook(lambda grad, name=name: grads.__setitem__(name, grad))
+        outs[name] = pool(maps)
+        (outs[name] * weights).sum().backward()
+        grads[name + " leaf"] = leaf.grad
+    assert torch.equal(outs["ours"], outs["autograd"])
+    assert torch.equal(grads["ours"], grads["autograd"]) and torch.equal(grads["ours leaf"], grads["autograd leaf"])
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    assert grads["ours"].is_contiguous(memory_format=layout)
+    assert not channels_last or not grads["autograd"].is_contiguous(memory_format=torch.channels_last)  # the mend

@@ -25,7 +25,7 @@ from torch import nn
 from noisymlt.errors import NoisyMLTError
 from noisymlt.models.backbones import ResNetTrunk, SmallCNN, apply_trainable, freeze_batchnorm
 from noisymlt.models.choices import BBN_SPLITS as SPLITS
-from noisymlt.models.heads import Head
+from noisymlt.models.heads import Head, global_average
 
 
 
@@ -80,7 +80,7 @@ class BBNNet(nn.Module):
     def branch_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """GAP features of both branches for the same images (one pass through the shared trunk)."""
         s = self.shared(x)
-        return self.stage_c(s).mean(dim=(2, 3)), self.stage_r(s).mean(dim=(2, 3))
+        return global_average(self.stage_c(s)), global_average(self.stage_r(s))
 
     def forward(self, x_c: torch.Tensor, x_r: torch.Tensor | None = None, alpha: float = 0.5) -> torch.Tensor:
         """Training: x_c from the uniform, x_r from the reversed sampler, alpha from ``bbn_alpha``.
@@ -88,6 +88,6 @@ class BBNNet(nn.Module):
         if x_r is None:
             f_c, f_r = self.branch_features(x_c)
         else:  # separate trunk passes, so BatchNorm sees each sampler's batch on its own (as in BBN)
-            f_c = self.stage_c(self.shared(x_c)).mean(dim=(2, 3))
-            f_r = self.stage_r(self.shared(x_r)).mean(dim=(2, 3))
+            f_c = global_average(self.stage_c(self.shared(x_c)))
+            f_r = global_average(self.stage_r(self.shared(x_r)))
         return self.classifier(2.0 * torch.cat([alpha * f_c, (1.0 - alpha) * f_r], dim=1))

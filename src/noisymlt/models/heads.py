@@ -6,6 +6,31 @@ import torch
 from torch import nn
 
 
+class _GlobalAverage(torch.autograd.Function):
+    """``maps.mean(dim=(2, 3))`` whose gradient has the maps' memory format. Autograd's own backward expands the
+    (B, D) gradient into a contiguous (NCHW) tensor; with channels_last maps the trunk's last ReLU then ran
+    PyTorch's mixed-format kernel, 30x slower than the same-format one (1.2 ms against 34 us a call at
+    (128, 128, 4, 4) on one CPU thread, 5% of an Ours run). The values are autograd's: grad / (h w) broadcast."""
+
+    @staticmethod
+    def forward(ctx, maps):
+        ctx.shape = maps.shape
+        ctx.channels_last = maps.dim() == 4 and not maps.is_contiguous() and maps.is_contiguous(
+            memory_format=torch.channels_last)
+        return maps.mean(dim=(2, 3))
+
+    @staticmethod
+    def backward(ctx, grad):
+        n, c, h, w = ctx.shape
+        out = (grad / (h * w))[:, :, None, None].expand(n, c, h, w)
+        return out.contiguous(memory_format=torch.channels_last if ctx.channels_last else torch.contiguous_format)
+
+
+def global_average(maps: torch.Tensor) -> torch.Tensor:
+    """Global average pooling (B, D, h, w) -> (B, D), its gradient in the maps' memory format."""
+    return _GlobalAverage.apply(maps)
+
+
 class Neck(nn.Module):
     def __init__(self, in_dim: int, out_dim: int = 256, dropout: float = 0.0):
         super().__init__()
@@ -16,7 +41,7 @@ class Neck(nn.Module):
         nn.init.zeros_(self.fc.bias)
 
     def pool(self, maps: torch.Tensor) -> torch.Tensor:
-        return maps.mean(dim=(2, 3))
+        return global_average(maps)
 
     def forward(self, maps: torch.Tensor) -> torch.Tensor:
         return self.drop(self.bn(self.fc(self.pool(maps))))

@@ -21,6 +21,7 @@ from torch import nn
 from noisymlt.errors import NoisyMLTError
 from noisymlt.models.backbones import apply_trainable, freeze_batchnorm
 from noisymlt.models.choices import ADJACENCIES, POOLINGS
+from noisymlt.models.heads import global_average
 
 HIDDEN_DIM = 1024
 
@@ -130,5 +131,5 @@ class MLGCNNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         maps = self.backbone(x)
-        feats = maps.amax(dim=(2, 3)) if self.pool == "max" else maps.mean(dim=(2, 3))
+        feats = maps.amax(dim=(2, 3)) if self.pool == "max" else global_average(maps)
         return feats @ self.gcn().t()
