@@ -146,21 +146,29 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
                                               "embeddings": marker,  # no asset file
                                               "config_key": "toy-0_5-0-erm", "choice": marker}
     assert block["assets"] == {}  # the demo reads no external file
-    # the demo's model selection: Ours' 4 + 12 candidates on each of two noisy sets; its final runs depend on the
-    # last stage's choice
-    assert runs["toy-0.5-0-ours"]["choice"] == "runs/toy/select/ours/stage2.choice.json"
-    assert len(candidates) == 32 and list(block["selections"]) == ["toy-ours-1", "toy-ours-2"]
-    assert list(block["select_sets"]) == ["toy-0.5-0", "toy-0.5-1"]
-    # a noise stage for each of the grid's noisy sets, and for a selection set outside the grid
+    # the demo trains Ours with its recorded choice (selection.records): no candidate, and its runs read no choice
+    assert runs["toy-0.5-0-ours"]["choice"] == marker
+    assert candidates == {} and block["selections"] == {}
+    # a noise stage for each of the grid's noisy sets
     assert list(block["noisy_sets"]) == [f"toy-{g}-{s}" for g in (0.3, 0.5, 0.7, 0.9, 0.0) for s in range(5)]
+    # with the layer that selects Ours in the run: Ours' 4 + 12 candidates on each of two noisy sets; its final runs
+    # depend on the last stage's choice
+    (tmp_path / "select_ours.yaml").write_text((REPO / "workflow" / "profiles" / "demo" / "select_ours.yaml").read_text())
+    write(["params.yaml", "demo.yaml", "select_ours.yaml"], "selecting.json")
+    selecting = json.loads(Path("selecting.json").read_text())["dvc"]
+    assert _sharded("selecting.json")["toy-0.5-0-ours"]["choice"] == "runs/toy/select/ours/stage2.choice.json"
+    assert len(_sharded("selecting.json", "candidates")) == 32
+    assert list(selecting["selections"]) == ["toy-ours-1", "toy-ours-2"]
+    assert list(selecting["select_sets"]) == ["toy-0.5-0", "toy-0.5-1"]
+    assert selecting["selections"]["toy-ours-2"]["previous"] == "runs/toy/select/ours/stage1.choice.json"
+    # and a noise stage for a selection set outside the grid
     one_seed = yaml.safe_load(Path("demo.yaml").read_text())
     one_seed["grid"].update(gammas=[0.5], seeds=[0], clean_methods=[])
     Path("one_seed.yaml").write_text(yaml.safe_dump(one_seed))
-    write(["params.yaml", "one_seed.yaml"], "one_seed_dvc.yaml")
+    write(["params.yaml", "one_seed.yaml", "select_ours.yaml"], "one_seed_dvc.yaml")
     narrow = yaml.safe_load(Path("one_seed_dvc.yaml").read_text())["dvc"]
     assert narrow["noisy_sets"] == {"toy-0.5-0": {"dataset": "toy", "gamma": 0.5, "seed": 0},
                                     "toy-0.5-1": {"dataset": "toy", "gamma": 0.5, "seed": 1}}
-    assert block["selections"]["toy-ours-2"]["previous"] == "runs/toy/select/ours/stage1.choice.json"
     # a train stage's one param: the run id of its resolved configuration
     assert block["run_configs"]["toy-0_5-0-erm"] == run_id(resolve_run(load_params("dvc-params.json"), "toy", "erm",
                                                                         0.5, 0))

@@ -259,11 +259,13 @@ def test_params_rewrite_changes_the_run_ids_a_change_reaches_and_warns_about_the
 
     shutil.copy2(REPO / "params.yaml", tmp_path / "params.yaml")
     shutil.copy2(REPO / "workflow" / "profiles" / "demo" / "params.yaml", tmp_path / "demo.yaml")
+    # with Ours' selection in the run (the demo trains Ours with its recorded choice, which train.lr would change)
+    shutil.copy2(REPO / "workflow" / "profiles" / "demo" / "select_ours.yaml", tmp_path / "select.yaml")
     (tmp_path / "exp.yaml").write_text("{}\n")
     monkeypatch.chdir(tmp_path)
 
     def ids() -> dict:
-        write(["params.yaml", "demo.yaml", "exp.yaml"], "dvc-params.json")
+        write(["params.yaml", "demo.yaml", "select.yaml", "exp.yaml"], "dvc-params.json")
         return yaml.safe_load(Path("dvc-params.json").read_text())["dvc"]["run_configs"]
 
     before = ids()

@@ -72,7 +72,7 @@ def test_on_another_fingerprint_a_sentinel_run_must_land_in_its_interval(key):
         assert (mode, ok) == ("interval", expected), message
     assert describe(sentinels["numerics"]) in message  # says which fingerprint the exact numbers belong to
     if key.startswith("ours"):  # another selected value on the README's fingerprint: another config, not exact
-        other = {**_recorded(key), "selected": {**sentinels["runs"][key]["selected"], "beta": 0.95}}
+        other = {**_recorded(key), "selected": {**(sentinels["runs"][key]["selected"] or {}), "beta": 0.95}}
         assert check(key, other, sentinels, READINGS)[0] == "interval"
 
 

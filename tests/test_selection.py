@@ -120,12 +120,14 @@ def test_selection_reads_neither_clean_labels_nor_the_test_set(tiny_toy, two_set
 
 
 def test_no_selection_job_of_the_workflow_names_a_test_or_clean_label_file(tmp_path):
-    """The demo's plan: the split, parts, candidate and select jobs read noisy tables, their parts and the
-    candidates' own files, never the test table, the clean subset or a final run's clean-label log."""
+    """The demo's plan with Ours' selection in the run (the layer its record came from): the split, parts,
+    candidate and select jobs read noisy tables, their parts and the candidates' own files, never the test table,
+    the clean subset or a final run's clean-label log."""
     from test_workflow import copy_workflow
 
     wf = copy_workflow(tmp_path)
-    proc = subprocess.run([SNAKEMAKE, "--profile", "workflow/profiles/demo", "-n", "--printshellcmds"], cwd=wf,
+    proc = subprocess.run([SNAKEMAKE, "--profile", "workflow/profiles/demo", "-n", "--printshellcmds", "--configfile",
+                           "workflow/profiles/demo/params.yaml", "workflow/profiles/demo/select_ours.yaml"], cwd=wf,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     blocks = re.split(r"\n(?=(?:local)?(?:rule|checkpoint) \w+:)", proc.stdout)
@@ -212,7 +214,8 @@ def test_choose_refuses_a_missing_candidate(tmp_path):
 
 
 def test_a_choice_enters_the_final_config_and_its_run_id():
-    params = load_params(REPO / "params.yaml", REPO / "workflow/profiles/demo/params.yaml")
+    params = load_params(REPO / "params.yaml", REPO / "workflow/profiles/demo/params.yaml",
+                         REPO / "workflow/profiles/demo/select_ours.yaml")
     base = resolve_run(params, "toy", "ours", 0.5, 0)
     path = "runs/toy/select/ours/stage2.choice.json"
     cfg = S.apply_values(params, base, {"lr": 0.08, "alpha": 0.8, "beta": 0.3}, path)

@@ -332,9 +332,17 @@ def selection_targets():
 
 
 def readme_selection():
-    """The last stage file of each grid method's selection (the README's demo numbers quote them)."""
+    """The last stage file of each grid method's selection, and the committed record of each grid method whose
+    values a selection elsewhere chose (selection.records; held to them here): the README's demo numbers quote
+    them."""
     owners = S.selecting_methods(config, GRID["methods"])
-    return [S.stage_file(d, m, len(S.stages(config, m))) for d in GRID["datasets"] for m in owners]
+    records = []
+    for method, path in S.recorded_selections(config, GRID["methods"]):
+        why = S.record_mismatch(config, method, path)
+        if why:
+            raise SystemExit(f"noisymlt: {path} (selection.records.{method}): {why}")
+        records.append(path)
+    return [S.stage_file(d, m, len(S.stages(config, m))) for d in GRID["datasets"] for m in owners] + records
 
 
 # workflow.preload (the demo): on a local run, one server process imports torch once and every noisymlt

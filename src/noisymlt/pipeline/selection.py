@@ -134,6 +134,47 @@ def selecting_methods(params: dict, methods: list[str]) -> list[str]:
     return list(dict.fromkeys(o for o in owners if o is not None))
 
 
+def recorded_selections(params: dict, methods: list[str]) -> list[tuple[str, str]]:
+    """(method, record file) for each of ``methods`` whose values are fixed here and that `selection.records`
+    names: a selection run elsewhere (a profile layer), committed, whose choice those values must be."""
+    records = params["selection"].get("records") or {}
+    return [(m, records[m]) for m in dict.fromkeys(methods) if m in records and owner(params, m) is None]
+
+
+def record_mismatch(params: dict, method: str, path: str | Path) -> str | None:
+    """Why the record at ``path`` is not the choice ``method``'s runs train with here, or None when it is: it is
+    the method's, on this selection's sets and tie margin, and each value it chose is the one the method's
+    resolved config holds (lr; alpha and beta in every branch's selected class groups)."""
+    from noisymlt.config import resolve_run
+    from noisymlt.methods.pseudo_labels import reference_thresholds
+
+    try:
+        rec = json.loads(Path(path).read_text())
+        chosen, dataset, sets = rec["chosen"], rec["dataset"], [(float(s["gamma"]), int(s["seed"])) for s in rec["sets"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"cannot read a selection record ({exc})"
+    if rec.get("method") != method:
+        return f"records the selection of {rec.get('method')!r}, not {method!r}"
+    if sets != selection_sets(params):
+        return f"was selected on the sets {sets}, this selection's are {selection_sets(params)}"
+    margin = params["selection"].get("tie_margin")
+    if rec.get("tie_margin") != margin:
+        return f"was selected with tie margin {rec.get('tie_margin')}, this selection's is {margin}"
+    gamma, seed = sets[0]
+    resolved = resolve_run(params, dataset, method, gamma, seed)
+    held = {"lr": float(resolved["train"]["lr"])}
+    if uses_pseudo_labels(params, method):
+        groups = params["selection"].get("thresholds") or {"alpha": ["head"], "beta": ["tail"]}
+        thresholds = reference_thresholds(resolved)
+        for key in PSEUDO_KEYS:
+            found = {thresholds.get(b, {}).get(key, {}).get(g) for b in BRANCH_NAMES for g in groups.get(key, [])}
+            held[key] = found.pop() if len(found) == 1 else sorted(found, key=str)
+    wrong = {k: (v, held.get(k)) for k, v in applicable(params, method, chosen).items() if held.get(k) != float(v)}
+    if wrong:
+        return "chose " + ", ".join(f"{k} {v:g} where {method}'s runs train with {h}" for k, (v, h) in wrong.items())
+    return None
+
+
 # ------------------------------------------------------------------------------------------ candidates
 
 def stage_grid(params: dict, keys: list[str]) -> list[dict]:

@@ -43,7 +43,7 @@ def selection_summary(stage_files: list[str | Path], labels: dict[str, str]) -> 
             raise NoisyMLTError(f"{path}: cannot read a model-selection stage file ({exc})") from exc
         stages = [*rec.get("earlier_stages", []), rec]
         out.append({"method": rec["method"], "label": labels.get(rec["method"], rec["method"]), "chosen": rec["chosen"],
-                    "sets": rec["sets"], "held_out": rec["held_out"],
+                    "sets": rec["sets"], "held_out": rec["held_out"], "file": Path(path).as_posix(),
                     "stages": [{"keys": st["keys"], "winner": st["winner"], "tie_margin": st.get("tie_margin"),
                                 "tied": st.get("tied") or [st["winner"]],
                                 "scores": {c["tag"]: round(c["mean"], DECIMALS) for c in st["candidates"]}}
@@ -342,9 +342,15 @@ def render_selection(rows: list[dict]) -> list[str]:
             for st in row["stages"])
         out += ["", f"Model selection ({row['label']}, the paper's protocol: candidates trained on "
                     f"{100 * (1 - row['held_out']):.0f}% of the noisy training set at {sets}, ranked by mAP against the "
-                    f"held-out {100 * row['held_out']:.0f}% of its noisy labels{mean}; `runs/*/select/`): chose {chosen}. "
+                    f"held-out {100 * row['held_out']:.0f}% of its noisy labels{mean}; {_source(row)}): chose {chosen}. "
                     f"Validation mAP (%) per candidate, **chosen**: {stages}."]
     return out
+
+
+def _source(row: dict) -> str:
+    """Where a selection's scores are: its runs, or the committed record of a selection run outside this one."""
+    file = row.get("file") or "runs/*/select/"
+    return f"`{file}`" if file.startswith("runs/") else f"run outside this demo and recorded in `{file}`"
 
 
 def _ties(stage: dict) -> str:
