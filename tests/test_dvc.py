@@ -217,10 +217,12 @@ def test_a_value_the_selection_chooses_reruns_no_stage_when_set_by_hand(tmp_path
 
     shutil.copy2(REPO / "params.yaml", tmp_path / "params.yaml")
     (tmp_path / "demo.yaml").write_text((REPO / "workflow" / "profiles" / "demo" / "params.yaml").read_text())
+    # Ours' selection in the run (the demo itself trains Ours with its recorded choice)
+    (tmp_path / "select.yaml").write_text((REPO / "workflow" / "profiles" / "demo" / "select_ours.yaml").read_text())
     monkeypatch.chdir(tmp_path)
 
     def hashes(*layers):
-        write(["params.yaml", "demo.yaml", *layers], "out.json")
+        write(["params.yaml", "demo.yaml", "select.yaml", *layers], "out.json")
         block = json.loads(Path("out.json").read_text())["dvc"]
         return {k: v for k, v in {**block["run_configs"], **block["candidate_configs"]}.items() if "ours" in k}
 
@@ -410,12 +412,12 @@ def _digests(root: Path) -> dict[str, str]:
 
 def test_readme_draws_the_demo_pipeline_as_dvc_dag_collapses_it(tmp_path):
     """The manual's pipeline drawing (docs/dvc.md) is DVC's collapsed graph of the demo's dvc.yaml (stage families,
-    not runs)."""
+    not runs), with Ours' model selection in the run as at paper scale (the layer select_ours.yaml)."""
     _needs_tools()
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     root = _project_copy(tmp_path / "proj", params, workflow=True)
-    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "workflow/profiles/demo/params.yaml", "--out",
-          "dvc-params.json"], root)
+    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "workflow/profiles/demo/params.yaml",
+          "workflow/profiles/demo/select_ours.yaml", "--out", "dvc-params.json"], root)
     md = _run([DVC, "dag", "--collapse-foreach-matrix", "--md"], root)
     assert readme_dag(md) in (REPO / "docs" / "dvc.md").read_text()
     assert 15 < readme_dag(md).count("-->") < 60  # a drawing a reader can follow

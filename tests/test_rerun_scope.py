@@ -55,7 +55,8 @@ def _params() -> dict:
     full = load_params(REPO / "params.yaml")
     params["methods"] = {m: full["methods"][m] for m in METHODS}
     params["grid"]["methods"] = METHODS
-    demo = load_params(REPO / "params.yaml", REPO / "workflow" / "profiles" / "demo" / "params.yaml")
+    demo = load_params(REPO / "params.yaml", REPO / "workflow" / "profiles" / "demo" / "params.yaml",
+                       REPO / "workflow" / "profiles" / "demo" / "select_ours.yaml")  # Ours' selection in the run
     params["selection"]["methods"] = {m: demo["selection"]["methods"][m] for m in METHODS}  # Ours selects
     params["selection"]["seeds"] = [0]  # one selection set: 4 candidates
     params["train"]["balanced_batch_size"] = 16  # seconds, not minutes, for Ours' balanced branch

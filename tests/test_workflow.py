@@ -207,8 +207,10 @@ TINY_LAYER = {
                   for name in ("db", "db_random")},
     # the demo's pretrained backbone through the real rule, in seconds: a small source task, one epoch
     "pretrain": {"toy_glyphs": {"epochs": 1, "source": {"classes": 8, "images_per_class": 16, "held_out_per_class": 4}}},
-    # the demo's model selection (Ours: lr, then alpha x beta) on two values each
-    "selection": {"grids": {"lr": [0.02, 0.08], "alpha": [0.9, 0.7], "beta": [0.1]}},
+    # the demo's model selection (Ours: lr, then alpha x beta) in the run, as the layer select_ours.yaml runs it,
+    # on two values each
+    "selection": {"methods": {"ours": [["lr"], ["alpha", "beta"]]},
+                  "grids": {"lr": [0.02, 0.08], "alpha": [0.9, 0.7], "beta": [0.1]}},
 }
 
 
