@@ -25,16 +25,21 @@ def demo():
     return load_params(REPO / "params.yaml", PROFILE / "params.yaml")
 
 
-def test_the_demo_trains_ours_with_the_recorded_choice_and_the_layer_selects_it_in_the_run(demo):
+@pytest.fixture(scope="module")
+def selecting():
+    """The demo with Ours' selection in the run: the layer the record came from."""
+    return load_params(REPO / "params.yaml", PROFILE / "params.yaml", PROFILE / "select_ours.yaml")
+
+
+def test_the_demo_trains_ours_with_the_recorded_choice_and_the_layer_selects_it_in_the_run(demo, selecting):
     assert S.owner(demo, "ours") is None and S.owner(demo, "ours_k3") is None  # no candidates in the demo run
     assert S.recorded_selections(demo, ["erm", "ours", "ours"]) == [("ours", RECORD)]
     assert S.record_mismatch(demo, "ours", REPO / RECORD) is None
-    layered = load_params(REPO / "params.yaml", PROFILE / "params.yaml", PROFILE / "select_ours.yaml")
-    assert S.stages(layered, "ours") == [["lr"], ["alpha", "beta"]] and S.owner(layered, "ours_k3") == "ours"
-    assert S.recorded_selections(layered, ["ours"]) == []  # selecting in the run, its own stage files are quoted
+    assert S.stages(selecting, "ours") == [["lr"], ["alpha", "beta"]] and S.owner(selecting, "ours_k3") == "ours"
+    assert S.recorded_selections(selecting, ["ours"]) == []  # selecting in the run, its own stage files are quoted
 
 
-def test_the_record_is_a_complete_selection_whose_choice_follows_from_its_scores_by_the_rule(demo):
+def test_the_record_is_a_complete_selection_whose_choice_follows_from_its_scores_by_the_rule(demo, selecting):
     rec = json.loads((REPO / RECORD).read_text())
     block = demo["selection"]
     assert (rec["dataset"], rec["method"], rec["stage"], rec["keys"]) == ("toy", "ours", 2, ["alpha", "beta"])
@@ -43,8 +48,7 @@ def test_the_record_is_a_complete_selection_whose_choice_follows_from_its_scores
     chosen = {}
     for number, stage in enumerate(stages, start=1):
         assert stage["stage"] == number and stage["tie_margin"] == block["tie_margin"]
-        assert [c["values"] for c in stage["candidates"]] == [v for _, v in S.candidates(demo | {"selection": {
-            **block, "methods": {**block["methods"], "ours": [["lr"], ["alpha", "beta"]]}}}, "ours", number)]
+        assert [c["values"] for c in stage["candidates"]] == [v for _, v in S.candidates(selecting, "ours", number)]
         for c in stage["candidates"]:  # the mean over the sets, as the README quotes it
             assert c["mean"] == pytest.approx(sum(c["scores"].values()) / len(rec["sets"]), abs=1e-3)
             assert sorted(c["scores"]) == [f"g{g:g}_s{s}" for g, s in S.selection_sets(demo)]

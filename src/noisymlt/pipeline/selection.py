@@ -164,7 +164,7 @@ def record_mismatch(params: dict, method: str, path: str | Path) -> str | None:
     resolved = resolve_run(params, dataset, method, gamma, seed)
     held = {"lr": float(resolved["train"]["lr"])}
     if uses_pseudo_labels(params, method):
-        groups = params["selection"].get("thresholds") or {"alpha": ["head"], "beta": ["tail"]}
+        groups = threshold_groups(params)
         thresholds = reference_thresholds(resolved)
         for key in PSEUDO_KEYS:
             found = {thresholds.get(b, {}).get(key, {}).get(g) for b in BRANCH_NAMES for g in groups.get(key, [])}
@@ -193,6 +193,11 @@ def candidates(params: dict, method: str, stage: int) -> list[tuple[str, dict]]:
     return [(candidate_tag(v), v) for v in stage_grid(params, stages(params, method)[stage - 1])]
 
 
+def threshold_groups(params: dict) -> dict[str, list[str]]:
+    """The class groups a selected alpha / beta applies to, in every branch (selection.thresholds)."""
+    return params["selection"].get("thresholds") or {"alpha": ["head"], "beta": ["tail"]}
+
+
 def apply_values(params: dict, resolved: dict, values: dict, source: str) -> dict:
     """A resolved run config with chosen values in place, and a `selected` record (values and the file they
     came from): part of the run id, so a changed choice makes another run."""
@@ -205,7 +210,7 @@ def apply_values(params: dict, resolved: dict, values: dict, source: str) -> dic
     if "lr" in values:
         out["train"]["lr"] = float(values["lr"])
     if any(k in values for k in PSEUDO_KEYS):
-        groups = params["selection"].get("thresholds") or {"alpha": ["head"], "beta": ["tail"]}
+        groups = threshold_groups(params)
         per_branch = {k: {g: float(values[k]) for g in groups.get(k, [])} for k in PSEUDO_KEYS if k in values}
         # a stage that selects alpha only keeps the reference's beta, and the other way round
         from noisymlt.methods.pseudo_labels import reference_thresholds
