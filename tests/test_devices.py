@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -101,21 +107,94 @@ def test_runs_per_gpu_comes_from_the_argument_else_the_environment(monkeypatch):
         runs_per_gpu()
 
 
-def test_select_device_takes_slots_on_fake_cards_and_honours_cuda_visible_devices(tmp_path, monkeypatch):
+def test_select_device_takes_slots_on_fake_cards_named_as_cuda_visible_devices_names_them(tmp_path, monkeypatch):
     import noisymlt.training.devices as devices
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("NOISYMLT_GPU_LOCK_DIR", str(tmp_path))
     monkeypatch.setattr(devices, "_held_locks", [])
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # SLURM assigned a card: no lock taken
-    assert select_device("auto", 2) == torch.device("cuda:0") and not list(tmp_path.glob("*.lock"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # one card, physical card 3: its lock is card 3's
+    assert select_device("auto", 2) == torch.device("cuda:0")
+    assert sorted(p.name for p in tmp_path.glob("*.lock")) == ["gpu3.slot0.lock", "gpu3.slot1.lock"]
+    assert (tmp_path / "gpu3.slot0.lock").read_text() == str(os.getpid())  # the slot this job holds
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     got = [select_device("auto", 2) for _ in range(5)]  # this process plays five jobs
-    assert got == [torch.device(f"cuda:{i}") for i in (0, 1, 0, 1, 0)]  # the fifth finds no slot: cuda:0
-    assert len(devices._held_locks) == 4
+    # card 3 is not among these two (indices 0, 1), so both start empty; the fifth finds no slot: cuda:0
+    assert got == [torch.device(f"cuda:{i}") for i in (0, 1, 0, 1, 0)]
+    assert len(devices._held_locks) == 5
     for handle in devices._held_locks:
         handle.close()
+
+
+def test_lock_folder_is_private_to_a_slurm_allocation_and_on_the_node(monkeypatch):
+    import noisymlt.training.devices as devices
+
+    monkeypatch.delenv("NOISYMLT_GPU_LOCK_DIR", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    workstation = devices.lock_dir()
+    monkeypatch.setenv("SLURM_JOB_ID", "777")
+    first = devices.lock_dir()
+    monkeypatch.setenv("SLURM_JOB_ID", "778")
+    second = devices.lock_dir()
+    assert first != second != workstation and first.parent == second.parent
+    assert first.name.startswith("slurm-job777-") and first.name.endswith(socket.gethostname().split(".")[0])
+    if devices.NODE_LOCAL.is_dir():  # tmpfs: the node's own memory, never a shared file system
+        assert devices.NODE_LOCAL in first.parents
+    monkeypatch.setenv("NOISYMLT_GPU_LOCK_DIR", "/somewhere/else")
+    assert devices.lock_dir() == Path("/somewhere/else")
+
+
+# A train job inside a SLURM allocation that holds four cards (a packed group job: `--gpus=4`, four runs in one
+# job step, each seeing all four cards), as select_device sees it: CUDA available with the allocation's cards.
+# It prints its card and holds it until its stdin closes (a training run's lifetime).
+SLURM_RUN = ("import sys, torch; torch.cuda.is_available = lambda: True; "
+             "torch.cuda.device_count = lambda: len(__import__('os').environ['CUDA_VISIBLE_DEVICES'].split(',')); "
+             "from noisymlt.training.devices import select_device; "
+             "print(select_device('auto', int(sys.argv[1])).index, flush=True); sys.stdin.read()")
+
+
+def slurm_group_env(job_id: str, cards: str = "0,1,2,3") -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "NOISYMLT_GPU_LOCK_DIR"}
+    # what srun gives each step of a 4-card allocation (the jobstep executor keeps SLURM_JOB_ID for the runs)
+    return {**env, "SLURM_JOB_ID": job_id, "SLURM_JOBID": job_id, "SLURM_STEP_ID": "0", "CUDA_VISIBLE_DEVICES": cards,
+            "SLURM_STEP_GPUS": cards, "SLURM_GPUS_ON_NODE": str(len(cards.split(",")))}
+
+
+def start_runs(n: int, slots: int, env: dict) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", SLURM_RUN, str(slots)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=env) for _ in range(n)]
+
+
+@pytest.fixture
+def slurm_job_ids():
+    """Fresh allocation ids, and their lock folders removed afterwards (they live in the node's /dev/shm)."""
+    import noisymlt.training.devices as devices
+
+    ids = [f"{os.getpid()}{i}{time.monotonic_ns() % 10**6}" for i in range(2)]
+    yield ids
+    for job in ids:
+        for base in (devices.NODE_LOCAL, Path(tempfile.gettempdir())):
+            for path in (base / "noisymlt-gpu-locks").glob(f"slurm-job{job}-*"):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("runs, slots", [(4, 1), (8, 2)])
+def test_runs_packed_in_one_slurm_allocation_use_every_card_it_holds(slurm_job_ids, runs, slots):
+    """4 runs of a 4-card job: 4 different cards; 8 runs with 2 slots a card: 2 each. A second allocation on the
+    same node whose cards SLURM also numbers 0-3 (cgroup-renumbered) gets its own slots: its first run takes
+    its card 0 although the first job holds every slot of its own."""
+    first = start_runs(runs, slots, slurm_group_env(slurm_job_ids[0]))
+    second = []
+    try:
+        cards = sorted(int(p.stdout.readline()) for p in first)
+        assert cards == sorted(list(range(4)) * (runs // 4))
+        second = start_runs(1, slots, slurm_group_env(slurm_job_ids[1]))
+        assert second[0].stdout.readline().strip() == "0"
+    finally:
+        for proc in first + second:
+            stop(proc)
 
 
 def test_cpu_fallback_and_forced_device():
