@@ -51,14 +51,14 @@ TINY_PARAMS = {
 
 # Each rule run through SLURM costs Snakemake start-ups (sbatch -> jobstep, then srun -> one per
 # rule), about 15 s per rule here. So the cheap data steps run locally first, and the SLURM run does
-# the rest: the profile's `run` group (train, which evaluates its predictions) and `report` group (aggregate,
-# table, figure), i.e. two sbatch jobs, and the selection's two candidates.
+# the rest: the selection's two candidates (one array job), the final run (train, which evaluates its
+# predictions) and the profile's `report` group (aggregate, table, figure).
 DATA_TARGETS = ["data/toy/noisy/g0.5_s0.parquet", "data/toy/test_labels.parquet", "data/toy/class_split.json",
                 "data/pretrained/toy_glyphs.pt", "data/code",  # data/code: DVC's digests (`rule all` asks for them)
                 "data/toy/select/g0.5_s0_fit.parquet", "data/toy/cache/select_fit.npy", "data/toy/cache/select_val.npy"]
-SLURM_GROUPS = {"run": ["train"], "report": ["aggregate", "figure_map_vs_gamma", "table_total"],
-                "select": ["train_candidate"]}
-GROUP_JOBS = {"run": 1, "report": 1, "select": 2}  # sbatch jobs per group: ERM's final run, the report, 2 candidates
+SLURM_GROUPS = {"report": ["aggregate", "figure_map_vs_gamma", "table_total"]}
+GROUP_JOBS = {"report": 1}  # sbatch jobs per group
+ARRAY_RULES = {"train", "train_candidate"}  # the profile's slurm-array-jobs
 # one sbatch job each
 SLURM_SINGLE_RULES = {"cache_train_images", "cache_test_images", "readme_numbers", "table_groups", "table_fit"}
 
@@ -122,36 +122,61 @@ def snakemake_env(src: Path) -> dict:
     return env
 
 
-def run(cmd: list[str], cwd: Path, src: Path, timeout: int) -> str:
-    proc = subprocess.run(cmd, cwd=cwd, env=snakemake_env(src), capture_output=True, text=True, timeout=timeout)
+def run(cmd: list[str], cwd: Path, src: Path, timeout: int, path: Path | None = None) -> str:
+    env = snakemake_env(src)
+    if path:
+        env["PATH"] = f"{path}{os.pathsep}{env['PATH']}"
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     return log
 
 
-def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> None:
-    partition = local_partition()
+def copy_project(tmp_path: Path) -> tuple[Path, Path]:
+    """The workflow files in tmp_path/wf and a snapshot of the package in tmp_path/src (its code digest is a rule
+    param, so an edit of src/ during the test would otherwise make the SLURM run redo the data steps)."""
     work = tmp_path / "wf"
     work.mkdir()
     shutil.copy2(ROOT / "params.yaml", work)
     shutil.copytree(ROOT / "workflow", work / "workflow")  # follows the schema symlink
-    # A snapshot of the package: its code digest is a rule param, so an edit of src/ during the
-    # test would otherwise make the SLURM run redo the data steps.
     src = tmp_path / "src"
     shutil.copytree(ROOT / "src/noisymlt", src / "noisymlt", ignore=shutil.ignore_patterns("__pycache__"))
-    tiny = tmp_path / "tiny_params.yaml"
-    tiny.write_text(yaml.safe_dump(TINY_PARAMS))
-    configfiles = [work / "workflow/profiles/demo/params.yaml", tiny]
+    return work, src
+
+
+def write_test_profile(tmp_path: Path, work: Path, partition: str, configfiles: list[Path], **changes) -> Path:
     real = yaml.safe_load((work / "workflow/profiles/slurm/config.yaml").read_text())
     assert real["executor"] == "slurm" and real["set-resources"]["train"]["gpu"] == 1
     assert real["set-resources"]["train_candidate"]["gpu"] == 1
     prof_dir = tmp_path / "profile"
     prof_dir.mkdir()
-    (prof_dir / "config.yaml").write_text(yaml.safe_dump(derive_test_profile(real, partition, configfiles)))
+    (prof_dir / "config.yaml").write_text(yaml.safe_dump({**derive_test_profile(real, partition, configfiles),
+                                                          **changes}))
+    return prof_dir
+
+
+def sbatch_counter(tmp_path: Path) -> tuple[Path, Path]:
+    """A folder to put first on PATH whose `sbatch` records each call (one line) and runs the real one."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "sbatch_calls.txt"
+    bin_dir.mkdir()
+    shim = bin_dir / "sbatch"
+    shim.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\nexec {shutil.which('sbatch')} \"$@\"\n")
+    shim.chmod(0o755)
+    return bin_dir, calls
+
+
+def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> None:
+    partition = local_partition()
+    work, src = copy_project(tmp_path)
+    tiny = tmp_path / "tiny_params.yaml"
+    tiny.write_text(yaml.safe_dump(TINY_PARAMS))
+    configfiles = [work / "workflow/profiles/demo/params.yaml", tiny]
+    prof_dir = write_test_profile(tmp_path, work, partition, configfiles)
+    bin_dir, calls = sbatch_counter(tmp_path)
 
     snakemake = [sys.executable, "-m", "snakemake", "--nocolor"]
     run(snakemake + ["--cores", "2", "--configfile", *map(str, configfiles), "--", *DATA_TARGETS], work, src, 120)
-    log = run(snakemake + ["--profile", str(prof_dir)], work, src, RUN_TIMEOUT_S)
+    log = run(snakemake + ["--profile", str(prof_dir)], work, src, RUN_TIMEOUT_S, path=bin_dir)
     assert re.search(r"(\d+) of \1 steps \(100%\) done", log), log[-3000:]
 
     # The outputs of the whole chain.
@@ -166,17 +191,23 @@ def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> N
     split = json.loads((work / "data/toy/class_split.json").read_text())
     assert [len(split[g]) for g in ("head", "medium", "tail")] == [1, 4, 15]
 
-    # Both groups were one sbatch job each (logs kept), and the train step saw its SLURM job id.
+    # The report group was one sbatch job, the two candidates one array (two tasks, one sbatch call), the final run
+    # a job of its own (an array of one is a plain job); every other rule one job each. Logs kept.
     slurm_logs = work / ".snakemake/slurm_logs"
-    group_logs = {
-        name: sorted((slurm_logs / f"group_{name}_{'_'.join(rules)}").rglob("*.log"))
-        for name, rules in SLURM_GROUPS.items()
-    }
     assert sorted(d.name for d in slurm_logs.iterdir()) == sorted(
         [f"group_{name}_{'_'.join(rules)}" for name, rules in SLURM_GROUPS.items()]
-        + [f"rule_{rule}" for rule in SLURM_SINGLE_RULES]
+        + [f"rule_{rule}" for rule in {*SLURM_SINGLE_RULES, *ARRAY_RULES}]
     )
+    group_logs = {name: sorted((slurm_logs / f"group_{name}_{'_'.join(rules)}").rglob("*.log"))
+                  for name, rules in SLURM_GROUPS.items()}
     assert {name: len(files) for name, files in group_logs.items()} == GROUP_JOBS
+    candidates = sorted((slurm_logs / "rule_train_candidate").glob("*.log"))
+    assert len(candidates) == 2 and len({f.stem.split("_")[0] for f in candidates}) == 1, candidates  # <array>_<task>
+    submitted = calls.read_text().splitlines()
+    assert len(submitted) == len(SLURM_GROUPS) + len(SLURM_SINGLE_RULES) + len(ARRAY_RULES), submitted
+    assert [c for c in submitted if "--array=" in c] == [c for c in submitted if "train_candidate" in c]
+    assert len([c for c in submitted if "train_candidate" in c]) == 1
+    assert all("--requeue" in c for c in submitted)  # a preempted job comes back
     chosen = json.loads((work / "runs/toy/select/erm/stage1.json").read_text())
     assert [c["tag"] for c in chosen["candidates"]] == ["lr0.02", "lr0.08"]
     assert json.loads((work / "runs/toy/g0.5/s0/erm/run_config.json").read_text())["train"]["lr"] == chosen["chosen"]["lr"]
@@ -184,6 +215,6 @@ def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> N
     timing = json.loads((work / "runs/toy/g0.5/s0/erm/manifest.timing.json").read_text())  # untracked: varies per job
     job_id = timing["slurm_job_id"]
     assert job_id is not None and job_id.isdigit(), timing
-    assert group_logs["run"][0].stem == job_id
-    assert "localrule train:" in group_logs["run"][0].read_text()
+    train_log = slurm_logs / "rule_train" / f"{job_id}.log"
+    assert "localrule train:" in train_log.read_text()
     assert manifest["environment"]["device"] == "cpu"

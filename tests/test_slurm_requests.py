@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
+import re
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -41,12 +43,57 @@ def test_committed_requests_are_derived_from_the_committed_measurements():
     assert derived["time"]["longest"]["dataset"] == "coco"
 
 
+def runtime_at(value, attempt: int) -> int:
+    """A runtime as Snakemake evaluates the profile's value: a number, or an expression of `attempt`."""
+    return value if isinstance(value, int) else eval(value, {"__builtins__": {}}, {"attempt": attempt})
+
+
 def test_the_slurm_profile_asks_for_at_least_the_derived_requests():
     derived = json.loads(REQUESTS.read_text())
     profile = yaml.safe_load((REPO / "workflow/profiles/slurm/config.yaml").read_text())
+    assert profile["retries"] >= 1
     for rule in ("train", "train_candidate"):
         asked = profile["set-resources"][rule]
         assert asked["mem_mb"] >= derived["memory"]["request_mem_mb"], rule
-        assert asked["runtime"] >= derived["time"]["request_runtime_min"], rule
+        assert runtime_at(asked["runtime"], 1) >= derived["time"]["request_runtime_min"], rule
+        # a retried run (its time limit hit) asks for more time on each attempt, and resumes its checkpoint
+        times = [runtime_at(asked["runtime"], a) for a in range(1, profile["retries"] + 2)]
+        assert times == sorted(set(times)), (rule, times)
     # and says where its numbers come from
     assert "scripts/slurm_requests.py" in (REPO / "workflow/profiles/slurm/config.yaml").read_text()
+
+
+def rules_of(text: str) -> dict[str, str]:
+    """Each rule's body in a .smk file, by name."""
+    parts = re.split(r"^rule (\w+):\n", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_the_slurm_profile_sets_nothing_for_a_local_rule_and_routes_every_gpu_rule():
+    """A local rule runs in the snakemake process on the login node: a runtime or memory set for it is never used.
+    Every rule that asks for a GPU has its own set-resources entry with the partition line to edit."""
+    texts = [f.read_text() for f in sorted((REPO / "workflow/rules").glob("*.smk"))]
+    local = {name for text in texts for block in re.findall(r"^localrules:\n((?:    \w+,?\n)+)", text, re.M)
+             for name in re.findall(r"\w+", block)}
+    bodies = {name: body for text in texts for name, body in rules_of(text).items()}
+    assert {"download", "fetch_coco_train_images", "code_digests"} <= local <= set(bodies)
+    gpu_rules = {name for name, body in bodies.items() if re.search(r"^\s+gpu=", body, re.M)}
+    assert {"train", "train_candidate", "inference_time"} <= gpu_rules
+    config = (REPO / "workflow/profiles/slurm/config.yaml").read_text()
+    profile = yaml.safe_load(config)
+    set_anywhere = set(profile["set-resources"]) | set(profile["set-threads"]) | set(profile["groups"])
+    assert set_anywhere <= set(bodies), set_anywhere - set(bodies)
+    assert not set_anywhere & local, set_anywhere & local
+    for rule in gpu_rules:
+        assert profile["set-resources"][rule]["gpu"] == 1, rule
+        block = re.split(r"\n  \w", config.split("\nset-resources:", 1)[1].split(f"\n  {rule}:", 1)[1], maxsplit=1)[0]
+        assert '# slurm_partition: "gpu"   # EDIT' in block, rule
+    # the executor settings the manual names are the plugin's (pinned in requirements.lock)
+    import snakemake_executor_plugin_slurm as plugin
+
+    fields = {f.name.replace("_", "-") for f in dataclasses.fields(plugin.ExecutorSettings)}
+    named = {key[len("slurm-"):] for key in profile if key.startswith("slurm-")}
+    named |= {m for m in re.findall(r"^# (?:slurm-)?([a-z-]+): ", config, re.M)} & fields
+    assert {"array-jobs", "requeue", "efficiency-report"} <= named <= fields
+    assert set(profile["slurm-array-jobs"].split(",")) == {"train", "train_candidate"}
+    assert not {"train", "train_candidate"} & set(profile["groups"])  # a group job cannot be an array task

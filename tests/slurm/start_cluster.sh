@@ -6,6 +6,10 @@
 # works inside containers and VMs without systemd), creates the munge key, starts munged,
 # slurmctld and slurmd, and waits until `sinfo` shows the node idle.
 #
+# The node declares 4 fake GPUs (GRES gpu:4 over character devices /dev/noisymlt-fakegpu[0-3], made with
+# mknod as copies of /dev/null), so that `sbatch --gpus=N` gets CUDA_VISIBLE_DEVICES from slurmd as on a GPU
+# node (tests/test_slurm.py, packed runs); where mknod is refused the node has no GRES and those tests skip.
+#
 # Idempotent: a cluster that already answers is left alone; daemons already running (per their
 # pid files) are not started twice. Stop it with tests/slurm/stop_cluster.sh.
 # Environment: SLURM_START_TIMEOUT (seconds to wait for an idle node, default 90).
@@ -68,6 +72,18 @@ hw="$(slurmd -C | sed -n 1p | tr ' ' '\n' \
     | grep -E '^(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore|RealMemory)=' | tr '\n' ' ')"
 case "$hw" in *CPUs=*RealMemory=*) ;; *) log "could not read the hardware from 'slurmd -C'"; exit 1 ;; esac
 
+# Fake GPUs: slurmd only needs a device file per card to hand them out and set CUDA_VISIBLE_DEVICES.
+gres=""
+gres_types=""
+if (for i in 0 1 2 3; do [ -c /dev/noisymlt-fakegpu$i ] || mknod /dev/noisymlt-fakegpu$i c 1 3 2>/dev/null || exit 1; done); then
+    echo "NodeName=$HOST Name=gpu File=/dev/noisymlt-fakegpu[0-3]" >/etc/slurm/gres.conf
+    gres="Gres=gpu:4 "
+    gres_types="GresTypes=gpu"
+else
+    log "mknod refused: the node gets no fake GPUs (tests of packed GPU jobs will skip)"
+    rm -f /etc/slurm/gres.conf
+fi
+
 cat >"$CONF.tmp" <<EOF
 $MARK
 ClusterName=noisymlt-test
@@ -83,6 +99,7 @@ SlurmctldLogFile=$LOGS/slurmctld.log
 SlurmdLogFile=$LOGS/slurmd.log
 SlurmctldPort=6817
 SlurmdPort=6818
+$gres_types
 ReturnToService=2
 # No cgroups, no accounting: works in containers; the executor then polls with squeue.
 ProctrackType=proctrack/linuxproc
@@ -99,7 +116,7 @@ SelectTypeParameters=CR_Core_Memory
 MinJobAge=600
 SlurmctldTimeout=30
 SlurmdTimeout=30
-NodeName=$HOST NodeAddr=127.0.0.1 ${hw}State=UNKNOWN
+NodeName=$HOST NodeAddr=127.0.0.1 ${hw}${gres}State=UNKNOWN
 PartitionName=main Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 EOF
 mv "$CONF.tmp" "$CONF"
