@@ -365,8 +365,7 @@ def smoke(ctx: dict) -> dict:
 
 
 def smoke_in(ctx: dict, work: Path) -> dict:
-    shutil.copy2(REPO / "params.yaml", work / "params.yaml")
-    shutil.copytree(REPO / "workflow", work / "workflow")
+    device_grid.copy_workflow(work)
     log_path = ctx["out"] / "logs" / "smoke.log"
     cmd = [sys.executable, "-m", "snakemake", "--profile", "workflow/profiles/smoke", "--resources", "gpu=1",
            "--cores", str(max(4, min(ctx["cores"], 8)))]

@@ -60,14 +60,21 @@ def keep_records(work: Path, keep: Path) -> None:
                 shutil.copy2(f, keep / f.relative_to(work))
 
 
+def copy_workflow(work: Path) -> Path:
+    """The workflow's files in ``work``: params.yaml, the root Snakefile, its default profile and workflow/."""
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(REPO / "params.yaml", work / "params.yaml")
+    shutil.copy2(REPO / "Snakefile", work / "Snakefile")
+    shutil.copytree(REPO / "profiles", work / "profiles")
+    shutil.copytree(REPO / "workflow", work / "workflow")
+    return work
+
+
 def workdir(base: Path, methods: list[str]) -> tuple[Path, Path]:
     """A copy of the workflow in ``base`` and the layer file for it."""
     import yaml
 
-    work = Path(base)
-    work.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(REPO / "params.yaml", work / "params.yaml")
-    shutil.copytree(REPO / "workflow", work / "workflow")
+    work = copy_workflow(Path(base))
     layer = work / "grid_wall.yaml"
     block = json.loads(json.dumps(GRID_LAYER))
     block["grid"]["methods"] = methods

@@ -283,7 +283,9 @@ def _project_copy(root: Path, params: dict, workflow: bool = False) -> Path:
         shutil.copytree(REPO / "workflow" / "dvc", root / "workflow" / "dvc")
     shutil.copytree(REPO / "src" / "noisymlt", root / "src" / "noisymlt", symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    if workflow:
+    if workflow:  # Snakemake's files: the root Snakefile, its default profile, workflow/ (rules, profiles, dvc/)
+        shutil.copy2(REPO / "Snakefile", root / "Snakefile")
+        shutil.copytree(REPO / "profiles", root / "profiles")
         shutil.copytree(REPO / "workflow", root / "workflow", symlinks=True)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "--out", "dvc-params.json"], root)  # DVC reads it

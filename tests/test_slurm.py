@@ -137,7 +137,9 @@ def copy_project(tmp_path: Path) -> tuple[Path, Path]:
     param, so an edit of src/ during the test would otherwise make the SLURM run redo the data steps)."""
     work = tmp_path / "wf"
     work.mkdir()
-    shutil.copy2(ROOT / "params.yaml", work)
+    for name in ("params.yaml", "Snakefile"):
+        shutil.copy2(ROOT / name, work)
+    shutil.copytree(ROOT / "profiles", work / "profiles")  # the default profile, beside the Snakefile
     shutil.copytree(ROOT / "workflow", work / "workflow")  # follows the schema symlink
     src = tmp_path / "src"
     shutil.copytree(ROOT / "src/noisymlt", src / "noisymlt", ignore=shutil.ignore_patterns("__pycache__"))

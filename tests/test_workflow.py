@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shlex
@@ -20,8 +21,11 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
 def copy_workflow(dest: Path) -> Path:
-    """The workflow files only (the package is installed), so tests never touch the checkout's data."""
+    """The workflow files only (the package is installed), so tests never touch the checkout's data: params.yaml,
+    the root Snakefile, its default profile (profiles/default) and workflow/ (rules, other profiles, captions)."""
     shutil.copy(REPO / "params.yaml", dest / "params.yaml")
+    shutil.copy(REPO / "Snakefile", dest / "Snakefile")
+    shutil.copytree(REPO / "profiles", dest / "profiles")
     shutil.copytree(REPO / "workflow", dest / "workflow", symlinks=True)
     (dest / "src").symlink_to(REPO / "src")  # the schema symlink points into src/
     return dest
@@ -64,8 +68,14 @@ def child_cpu_seconds(call):
 
 
 def test_lint_is_clean(tmp_path):
-    proc = snakemake(copy_workflow(tmp_path), "--lint")
-    assert "Lints for" not in proc.stdout + proc.stderr
+    """No lint but the one the workflow answers on purpose: no rule names a conda environment or container
+    (docs/slurm.md); scripts/lint_workflow.py, which `make lint` runs, leaves that one out."""
+    spec = importlib.util.spec_from_file_location("lint_workflow", REPO / "scripts" / "lint_workflow.py")
+    lint_workflow = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lint_workflow)
+    found = lint_workflow.lints(copy_workflow(tmp_path))
+    assert found, "no lint read: did Snakemake's text change?"  # each rule has the one left out
+    assert {title for _, title in found} == {lint_workflow.NOT_OFFERED}, found
 
 
 def test_paper_dry_run_plans_the_full_grid(tmp_path):
@@ -124,12 +134,34 @@ def test_a_failed_download_shows_its_reason_under_the_readme_command(tmp_path):
                           capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "workflow specific profile workflow/profiles/default" in out
+    assert "workflow specific profile profiles/default" in out
     # the failed job's own log line, not only Snakemake's "returned non-zero exit status"
     reason = next((line for line in out.splitlines() if line.startswith("noisymlt ") and ": error: " in line), None)
     assert reason is not None, out[-3000:]
     assert "download failed" in reason and "nothing was received" in reason
     assert "download.mirror" in reason and "yourself at" in reason and ".part" not in reason
+
+
+def test_the_snakefile_and_its_default_profile_sit_at_the_project_root():
+    """`snakemake` from the project root finds ./Snakefile (the rules stay in workflow/rules/) and the default profile
+    where it looks for one, profiles/default beside the Snakefile: a failed job's log is printed."""
+    assert (REPO / "Snakefile").is_file() and not (REPO / "workflow" / "Snakefile").exists()
+    assert 'include: "workflow/rules/common.smk"' in (REPO / "Snakefile").read_text()
+    default = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())
+    assert default["show-failed-logs"] is True
+    assert not (REPO / "workflow" / "profiles" / "default").exists()  # would be read only beside workflow/Snakefile
+
+
+def test_no_software_deployment_method_is_offered(tmp_path):
+    """Jobs run the Python that runs Snakemake (the venv): no rule names a conda environment, and asking for one
+    stops the run in one line instead of being ignored."""
+    assert not (REPO / "workflow" / "envs").exists()
+    for rules in sorted((REPO / "workflow" / "rules").glob("*.smk")):
+        assert not re.search(r"^\s+(conda|container|envmodules):", rules.read_text(), re.M), rules.name
+    proc = subprocess.run([SNAKEMAKE, "--sdm", "conda", "-n"], cwd=copy_workflow(tmp_path), capture_output=True,
+                          text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "noisymlt: --software-deployment-method (conda) is not offered" in out, out[-3000:]
 
 
 # Snakemake's report draws its rule graph from one job per rule and DAG level (report.rulegraph_spec); this

@@ -14,8 +14,6 @@ rule code_digests:
     params:
         config=lambda w: json.dumps(config, sort_keys=True),  # a function: Snakemake formats plain strings
         digests=lambda w: json.dumps(step_code.digests(config), sort_keys=True),  # rerun when a file would change
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/code_digests.log",
     benchmark:

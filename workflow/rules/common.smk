@@ -35,19 +35,17 @@ except NoisyMLTError as exc:  # one line, not Snakemake's traceback or jsonschem
     raise SystemExit(f"noisymlt: {exc}") from None
 
 
-def _cli():
-    """The interpreter that runs Snakemake has noisymlt installed (venv route); under
-    `--sdm conda` each job's own environment provides `python`."""
-    methods = getattr(workflow.deployment_settings, "deployment_method", ()) or ()
-    if any(str(m).lower().endswith("conda") for m in methods):
-        return "python -m noisymlt"
-    return f"{sys.executable} -m noisymlt"
-
+# Jobs run the interpreter that runs Snakemake, which has noisymlt installed anyway (this file imports it while
+# parsing): no software deployment method is offered, and one asked for would be ignored, so it stops the run.
+if workflow.deployment_settings.deployment_method:
+    given = ", ".join(sorted(map(str, workflow.deployment_settings.deployment_method)))
+    raise SystemExit(f"noisymlt: --software-deployment-method ({given}) is not offered: jobs run the Python that "
+                     "runs Snakemake, the project's venv (docs/slurm.md)")
 
 # Rules run `$NOISYMLT_CLI`, an environment variable every job inherits (a SLURM job's Snakemake sets it again),
 # never a param: a param holding the interpreter's path made a copied project, a rebuilt venv or `python -m
 # snakemake` for `snakemake` rerun every job ("Params have changed").
-os.environ.update(NOISYMLT_CLI=_cli())
+os.environ.update(NOISYMLT_CLI=f"{sys.executable} -m noisymlt")
 
 
 def code(command):

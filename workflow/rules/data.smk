@@ -8,8 +8,6 @@ rule make_toy:
     params:
         args=lambda w: argv(paths.raw_argv(config, dataset_of_raw("data/raw/toy"))),
         code=code("make-toy"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/data/make_toy.log",
     benchmark:
@@ -54,8 +52,6 @@ rule fetch_asset:
         group="imagenet|glove",
     params:
         args=asset_args,
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/data/fetch_asset_{group}_{file}.log",
     benchmark:
@@ -71,8 +67,6 @@ rule download:
         kind="voc|coco",
     params:
         args=lambda w: argv(paths.raw_argv(config, dataset_of_raw(f"data/raw/{w.kind}"))),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/data/download_{kind}.log",
     benchmark:
@@ -91,8 +85,6 @@ rule parse_labels:
     params:
         args=lambda w, output: argv(paths.parse_argv(config, w.dataset, w.part, output[0])),
         code=code("parse"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/data/parse_{dataset}_{part}.log",
     benchmark:
@@ -112,8 +104,6 @@ rule longtail:
             paths.longtail_argv(config, w.dataset, input[0], output.labels, output.split)
         ),
         code=code("longtail"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/data/longtail_{dataset}.log",
     benchmark:
@@ -132,8 +122,6 @@ rule fetch_coco_train_images:
         args=lambda w, input: argv(
             paths.train_images_argv(config, w.dataset, input.labels, paths.train_images_dir(w.dataset))
         ),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/data/fetch_images_{dataset}.log",
     benchmark:
@@ -160,8 +148,6 @@ rule cache_train_images:
     params:
         args=lambda w, output: argv(paths.cache_argv(config, w.dataset, w.part, output.array)),
         code=code("cache-images"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/data/cache_images_{dataset}_{part}.log",
     benchmark:

@@ -9,8 +9,6 @@ rule noise:
         stats="data/{dataset}/noisy/g{gamma}_s{seed}.json",
     params:
         code=code("noise"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/noise/{dataset}_g{gamma}_s{seed}.log",
     benchmark:

@@ -11,8 +11,6 @@ rule aggregate:
         pseudo_labels="reports/pseudo_label_curves.json",
     params:
         code=code("aggregate"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/report/aggregate.log",
     benchmark:
@@ -41,8 +39,6 @@ rule structure:
         manifest="reports/structure_{dataset}.manifest.json",
     params:
         code=code("structure"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/report/structure_{dataset}.log",
     benchmark:
@@ -65,8 +61,6 @@ rule table_total:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
         code=code("table"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/report/table_total.log",
     benchmark:
@@ -92,8 +86,6 @@ rule table_fit:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
         code=code("fit-table"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/report/fit_{dataset}.log",
     benchmark:
@@ -116,8 +108,6 @@ rule table_paired:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
         code=code("paired-table"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/report/paired_{dataset}.log",
     benchmark:
@@ -137,8 +127,6 @@ rule figure_map_vs_gamma:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),  # the compared methods only: the ablation variants have their figures
         code=code("figure"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/report/map_vs_gamma.log",
     benchmark:
@@ -162,8 +150,6 @@ rule table_ablation:
         labels=method_labels(),
         spec=lambda w: json.dumps(config["ablations"][w.name]),
         code=code("table"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/report/ablation_{name}.log",
     benchmark:
@@ -188,8 +174,6 @@ rule table_groups:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
         code=code("table"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/report/table_groups_{dataset}.log",
     benchmark:
@@ -211,8 +195,6 @@ rule figure_sweep:
         spec=lambda w: json.dumps(config["ablations"][w.name]),
         x=sweep_values,
         code=code("figure"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/report/figure_{name}.log",
     benchmark:
@@ -247,8 +229,6 @@ rule inference_time:
     priority: 1
     resources:
         gpu=1,
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/report/inference_time_{dataset}.log",
     benchmark:
@@ -270,8 +250,6 @@ rule readme_numbers:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
         code=code("readme-numbers"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/report/readme_numbers.log",
     benchmark:
@@ -297,8 +275,6 @@ rule figure_noise_level:
         title=lambda w: f"{dataset_title(w.dataset)}: {config['methods'][FIGURE_METHOD].get('label', FIGURE_METHOD)}, "
         f"noise rate {FIGURE_GAMMA}",
         code=code("noise-figure"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/report/noise_level_{dataset}.log",
     benchmark:
@@ -322,8 +298,6 @@ rule figure_pseudo_labels:
         run=lambda w: figure_run(w.dataset, figure_seeds(w.dataset)[0], "").rstrip("/"),
         train_images=lambda w: image_root(w.dataset, "train"),
         code=code("pseudo-label-figure"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/report/pseudo_labels_{dataset}.log",
     benchmark:

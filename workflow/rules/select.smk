@@ -21,8 +21,6 @@ rule select_split:
     params:
         args=lambda w, output: argv(paths.select_split_argv(config, w.dataset, output[0])),
         code=code("select"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/select/split_{dataset}.log",
     shell:
@@ -38,8 +36,6 @@ rule select_parts:
         val="data/{dataset}/select/g{gamma}_s{seed}_val.parquet",
     params:
         code=code("select"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/select/parts_{dataset}_g{gamma}_s{seed}.log",
     shell:
@@ -60,8 +56,6 @@ rule cache_select_images:
     params:
         args=lambda w, output: argv(paths.select_cache_argv(config, w.dataset, w.part, output.array)),
         code=code("cache-images"),
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/data/cache_images_{dataset}_select_{part}.log",
     shell:
@@ -101,8 +95,6 @@ rule train_candidate:
     resources:
         gpu=1,
         runs_per_gpu=1,  # a packing profile raises it (and the gpu total) with set-resources
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/select/{dataset}_{method}_stage{stage}_g{gamma}_s{seed}_{tag}.log",
     benchmark:
@@ -128,8 +120,6 @@ checkpoint select:
         previous=lambda w, input: f"--previous {input.previous}" if input.previous else "",
         code=code("select"),
     localrule: True
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/select/{dataset}_{method}_stage{stage}.log",
     shell:

@@ -11,8 +11,6 @@ rule pretrain:
         args=pretrain_args,
         code=code("pretrain"),
     threads: 2
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/pretrain/{name}.log",
     benchmark:
@@ -70,8 +68,6 @@ rule train:
     resources:
         gpu=1,
         runs_per_gpu=1,  # a packing profile raises it (and the gpu total) with set-resources
-    conda:
-        "../envs/noisymlt.yaml"
     log:
         "logs/train/{dataset}_g{gamma}_s{seed}_{method}.log",
     benchmark:

@@ -1,4 +1,6 @@
 # noisymlt workflow: download -> labels -> long-tail subset -> noisy labels -> train -> evaluate -> report.
+# The rules are in workflow/rules/, one file per phase; this file sits at the project root so that `snakemake`
+# finds it, and profiles/default beside it, from there.
 # Settings: params.yaml (paper scale); profiles in workflow/profiles layer their own params on top.
 # Usage (target first, or `--` before it: `--resources` would swallow a trailing target):
 #   snakemake reports/table_total.tex --cores 8 --resources gpu=2
@@ -11,12 +13,12 @@ min_version("9.0")
 configfile: "params.yaml"
 
 
-report: "report/workflow.rst"
+report: "workflow/report/workflow.rst"
 
 
 # common.smk first validates config against workflow/schemas/params.schema.yaml and the cross-references a
 # schema cannot express; a bad setting stops the run with one line naming its params file and key.
-include: "rules/common.smk"
+include: "workflow/rules/common.smk"
 
 
 wildcard_constraints:
@@ -26,12 +28,12 @@ wildcard_constraints:
     method="[A-Za-z0-9_]+",
 
 
-include: "rules/data.smk"
-include: "rules/noise.smk"
-include: "rules/select.smk"
-include: "rules/train.smk"
-include: "rules/report.smk"
-include: "rules/code.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/noise.smk"
+include: "workflow/rules/select.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/report.smk"
+include: "workflow/rules/code.smk"
 
 
 rule all:
