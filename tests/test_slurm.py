@@ -5,27 +5,30 @@ tests/slurm/start_cluster.sh); skipped when `sbatch` is missing, `sinfo` does no
 host is not a usable node of the default partition. The workflow files and the real
 workflow/profiles/slurm profile are copied into a temporary folder; a test profile is derived from
 that profile with only what a 2-core, GPU-less, accounting-free node needs changed (see
-`derive_test_profile`), and a params layer shrinks the demo to one tiny run.
+`localcluster.derive_local_profile`), and a params layer shrinks the demo to one tiny run.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
+sys.path.insert(0, str(Path(__file__).parent / "slurm"))
+import localcluster  # noqa: E402  (tests/slurm/localcluster.py, shared with scripts/slurm_submissions.py)
+from localcluster import copy_project, run, sbatch_counter, snakemake_env  # noqa: E402
+
 pytestmark = pytest.mark.slurm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = localcluster.ROOT
 RUN_TIMEOUT_S = 600
 
 # One run (toy, gamma 0.5, seed 0, ERM) on 32 px images, one epoch. 600 trainval images with
@@ -64,107 +67,18 @@ SLURM_SINGLE_RULES = {"cache_train_images", "cache_test_images", "readme_numbers
 
 
 def local_partition() -> str:
-    """The default partition, if this machine is one of its nodes and up; else skip.
-
-    Only a cluster on this machine is used: on a real cluster's login node the test's tmp folder
-    would not be on the compute nodes' file system.
-    """
-    if shutil.which("sbatch") is None:
-        pytest.skip("no SLURM: sbatch not found (CI starts one with tests/slurm/start_cluster.sh)")
-    try:
-        out = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%N %P %t"],
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"no SLURM: sinfo does not answer ({exc})")
-    if out.returncode != 0:
-        pytest.skip(f"no SLURM: sinfo failed: {out.stderr.strip()}")
-    host = socket.gethostname().split(".")[0]
-    for line in out.stdout.splitlines():
-        node, partition, state = line.split()
-        if node == host and partition.endswith("*") and state.rstrip("*") in {"idle", "mix", "alloc", "comp"}:
-            return partition.rstrip("*")
-    pytest.skip(f"no usable local SLURM node {host!r} in the default partition: sinfo says {out.stdout!r}")
-
-
-def derive_test_profile(profile: dict, partition: str, configfiles: list[Path]) -> dict:
-    """The real profile, changed only where the local test node differs from a GPU cluster."""
-    p = dict(profile)
-    p["configfile"] = [str(f) for f in configfiles]
-    p["retries"] = 0                      # a failure should fail the test at once
-    # No slurmdbd: poll with squeue, submit without an account, and poll early (short jobs).
-    p["slurm-no-account"] = True
-    p["slurm-status-command"] = "squeue"
-    p["slurm-init-seconds-before-status-checks"] = 2
-    p["slurm-keep-successful-logs"] = True  # evidence that every job went through sbatch
-    p["set-threads"] = {**p.get("set-threads", {}), "train": 1, "train_candidate": 1}
-    default = dict(p["default-resources"], slurm_partition=partition, mem_mb=1000)
-    p["default-resources"] = default
-    res = {rule: dict(r) for rule, r in p["set-resources"].items()}
-    for r in res.values():
-        if "slurm_partition" in r:
-            r["slurm_partition"] = partition
-        if "mem_mb" in r:
-            r["mem_mb"] = 1000
-    for rule in ("train", "train_candidate"):
-        for key in ("gpu_model", "gres"):
-            res[rule].pop(key, None)
-        res[rule]["gpu"] = 0              # no GPU on the test node: no --gpus on sbatch
-    p["set-resources"] = res
-    return p
-
-
-def snakemake_env(src: Path) -> dict:
-    """The jobs inherit this environment (sbatch --export=ALL): `python -m noisymlt` imports from src."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH", "")]))
-    for var in [v for v in env if v.startswith("SLURM_")]:
-        del env[var]                      # a test run inside an allocation must not leak its job id
-    return env
-
-
-def run(cmd: list[str], cwd: Path, src: Path, timeout: int, path: Path | None = None) -> str:
-    env = snakemake_env(src)
-    if path:
-        env["PATH"] = f"{path}{os.pathsep}{env['PATH']}"
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-6000:]
-    return log
-
-
-def copy_project(tmp_path: Path) -> tuple[Path, Path]:
-    """The workflow files in tmp_path/wf and a snapshot of the package in tmp_path/src (its code digest is a rule
-    param, so an edit of src/ during the test would otherwise make the SLURM run redo the data steps)."""
-    work = tmp_path / "wf"
-    work.mkdir()
-    for name in ("params.yaml", "Snakefile"):
-        shutil.copy2(ROOT / name, work)
-    shutil.copytree(ROOT / "profiles", work / "profiles")  # the default profile, beside the Snakefile
-    shutil.copytree(ROOT / "workflow", work / "workflow")  # follows the schema symlink
-    src = tmp_path / "src"
-    shutil.copytree(ROOT / "src/noisymlt", src / "noisymlt", ignore=shutil.ignore_patterns("__pycache__"))
-    return work, src
+    """The default partition, if this machine is one of its nodes and up; else skip."""
+    partition, why_not = localcluster.local_partition()
+    if partition is None:
+        pytest.skip(why_not)
+    return partition
 
 
 def write_test_profile(tmp_path: Path, work: Path, partition: str, configfiles: list[Path], **changes) -> Path:
     real = yaml.safe_load((work / "workflow/profiles/slurm/config.yaml").read_text())
     assert real["executor"] == "slurm" and real["set-resources"]["train"]["gpu"] == 1
     assert real["set-resources"]["train_candidate"]["gpu"] == 1
-    prof_dir = tmp_path / "profile"
-    prof_dir.mkdir()
-    (prof_dir / "config.yaml").write_text(yaml.safe_dump({**derive_test_profile(real, partition, configfiles),
-                                                          **changes}))
-    return prof_dir
-
-
-def sbatch_counter(tmp_path: Path) -> tuple[Path, Path]:
-    """A folder to put first on PATH whose `sbatch` records each call (one line) and runs the real one."""
-    bin_dir, calls = tmp_path / "bin", tmp_path / "sbatch_calls.txt"
-    bin_dir.mkdir()
-    shim = bin_dir / "sbatch"
-    shim.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\nexec {shutil.which('sbatch')} \"$@\"\n")
-    shim.chmod(0o755)
-    return bin_dir, calls
+    return localcluster.write_local_profile(tmp_path, work, partition, configfiles, **changes)
 
 
 def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> None:
@@ -217,6 +131,129 @@ def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> N
     timing = json.loads((work / "runs/toy/g0.5/s0/erm/manifest.timing.json").read_text())  # untracked: varies per job
     job_id = timing["slurm_job_id"]
     assert job_id is not None and job_id.isdigit(), timing
-    train_log = slurm_logs / "rule_train" / f"{job_id}.log"
+    [train_log] = (slurm_logs / "rule_train").rglob(f"{job_id}.log")
     assert "localrule train:" in train_log.read_text()
     assert manifest["environment"]["device"] == "cpu"
+
+
+def node_gpus() -> int:
+    """The GPUs the local node declares to SLURM (start_cluster.sh declares 4 fake ones); skip without them."""
+    out = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%G"], capture_output=True, text=True, timeout=30)
+    found = re.search(r"gpu:(?:\w+:)?(\d+)", out.stdout)
+    if not found:
+        pytest.skip(f"the local SLURM node declares no GPUs (sinfo %G: {out.stdout.strip()!r}); "
+                    "tests/slurm/start_cluster.sh declares 4 fake ones where mknod is allowed")
+    return int(found.group(1))
+
+
+# One training run's choice of card inside a SLURM job step, as the train step makes it (select_device), with CUDA
+# reported available over the cards SLURM put in CUDA_VISIBLE_DEVICES (the node's cards are fake). It records its
+# card and holds its slot until every run of the job has chosen, as concurrent training runs would.
+PACKED_RUN = """
+import os, sys, time
+import torch
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: len(os.environ["CUDA_VISIBLE_DEVICES"].split(","))
+from noisymlt.training.devices import select_device
+slots, runs, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+card = select_device("auto", slots).index
+with open(out, "a") as f:
+    f.write(f"{card} {os.environ['CUDA_VISIBLE_DEVICES']} {os.environ['SLURM_JOB_ID']}\\n")
+deadline = time.monotonic() + 120
+while len(open(out).read().splitlines()) < runs and time.monotonic() < deadline:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize("runs, slots", [(4, 1), (8, 2)])
+def test_runs_packed_into_a_four_card_slurm_job_use_its_four_cards(tmp_path: Path, runs: int, slots: int) -> None:
+    """A packed group job as the profile's packing submits it (sbatch --gpus=4, then one `srun --gpus=4` step that
+    runs the group's jobs side by side): 4 runs take 4 different cards, 8 runs with 2 slots a card 2 each."""
+    partition = local_partition()
+    if node_gpus() < 4:
+        pytest.skip("the local SLURM node declares fewer than 4 GPUs")
+    probe, out = tmp_path / "packed_run.py", tmp_path / "cards.txt"
+    probe.write_text(PACKED_RUN)
+    runs_cmd = f"for i in $(seq {runs}); do {sys.executable} {probe} {slots} {runs} {out} & done; wait"
+    script = tmp_path / "packed.sh"
+    script.write_text(f"#!/bin/sh\nsrun -n1 --gpus=4 sh -c '{runs_cmd}'\n")
+    proc = subprocess.run(["sbatch", "--wait", "--parsable", f"--partition={partition}", "--gpus=4", "--mem=4000",
+                           f"--output={tmp_path / 'slurm.log'}", str(script)], cwd=tmp_path,
+                          env=snakemake_env(ROOT / "src"), capture_output=True, text=True, timeout=300)
+    log = (tmp_path / "slurm.log").read_text() if (tmp_path / "slurm.log").exists() else ""
+    assert proc.returncode == 0, proc.stderr + log
+    rows = [line.split() for line in out.read_text().splitlines()]
+    assert {visible for _, visible, _ in rows} == {"0,1,2,3"}  # slurmd handed the job its 4 cards
+    assert {job for _, _, job in rows} == {proc.stdout.strip().split(";")[0]}
+    assert sorted(int(card) for card, _, _ in rows) == sorted(list(range(4)) * (runs // 4)), rows
+
+
+# The requeue test's run: one ERM run long enough to be interrupted between two epochs (a checkpoint every epoch).
+REQUEUE_EPOCHS = 12
+
+
+def squeue_jobs() -> list[tuple[str, str]]:
+    out = subprocess.run(["squeue", "--noheader", "--format=%i %T"], capture_output=True, text=True, timeout=30)
+    return [tuple(line.split()) for line in out.stdout.splitlines() if line.strip()]
+
+
+def wait_for(condition, timeout: float, what: str, poll: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := condition():
+            return result
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_a_requeued_train_job_resumes_its_checkpoint_and_predicts_the_same_bytes(tmp_path: Path) -> None:
+    """Preemption, for real: the profile submits with --requeue; `scontrol requeue` kills the running train job's
+    allocation after its first epochs and puts it back in the queue under the same job id; Snakemake keeps waiting,
+    the job runs again, the run resumes from its checkpoint and its predictions equal an uninterrupted run's."""
+    partition = local_partition()
+    work, src = copy_project(tmp_path)
+    params = {key: TINY_PARAMS[key] for key in ("grid", "datasets", "pretrain")}
+    params["train"] = {**TINY_PARAMS["train"], "epochs": REQUEUE_EPOCHS}
+    params["schedules"] = {name: {"train": {"warmup_iters": 2, "epochs": REQUEUE_EPOCHS, "lr_steps": []}}
+                           for name in ("db", "db_random")}
+    tiny = tmp_path / "tiny_params.yaml"
+    tiny.write_text(yaml.safe_dump(params))
+    configfiles = [work / "workflow/profiles/demo/params.yaml", tiny]
+    prof_dir = write_test_profile(tmp_path, work, partition, configfiles, **{"keep-going": False})
+    run_dir = work / "runs/toy/g0.5/s0/erm"
+    target = str((run_dir / "predictions.npz").relative_to(work))
+    snakemake = [sys.executable, "-m", "snakemake", "--nocolor"]
+    local = snakemake + ["--cores", "1", "--set-threads", "train=1", "--configfile", *map(str, configfiles), "--"]
+    # the inputs, then the uninterrupted run on this machine (one thread, as the profile's test job), its bytes kept
+    run(local + [t for t in DATA_TARGETS if "select" not in t], work, src, 300)
+    run(local + [target], work, src, 300)
+    uninterrupted = (run_dir / "predictions.npz").read_bytes()
+    assert "from epoch" not in (work / "logs/train/toy_g0.5_s0_erm.log").read_text()
+    shutil.rmtree(run_dir)
+
+    env = snakemake_env(src)
+    env["NOISYMLT_CHECKPOINT_SECONDS"] = "0"  # a checkpoint after every epoch
+    with open(tmp_path / "snakemake.log", "w") as log_file:
+        proc = subprocess.Popen(snakemake + ["--profile", str(prof_dir), "--", target], cwd=work, env=env,
+                                stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            ckpt = run_dir / "checkpoint.pt"
+            wait_for(lambda: ckpt.exists() or proc.poll() is not None, 300, "the train job's first checkpoint")
+            running = [job for job, state in squeue_jobs() if state == "RUNNING"]
+            assert proc.poll() is None and len(running) == 1, (running, (tmp_path / "snakemake.log").read_text())
+            job = running[0]
+            subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+            # SLURM holds a requeued job back for about two minutes (its begin time); release it at once
+            wait_for(lambda: dict(squeue_jobs()).get(job) == "PENDING", 120, f"job {job} back in the queue")
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
+            assert proc.wait(timeout=RUN_TIMEOUT_S) == 0, (tmp_path / "snakemake.log").read_text()[-4000:]
+        finally:
+            if proc.poll() is None:  # a failure above: leave no job behind in the cluster
+                proc.kill()
+                subprocess.run(["scancel", *[job for job, _ in squeue_jobs()]], timeout=30)
+    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
+    assert "Restarts=1" in shown, shown
+    resumed = re.search(r"resumed \S+checkpoint.pt from epoch (\d+)", (work / "logs/train/toy_g0.5_s0_erm.log").read_text())
+    assert resumed and 1 <= int(resumed.group(1)) < REQUEUE_EPOCHS, "the requeued run did not resume mid-way"
+    assert json.loads((run_dir / "manifest.timing.json").read_text())["slurm_job_id"] == job
+    assert (run_dir / "predictions.npz").read_bytes() == uninterrupted

@@ -1,0 +1,44 @@
+"""The sbatch counts docs/slurm.md quotes are the measured ones (scripts/slurm_submissions.py), and they add up."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("slurm_submissions", REPO / "scripts/slurm_submissions.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["slurm_submissions"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_manual_quotes_the_measured_counts():
+    script = load_script()
+    result = json.loads(script.JSON.read_text())
+    docs = script.DOCS.read_text()
+    begin, end = docs.index(script.MARK_BEGIN), docs.index(script.MARK_END) + len(script.MARK_END)
+    assert docs[begin:end] == script.render(result), "rerun: python scripts/slurm_submissions.py docs"
+
+
+def test_the_measured_counts_add_up_and_were_taken_with_the_pinned_plugin():
+    script = load_script()
+    result = json.loads(script.JSON.read_text())
+    assert result["snakemake_executor_plugin_slurm"] == version("snakemake-executor-plugin-slurm")
+    arrays, single = result["modes"]["arrays"], result["modes"]["one job each"]
+    for mode in (arrays, single):
+        # every planned job ran, through exactly one sbatch call or one array task
+        assert mode["jobs_submitted"] == mode["planned_jobs"] == sum(mode["planned_jobs_by_rule"].values())
+        assert sum(mode["calls_by_rule"].values()) == mode["sbatch_calls"]
+    assert single["sbatch_calls"] == single["planned_jobs"] and single["array_calls"] == 0
+    assert 0 < arrays["array_calls"] and arrays["sbatch_calls"] < single["sbatch_calls"]
+    # only the rules the profile names go as arrays
+    assert set(arrays["calls_by_rule"]) == set(single["calls_by_rule"])
+    others = {rule: n for rule, n in single["calls_by_rule"].items() if rule not in ("rule_train", "rule_train_candidate")}
+    assert all(arrays["calls_by_rule"][rule] == n for rule, n in others.items())
