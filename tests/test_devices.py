@@ -1,4 +1,5 @@
-"""GPU choice: per-GPU lock files spread concurrent jobs over cards; a CUDA smoke test when there is one."""
+"""GPU choice: per-GPU lock files spread concurrent jobs over cards, the cards of a SLURM allocation included; a
+CUDA smoke test when there is one."""
 
 from __future__ import annotations
 
@@ -107,52 +108,60 @@ def test_runs_per_gpu_comes_from_the_argument_else_the_environment(monkeypatch):
         runs_per_gpu()
 
 
-def test_select_device_takes_slots_on_fake_cards_named_as_cuda_visible_devices_names_them(tmp_path, monkeypatch):
+def test_select_device_takes_slots_on_fake_cards_and_honours_cuda_visible_devices(tmp_path, monkeypatch):
     import noisymlt.training.devices as devices
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setenv("NOISYMLT_GPU_LOCK_DIR", str(tmp_path))
     monkeypatch.setattr(devices, "_held_locks", [])
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # one card, physical card 3: its lock is card 3's
-    assert select_device("auto", 2) == torch.device("cuda:0")
-    assert sorted(p.name for p in tmp_path.glob("*.lock")) == ["gpu3.slot0.lock", "gpu3.slot1.lock"]
-    assert (tmp_path / "gpu3.slot0.lock").read_text() == str(os.getpid())  # the slot this job holds
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # SLURM assigned a card: no lock taken
+    assert select_device("auto", 2) == torch.device("cuda:0") and not list(tmp_path.glob("*.lock"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     got = [select_device("auto", 2) for _ in range(5)]  # this process plays five jobs
-    # card 3 is not among these two (indices 0, 1), so both start empty; the fifth finds no slot: cuda:0
-    assert got == [torch.device(f"cuda:{i}") for i in (0, 1, 0, 1, 0)]
-    assert len(devices._held_locks) == 5
+    assert got == [torch.device(f"cuda:{i}") for i in (0, 1, 0, 1, 0)]  # the fifth finds no slot: cuda:0
+    assert len(devices._held_locks) == 4
     for handle in devices._held_locks:
         handle.close()
 
 
-def test_lock_folder_is_private_to_a_slurm_allocation_and_on_the_node(monkeypatch):
-    import noisymlt.training.devices as devices
+def test_slot_folder_is_private_to_a_slurm_allocation_and_on_the_node(monkeypatch):
+    from noisymlt.pipeline import cards
+    from noisymlt.training.devices import lock_dir
 
-    monkeypatch.delenv("NOISYMLT_GPU_LOCK_DIR", raising=False)
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    workstation = devices.lock_dir()
+    for var in ("NOISYMLT_GPU_LOCK_DIR", "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    workstation = cards.slot_folder()
+    assert workstation == lock_dir()  # a workstation's slots are where they always were
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # indices 0, 1 are this set's: slots of their own
+    assert cards.slot_folder() == lock_dir() / "visible-2,3"
     monkeypatch.setenv("SLURM_JOB_ID", "777")
-    first = devices.lock_dir()
+    first = cards.slot_folder()
     monkeypatch.setenv("SLURM_JOB_ID", "778")
-    second = devices.lock_dir()
+    second = cards.slot_folder()
     assert first != second != workstation and first.parent == second.parent
     assert first.name.startswith("slurm-job777-") and first.name.endswith(socket.gethostname().split(".")[0])
-    if devices.NODE_LOCAL.is_dir():  # tmpfs: the node's own memory, never a shared file system
-        assert devices.NODE_LOCAL in first.parents
+    if cards.NODE_LOCAL.is_dir():  # tmpfs: the node's own memory, never a shared file system
+        assert cards.NODE_LOCAL in first.parents
     monkeypatch.setenv("NOISYMLT_GPU_LOCK_DIR", "/somewhere/else")
-    assert devices.lock_dir() == Path("/somewhere/else")
+    assert cards.slot_folder() == Path("/somewhere/else")
+
+
+def test_choose_device_leaves_a_forced_device_alone_and_falls_back_to_the_cpu(monkeypatch):
+    from noisymlt.pipeline.cards import choose_device
+
+    assert choose_device("cpu") == "cpu" and choose_device("cuda:3") == "cuda:3"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert choose_device("auto", 2) == "cpu"
 
 
 # A train job inside a SLURM allocation that holds four cards (a packed group job: `--gpus=4`, four runs in one
-# job step, each seeing all four cards), as select_device sees it: CUDA available with the allocation's cards.
+# job step, each seeing all four cards), as the train command's choose_device sees it: CUDA available with the allocation's cards.
 # It prints its card and holds it until its stdin closes (a training run's lifetime).
 SLURM_RUN = ("import sys, torch; torch.cuda.is_available = lambda: True; "
              "torch.cuda.device_count = lambda: len(__import__('os').environ['CUDA_VISIBLE_DEVICES'].split(',')); "
-             "from noisymlt.training.devices import select_device; "
-             "print(select_device('auto', int(sys.argv[1])).index, flush=True); sys.stdin.read()")
+             "from noisymlt.pipeline.cards import choose_device; "
+             "print(choose_device('auto', int(sys.argv[1])).split(':')[1], flush=True); sys.stdin.read()")
 
 
 def slurm_group_env(job_id: str, cards: str = "0,1,2,3") -> dict:
@@ -170,12 +179,12 @@ def start_runs(n: int, slots: int, env: dict) -> list[subprocess.Popen]:
 @pytest.fixture
 def slurm_job_ids():
     """Fresh allocation ids, and their lock folders removed afterwards (they live in the node's /dev/shm)."""
-    import noisymlt.training.devices as devices
+    from noisymlt.pipeline import cards
 
     ids = [f"{os.getpid()}{i}{time.monotonic_ns() % 10**6}" for i in range(2)]
     yield ids
     for job in ids:
-        for base in (devices.NODE_LOCAL, Path(tempfile.gettempdir())):
+        for base in (cards.NODE_LOCAL, Path(tempfile.gettempdir())):
             for path in (base / "noisymlt-gpu-locks").glob(f"slurm-job{job}-*"):
                 shutil.rmtree(path, ignore_errors=True)
 

@@ -146,7 +146,7 @@ def node_gpus() -> int:
     return int(found.group(1))
 
 
-# One training run's choice of card inside a SLURM job step, as the train step makes it (select_device), with CUDA
+# One training run's choice of card inside a SLURM job step, as the train command makes it (choose_device), with CUDA
 # reported available over the cards SLURM put in CUDA_VISIBLE_DEVICES (the node's cards are fake). It records its
 # card and holds its slot until every run of the job has chosen, as concurrent training runs would.
 PACKED_RUN = """
@@ -154,9 +154,9 @@ import os, sys, time
 import torch
 torch.cuda.is_available = lambda: True
 torch.cuda.device_count = lambda: len(os.environ["CUDA_VISIBLE_DEVICES"].split(","))
-from noisymlt.training.devices import select_device
+from noisymlt.pipeline.cards import choose_device
 slots, runs, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-card = select_device("auto", slots).index
+card = choose_device("auto", slots).split(":")[1]
 with open(out, "a") as f:
     f.write(f"{card} {os.environ['CUDA_VISIBLE_DEVICES']} {os.environ['SLURM_JOB_ID']}\\n")
 deadline = time.monotonic() + 120

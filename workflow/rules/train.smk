@@ -26,8 +26,8 @@ rule pretrain:
 # (its code param holds both digests), which resumes the finished checkpoint and predicts the same bytes.
 # The resolved configuration is a param (a changed configuration reruns the job) that the job writes to
 # requested_config.json before training reads it; a failed job's command line shows it.
-# The job picks its own GPU (CUDA_VISIBLE_DEVICES under SLURM, else one of runs_per_gpu slot locks on the
-# least-loaded card), so --resources gpu=N spreads jobs over N cards; a packing profile (workflow/profiles/h200)
+# The job picks its own GPU (one of runs_per_gpu slot locks on the least-loaded card it sees, the cards of its
+# SLURM allocation included), so --resources gpu=N spreads jobs over N cards; a packing profile (workflow/profiles/h200)
 # counts gpu in run slots, cards x runs_per_gpu (docs/gpu-check.md#runs-packed-per-card). The clean subset goes in twice: its hash into the manifest, its labels into the
 # noise-level log (analysis only; training never reads them). The log is empty for methods that publish no
 # targets.

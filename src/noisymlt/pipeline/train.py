@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline.cards import choose_device
 from noisymlt.training.checkpoint import archive_run
 from noisymlt.training.trainer import Trainer
 
@@ -77,10 +78,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         extra["selection"] = Path(args.selection)
     trainer = Trainer(resolved, train_labels=args.train_labels, test_labels=args.test_labels, split=args.split,
                       train_images=args.train_images, test_images=args.test_images, out_dir=out,
-                      device=args.device, progress=not args.no_progress,
+                      device=choose_device(args.device, args.runs_per_gpu), progress=not args.no_progress,
                       provenance_inputs=extra, keep_stale=args.keep_stale, clean_labels=args.clean_labels,
                       train_cache=args.train_cache, test_cache=args.test_cache, cores=args.cores,
-                      expect_code=_expected_code(args.expect_code), runs_per_gpu=args.runs_per_gpu)
+                      expect_code=_expected_code(args.expect_code))
     log.info("run %s: %s on %s gamma=%s seed=%s, %d iterations/epoch on %s", trainer.run_id, resolved["method"],
              resolved["dataset"], resolved["gamma"], resolved["seed"], trainer.iters, trainer.device)
     trainer.run()
@@ -118,11 +119,11 @@ def add_cli(sub) -> None:
                     "--params its values are applied, with --run-config they are checked; recorded in the manifest")
     io.add_argument("--provenance", nargs="*", metavar="NAME=FILE",
                     help="further upstream files whose sha256 the manifest records (raw-data manifest, clean subset)")
-    p.add_argument("--device", default="auto", help="auto (GPU if any, honouring CUDA_VISIBLE_DEVICES), cpu, cuda:N")
+    p.add_argument("--device", default="auto", help="auto (a slot on the least-loaded GPU this job sees, in "
+                   "CUDA_VISIBLE_DEVICES or the machine's; else the CPU), cpu, cuda:N")
     p.add_argument("--runs-per-gpu", type=int, metavar="K",
                    help="training runs one card takes at once (a slot lock each; the workflow passes its profile's "
-                        "runs_per_gpu resource); default: $NOISYMLT_RUNS_PER_GPU, else 1. Ignored under "
-                        "CUDA_VISIBLE_DEVICES (SLURM assigns the card)")
+                        "runs_per_gpu resource); default: $NOISYMLT_RUNS_PER_GPU, else 1")
     p.add_argument("--cores", type=int, help="CPU cores given to this job (train.workers: auto takes loader workers "
                    "from them); default: SLURM_CPUS_PER_TASK, else the process's CPU affinity")
     p.add_argument("--restart", action="store_true", help="keep an existing checkpoint aside and start over")

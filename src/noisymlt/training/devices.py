@@ -1,25 +1,21 @@
-"""Which device a training job runs on.
+"""Which device a training job runs on: the slot locks, and the precision a device runs at.
 
-Snakemake's ``--resources gpu=N`` only caps how many GPU jobs run at once; it never says which
-card a job gets, and neither does SLURM when several runs share one allocation (a packed group job
-asks for ``--gpus=4`` and runs four trainings that each see the same four cards). So a job always
-picks its own card among the cards it can see: each visible card has ``runs_per_gpu`` slots, one
-lock file each (``gpu{card}.slot{j}.lock``, where ``card`` is the card's entry in
-CUDA_VISIBLE_DEVICES, or its index when that is unset); a job takes a slot of the least-loaded card
-and keeps it for its lifetime, so k concurrent jobs per card at most share one card, and jobs spread
-over the cards before any card takes a second one. The locks are flock()s: a job that dies releases
-its slot, whoever started it (Snakemake, DVC, a shell, a SLURM job step).
+Snakemake's ``--resources gpu=N`` only caps how many GPU jobs run at once; it never says which card a job gets.
+Each card has ``runs_per_gpu`` slots, one lock file each (``gpu{idx}.slot{j}.lock``); a job takes a slot of the
+least-loaded card and keeps it for its lifetime, so k concurrent jobs per card at most share one card, and jobs
+spread over the cards before any card takes a second one. The locks are flock()s: a job that dies releases its
+slot, whoever started it (Snakemake, DVC, a shell).
 
-Inside a SLURM allocation the lock folder is private to the allocation and on the node itself
-(``slurm-job<id>-<host>`` under /dev/shm): card "0" of one job is not card "0" of another when the
-scheduler renumbers each job's cards, and a shared file system would make two nodes' card 0 collide.
+The train command chooses its card with these slots before the trainer starts (``noisymlt.pipeline.cards``, which
+also puts a SLURM allocation's slots in a folder of its own) and hands the trainer a concrete ``cuda:N``.
+``select_device("auto")`` is the choice for a caller that builds a trainer itself: it takes the first card
+whenever CUDA_VISIBLE_DEVICES is set, so several such jobs in one allocation would share it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import tempfile
 from pathlib import Path
 
@@ -30,39 +26,22 @@ log = logging.getLogger(__name__)
 _held_locks: list = []  # keep lock files open for the life of the process
 
 
-NODE_LOCAL = Path("/dev/shm")  # tmpfs on every Linux node: never on a shared file system
-
-
 def lock_dir() -> Path:
-    """$NOISYMLT_GPU_LOCK_DIR when set; in a SLURM job a folder of that allocation on the node itself;
-    else the system's temporary folder (a workstation: every job of the machine shares its cards)."""
-    if given := os.environ.get("NOISYMLT_GPU_LOCK_DIR"):
-        return Path(given)
-    if job := os.environ.get("SLURM_JOB_ID", "").strip():
-        base = NODE_LOCAL if NODE_LOCAL.is_dir() and os.access(NODE_LOCAL, os.W_OK) else Path(tempfile.gettempdir())
-        return base / "noisymlt-gpu-locks" / f"slurm-job{job}-{socket.gethostname().split('.')[0]}"
-    return Path(tempfile.gettempdir()) / "noisymlt-gpu-locks"
+    return Path(os.environ.get("NOISYMLT_GPU_LOCK_DIR", Path(tempfile.gettempdir()) / "noisymlt-gpu-locks"))
 
 
-def visible_cards(count: int) -> list[str]:
-    """A name for each of the ``count`` cards this process sees: its CUDA_VISIBLE_DEVICES entry (an index or a
-    UUID, so that card 2 has one lock whether a job sees it as cuda:0 or cuda:2), else its index."""
-    entries = [e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if e.strip()]
-    return entries if len(entries) == count else [str(i) for i in range(count)]
+def slot_path(directory: Path, idx: int, slot: int) -> Path:
+    return directory / f"gpu{idx}.slot{slot}.lock"
 
 
-def slot_path(directory: Path, card: int | str, slot: int) -> Path:
-    return directory / f"gpu{card}.slot{slot}.lock"
-
-
-def card_loads(cards: list[str], slots: int, directory: Path) -> list[int]:
+def card_loads(num_gpus: int, slots: int, directory: Path) -> list[int]:
     """Slots held per card, probed by taking and releasing each free lock (a probe can only make a
     card look busier for an instant: it affects the balance, never the cap of ``slots`` per card)."""
     loads = []
-    for card in cards:
+    for idx in range(num_gpus):
         held = 0
         for j in range(slots):
-            handle = try_lock(slot_path(directory, card, j))
+            handle = try_lock(slot_path(directory, idx, j))
             if handle is None:
                 held += 1
             else:
@@ -71,23 +50,20 @@ def card_loads(cards: list[str], slots: int, directory: Path) -> list[int]:
     return loads
 
 
-def acquire_gpu(num_gpus: int, directory: Path | None = None, slots: int = 1,
-                cards: list[str] | None = None) -> int | None:
-    """Lock a free slot on the least-loaded card (lowest index among equals) and return the card's index;
-    None when every slot of every card is taken. ``cards`` names the cards' lock files (default: their
-    indices). The probe and the lock are separate steps, so a slot taken in between by another job is
-    skipped and the next one tried: two jobs never hold the same slot."""
+def acquire_gpu(num_gpus: int, directory: Path | None = None, slots: int = 1) -> int | None:
+    """Lock a free slot on the least-loaded card (lowest index among equals); None when every slot of
+    every card is taken. The probe and the lock are separate steps, so a slot taken in between by
+    another job is skipped and the next one tried: two jobs never hold the same slot."""
     if slots < 1:
         raise ValueError(f"runs per GPU must be at least 1, got {slots}")
     directory = directory or lock_dir()
-    cards = cards or [str(i) for i in range(num_gpus)]
     for _ in range(5):  # another job's probe can hold a free slot for an instant: look again while one shows free
-        loads = card_loads(cards, slots, directory)
+        loads = card_loads(num_gpus, slots, directory)
         if min(loads, default=slots) >= slots:
             return None
         for idx in sorted(range(num_gpus), key=lambda i: (loads[i], i)):
             for j in range(slots):
-                handle = try_lock(slot_path(directory, cards[idx], j))
+                handle = try_lock(slot_path(directory, idx, j))
                 if handle is not None:
                     _held_locks.append(handle)
                     return idx
@@ -110,21 +86,20 @@ def runs_per_gpu(given: int | None = None) -> int:
 
 
 def select_device(requested: str = "auto", runs_per_card: int | None = None):
-    """``auto``: a slot on one of the GPUs this process sees (see module doc), else the CPU.
-    ``cpu``/``cuda:N`` force."""
+    """``auto``: a GPU when there is one (see module doc), else the CPU. ``cpu``/``cuda:N`` force."""
     import torch  # here, not at the top: the slot functions serve processes that never load torch
 
     if requested != "auto":
         return torch.device(requested)
     if not torch.cuda.is_available():
         return torch.device("cpu")
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        # The scheduler already restricted this job to its own card(s).
+        return torch.device("cuda:0")
     slots = runs_per_gpu(runs_per_card)
-    count = torch.cuda.device_count()
-    directory = lock_dir()
-    idx = acquire_gpu(count, directory, slots=slots, cards=visible_cards(count))
+    idx = acquire_gpu(torch.cuda.device_count(), slots=slots)
     if idx is None:
-        log.warning("every slot of the %d visible GPU(s) (%d per card) is locked by other noisymlt jobs (%s); "
-                    "sharing cuda:0", count, slots, directory)
+        log.warning("every slot of every GPU (%d per card) is locked by other noisymlt jobs; sharing cuda:0", slots)
         idx = 0
     return torch.device(f"cuda:{idx}")
 
