@@ -97,3 +97,18 @@ def test_the_slurm_profile_sets_nothing_for_a_local_rule_and_routes_every_gpu_ru
     assert {"array-jobs", "requeue", "efficiency-report"} <= named <= fields
     assert set(profile["slurm-array-jobs"].split(",")) == {"train", "train_candidate"}
     assert not {"train", "train_candidate"} & set(profile["groups"])  # a group job cannot be an array task
+
+
+def test_the_slurm_profile_never_holds_back_a_ready_run_of_the_paper_plan():
+    """With job arrays, the plugin submits a rule's array once every ready job of that rule has reached it; a job
+    Snakemake holds back under `jobs` never does, and the run waits forever (seen on the local cluster: 5 ready
+    train runs with jobs 2 hang, with jobs 10 they finish; experiments/slurm_array_hang). So `jobs` is above the
+    paper plan's job count."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--quiet", "rules", "--cores", "1"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    total = int(re.search(r"^total\s+(\d+)$", out.stdout + out.stderr, re.M).group(1))
+    profile = yaml.safe_load((REPO / "workflow/profiles/slurm/config.yaml").read_text())
+    assert total > 400 and profile["jobs"] >= total, (total, profile["jobs"])
