@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from importlib.metadata import version
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("slurm_submissions", REPO / "scripts/slurm_submissions.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["slurm_submissions"] = module
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import slurm_submissions as script  # noqa: E402
 
 
 def test_the_manual_quotes_the_measured_counts():
-    script = load_script()
     result = json.loads(script.JSON.read_text())
     docs = script.DOCS.read_text()
     begin, end = docs.index(script.MARK_BEGIN), docs.index(script.MARK_END) + len(script.MARK_END)
@@ -28,7 +19,6 @@ def test_the_manual_quotes_the_measured_counts():
 
 
 def test_the_measured_counts_add_up_and_were_taken_with_the_pinned_plugin():
-    script = load_script()
     result = json.loads(script.JSON.read_text())
     assert result["snakemake_executor_plugin_slurm"] == version("snakemake-executor-plugin-slurm")
     arrays, single = result["modes"]["arrays"], result["modes"]["one job each"]

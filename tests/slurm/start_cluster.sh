@@ -14,6 +14,8 @@
 # pid files) are not started twice. Stop it with tests/slurm/stop_cluster.sh.
 # Environment: SLURM_START_TIMEOUT (seconds to wait for an idle node, default 90).
 set -euo pipefail
+# shellcheck source=../daemons.sh
+source "$(dirname "$0")/../daemons.sh"
 
 CONF=/etc/slurm/slurm.conf
 MARK="# written by noisymlt tests/slurm/start_cluster.sh"
@@ -40,18 +42,7 @@ fi
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null \
     || ! command -v munged >/dev/null; then
     log "installing slurm-wlm and munge"
-    # Keep apt from starting the daemons itself (no systemd here); this script starts them.
-    own_policy=0
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-        chmod 755 /usr/sbin/policy-rc.d
-        own_policy=1
-        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null
-    if [ "$own_policy" -eq 1 ]; then rm -f /usr/sbin/policy-rc.d; trap - EXIT; fi
+    apt_install slurm-wlm munge  # apt starts no daemon: this script starts them
 fi
 
 # --- configuration --------------------------------------------------------------------------

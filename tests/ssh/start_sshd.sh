@@ -11,6 +11,8 @@
 # Idempotent: a server that already lets the key in is left alone; keys are made once. Stop it with
 # tests/ssh/stop_sshd.sh. Environment: SSHD_START_TIMEOUT (seconds to wait for a login, default 30).
 set -euo pipefail
+# shellcheck source=../daemons.sh
+source "$(dirname "$0")/../daemons.sh"
 
 DIR="${NOISYMLT_SSHD_DIR:-/run/noisymlt-sshd}"
 PORT="${NOISYMLT_SSHD_PORT:-2222}"
@@ -42,18 +44,7 @@ if [ ! -x /usr/sbin/sshd ] || ! command -v ssh >/dev/null || ! command -v ssh-ke
         exit 1
     fi
     log "installing openssh-server"
-    # Keep apt from starting Debian's own sshd on port 22 (no systemd here); this script starts its own.
-    own_policy=0
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-        chmod 755 /usr/sbin/policy-rc.d
-        own_policy=1
-        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends openssh-server openssh-client >/dev/null
-    if [ "$own_policy" -eq 1 ]; then rm -f /usr/sbin/policy-rc.d; trap - EXIT; fi
+    apt_install openssh-server openssh-client  # Debian's own sshd on port 22 is not started
 fi
 
 # --- keys and configuration -----------------------------------------------------------------
