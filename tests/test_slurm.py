@@ -124,6 +124,14 @@ def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> N
     assert [c for c in submitted if "--array=" in c] == [c for c in submitted if "train_candidate" in c]
     assert len([c for c in submitted if "train_candidate" in c]) == 1
     assert all("--requeue" in c for c in submitted)  # a preempted job comes back
+    # The plugin writes every task's command into the array's sbatch command line, which must stay under the 128 KiB
+    # one argument may hold (past it, the plugin falls back to a job script that runs the first task's job in every
+    # task): the profile's cap on tasks a call, at this call's bytes per task, leaves a quarter of it free.
+    [array_call] = [c for c in submitted if "--array=" in c]
+    payload = re.search(r"--slurm-jobstep-array-execs='?([A-Za-z0-9+/=]+)", array_call).group(1)
+    per_task = len(payload)  # the payload of the one task after the first (an array of 2)
+    limit = yaml.safe_load((ROOT / "workflow/profiles/slurm/config.yaml").read_text())["slurm-array-limit"]
+    assert len(array_call) - per_task + limit * per_task < 0.75 * 131072, (len(array_call), per_task, limit)
     chosen = json.loads((work / "runs/toy/select/erm/stage1.json").read_text())
     assert [c["tag"] for c in chosen["candidates"]] == ["lr0.02", "lr0.08"]
     assert json.loads((work / "runs/toy/g0.5/s0/erm/run_config.json").read_text())["train"]["lr"] == chosen["chosen"]["lr"]
@@ -257,3 +265,42 @@ def test_a_requeued_train_job_resumes_its_checkpoint_and_predicts_the_same_bytes
     assert resumed and 1 <= int(resumed.group(1)) < REQUEUE_EPOCHS, "the requeued run did not resume mid-way"
     assert json.loads((run_dir / "manifest.timing.json").read_text())["slurm_job_id"] == job
     assert (run_dir / "predictions.npz").read_bytes() == uninterrupted
+
+
+# The manual's packing command (docs/slurm.md#packing-runs-into-one-job), with two runs a job: the local node has 2 CPUs.
+PACKING_FLAGS = ["--slurm-array-jobs", "none", "--groups", "train=run", "train_candidate=select", "aggregate=report",
+                 "table_total=report", "figure_map_vs_gamma=report", "--group-components", "run=2", "select=2"]
+
+
+def test_the_manuals_packing_command_puts_two_runs_in_one_two_card_job(tmp_path: Path) -> None:
+    """Snakemake sums a packed group's requests: two runs asking for a card each go as one sbatch job asking for
+    --gpus=2 (which the node's fake cards grant), and both runs finish in it."""
+    partition = local_partition()
+    if node_gpus() < 2:
+        pytest.skip("the local SLURM node declares fewer than 2 GPUs")
+    docs = (ROOT / "docs/slurm.md").read_text()
+    assert " ".join(PACKING_FLAGS).replace("run=2 select=2", "run=4 select=4") in " ".join(docs.replace("\\\n", " ").split())
+    work, src = copy_project(tmp_path)
+    methods = ["erm", "rs"]
+    layer = {key: TINY_PARAMS[key] for key in ("datasets", "train", "schedules", "pretrain")}
+    layer["grid"] = {**TINY_PARAMS["grid"], "methods": methods}
+    tiny = tmp_path / "tiny_params.yaml"
+    tiny.write_text(yaml.safe_dump(layer))
+    configfiles = [work / "workflow/profiles/demo/params.yaml", tiny]
+    prof_dir = write_test_profile(tmp_path, work, partition, configfiles)
+    profile = yaml.safe_load((prof_dir / "config.yaml").read_text())
+    profile["set-resources"]["train"]["gpu"] = 1  # the real profile's request, which the node's fake cards meet
+    (prof_dir / "config.yaml").write_text(yaml.safe_dump(profile))
+    snakemake = [sys.executable, "-m", "snakemake", "--nocolor"]
+    run(snakemake + ["--cores", "2", "--configfile", *map(str, configfiles), "--",
+                     *[t for t in DATA_TARGETS if "select" not in t]], work, src, 300)
+    bin_dir, calls = sbatch_counter(tmp_path)
+    targets = [f"runs/toy/g0.5/s0/{m}/predictions.npz" for m in methods]
+    run(snakemake + ["--profile", str(prof_dir), *PACKING_FLAGS, "--", *targets],
+        work, src, RUN_TIMEOUT_S, path=bin_dir)
+    submitted = calls.read_text().splitlines()
+    assert len(submitted) == 1 and "group_run" in submitted[0] and "--gpus=2" in submitted[0], submitted
+    assert all((work / t).is_file() for t in targets)
+    job_ids = {json.loads((work / f"runs/toy/g0.5/s0/{m}/manifest.timing.json").read_text())["slurm_job_id"]
+               for m in methods}
+    assert len(job_ids) == 1, job_ids  # both trained inside the one packed job

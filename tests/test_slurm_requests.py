@@ -102,7 +102,7 @@ def test_the_slurm_profile_sets_nothing_for_a_local_rule_and_routes_every_gpu_ru
 def test_the_slurm_profile_never_holds_back_a_ready_run_of_the_paper_plan():
     """With job arrays, the plugin submits a rule's array once every ready job of that rule has reached it; a job
     Snakemake holds back under `jobs` never does, and the run waits forever (seen on the local cluster: 5 ready
-    train runs with jobs 2 hang, with jobs 10 they finish; experiments/slurm_array_hang). So `jobs` is above the
+    train runs with jobs 2 hang, with jobs 10 they finish; experiments/slurm_arrays). So `jobs` is above the
     paper plan's job count."""
     import subprocess
 

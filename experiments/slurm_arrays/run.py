@@ -4,7 +4,7 @@ Five ERM-like runs (erm, rs, focal, rs_focal, ldam at gamma 0.5, seed 0, one epo
 ready at once; the committed SLURM profile (train as job arrays) runs them on the local cluster
 (tests/slurm/start_cluster.sh) with `jobs` 2, then 10. Each run gets 150 s. Writes result.json beside this file.
 
-    python experiments/slurm_array_hang/run.py
+    python experiments/slurm_arrays/run.py
 """
 
 from __future__ import annotations
