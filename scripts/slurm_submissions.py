@@ -51,6 +51,10 @@ FAST_LAYER = {
 MODES = {"arrays": [], "one job each": ["--slurm-array-jobs", "none"]}
 
 
+def profile() -> dict:
+    return yaml.safe_load((REPO / "workflow/profiles/slurm/config.yaml").read_text())
+
+
 def rule_of(call: str) -> str:
     """The rule (or group) of an sbatch call, from the log path the plugin gives it."""
     found = re.search(r"slurm_logs/((?:rule|group)_[A-Za-z0-9_]+)", call)
@@ -66,7 +70,7 @@ def planned_jobs(work: Path, src: Path, configfiles: list[Path]) -> Counter:
     """Jobs per rule that the plan submits (local rules and `all` excluded)."""
     out = localcluster.run([sys.executable, "-m", "snakemake", "-n", "--quiet", "rules", "--cores", "1",
                             "--configfile", *map(str, configfiles)], work, src, 600)
-    table = out.split("Job stats:", 1)[1].split("total", 1)[0]
+    table = re.split(r"^total\s", out.split("Job stats:", 1)[1], maxsplit=1, flags=re.M)[0]
     rows = re.findall(r"^(\w+)\s+(\d+)$", table, re.M)
     local = {"all", "code_digests", "structure", "download", "fetch_coco_train_images", "fetch_asset"}
     return Counter({rule: int(n) for rule, n in rows if rule not in local})
@@ -119,17 +123,20 @@ def render(result: dict) -> str:
     lines = [MARK_BEGIN,
              f"Measured on the local cluster ({result['slurm']}, snakemake-executor-plugin-slurm "
              f"{result['snakemake_executor_plugin_slurm']}) with `scripts/slurm_submissions.py`: the demo's grid at "
-             f"one seed ({single['planned_jobs']} SLURM jobs, {train} of them training runs), each run shortened "
+             f"one seed ({single['planned_jobs']} jobs that go to SLURM, {train} of them training runs), each run shortened "
              f"to seconds (`docs/benchmarks/slurm_submissions.json` has the layer and every count):",
              "",
-             "| submission | sbatch calls | of them arrays | jobs run |",
+             "| submission | sbatch calls | of them arrays | SLURM jobs (an array task is one) |",
              "|---|---|---|---|"]
     for name, mode in (("job arrays (the profile)", arrays), ("one job each (`--slurm-array-jobs none`)", single)):
         lines.append(f"| {name} | {mode['sbatch_calls']} | {mode['array_calls']} | {mode['jobs_submitted']} |")
+    array_rules = [f"rule_{r}" for r in profile()["slurm-array-jobs"].split(",")]
+    train_calls = sum(arrays["calls_by_rule"].get(r, 0) for r in array_rules)
     lines += ["",
-              "With arrays, the training runs go in one call per wave of runs that become ready together (a noise "
-              "set done, the pretrained backbone written), so the count grows with the number of noise sets, not "
-              "with the number of runs; one job each is one call per job.",
+              f"With arrays, the {train} training runs went in {train_calls} sbatch calls (at most "
+              f"{profile()['slurm-array-limit']} tasks a call, the profile's `slurm-array-limit`); every other step "
+              f"is one call in both ways ({arrays['sbatch_calls'] - train_calls} calls), the three report steps one "
+              "together.",
               MARK_END]
     return "\n".join(lines)
 
