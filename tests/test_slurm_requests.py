@@ -13,6 +13,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests/slurm"))
+import localcluster  # noqa: E402  (the workflow's local rules)
 MEMORY = REPO / "docs/benchmarks/train_memory_cpu.json"
 CHECK = REPO / "docs/benchmarks/device_check_h200.json"
 REQUESTS = REPO / "docs/benchmarks/slurm_requests.json"
@@ -73,8 +75,7 @@ def test_the_slurm_profile_sets_nothing_for_a_local_rule_and_routes_every_gpu_ru
     """A local rule runs in the snakemake process on the login node: a runtime or memory set for it is never used.
     Every rule that asks for a GPU has its own set-resources entry with the partition line to edit."""
     texts = [f.read_text() for f in sorted((REPO / "workflow/rules").glob("*.smk"))]
-    local = {name for text in texts for block in re.findall(r"^localrules:\n((?:    \w+,?\n)+)", text, re.M)
-             for name in re.findall(r"\w+", block)}
+    local = localcluster.local_rules()
     bodies = {name: body for text in texts for name, body in rules_of(text).items()}
     assert {"download", "fetch_coco_train_images", "code_digests"} <= local <= set(bodies)
     gpu_rules = {name for name, body in bodies.items() if re.search(r"^\s+gpu=", body, re.M)}

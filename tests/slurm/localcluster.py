@@ -9,6 +9,7 @@ compute nodes' file system.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -36,6 +37,13 @@ def local_partition() -> tuple[str | None, str]:
         if node == host and partition.endswith("*") and state.rstrip("*") in {"idle", "mix", "alloc", "comp"}:
             return partition.rstrip("*"), ""
     return None, f"no usable local SLURM node {host!r} in the default partition: sinfo says {out.stdout!r}"
+
+
+def local_rules(root: Path = ROOT) -> set[str]:
+    """The rules the workflow's `localrules:` blocks name: they run in the snakemake process, never through sbatch."""
+    texts = [f.read_text() for f in sorted((root / "workflow/rules").glob("*.smk"))]
+    return {name for text in texts for block in re.findall(r"^localrules:\n((?:    \w+,?\n)+)", text, re.M)
+            for name in re.findall(r"\w+", block)}
 
 
 def derive_local_profile(profile: dict, partition: str, configfiles: list[Path]) -> dict:
