@@ -1,0 +1,89 @@
+"""Where every file of the pipeline lives: each path pattern spelled once.
+
+A pattern is a ``str.format`` template whose fields are the pipeline's wildcards (dataset, gamma, seed, method,
+part, stage, tag, name, command). The same text serves three readers:
+
+- Snakemake rules use a pattern as it is (its fields are the rule's wildcards);
+- the DVC stages (written by ``noisymlt.pipeline.dvc_yaml`` from ``noisymlt.pipeline.steps``) get it through
+  ``dvc()``, which turns each field into DVC's ``${item.FIELD}``;
+- the package fills it with ``fill()``, which writes a noise rate as both tools do (``gtag``).
+
+Only the raw folders depend on a dataset's kind; they stay functions in ``noisymlt.pipeline.paths``.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+
+# ---------------------------------------------------------------------------------------- data
+SOURCE_LABELS = "data/{dataset}/train_source_labels.parquet"  # every labelled train image of the source
+LABELS = "data/{dataset}/{part}_labels.parquet"  # part: train_source, train (the long-tailed subset), test
+TRAIN_LABELS = "data/{dataset}/train_labels.parquet"  # the clean long-tailed subset
+TEST_LABELS = "data/{dataset}/test_labels.parquet"
+CLASS_SPLIT = "data/{dataset}/class_split.json"  # head / medium / tail
+TRAIN_IMAGES = "data/{dataset}/train_images"  # fetched train images (COCO), one writer per folder
+NOISY = "data/{dataset}/noisy/g{gamma}_s{seed}.parquet"  # one noisy copy of the subset per noise rate and seed
+NOISY_STATS = "data/{dataset}/noisy/g{gamma}_s{seed}.json"  # its measured noise
+CACHE = "data/{dataset}/cache/{part}.npy"  # decoded images of the train subset or the test set
+CACHE_INDEX = "data/{dataset}/cache/{part}.json"
+CACHE_MANIFEST = "data/{dataset}/cache/{part}.manifest.json"
+PRETRAINED = "data/pretrained/{name}.pt"  # a backbone pretrained on the synthetic source task
+PRETRAINED_REPORT = "data/pretrained/{name}.json"
+PRETRAINED_MANIFEST = "data/pretrained/{name}.manifest.json"
+CODE = "data/code/{command}.json"  # a step's code digest (DVC's code dependency)
+RUN_CODE = "data/code/train/{method}.json"  # a training run's code digest
+
+# ---------------------------------------------------------------------------------------- model selection
+SELECT_SPLIT = "data/{dataset}/select/split.json"
+SELECT_PART = "data/{dataset}/select/g{gamma}_s{seed}_{part}.parquet"  # part: fit, val (noisy labels only)
+SELECT_CACHE = "data/{dataset}/cache/select_{part}.npy"
+SELECT_CACHE_INDEX = "data/{dataset}/cache/select_{part}.json"
+SELECT_CACHE_MANIFEST = "data/{dataset}/cache/select_{part}.manifest.json"
+STAGE_DIR = "runs/{dataset}/select/{method}/stage{stage}"
+STAGE_FILE = "runs/{dataset}/select/{method}/stage{stage}.json"  # every candidate's score and the choice so far
+CHOICE_FILE = "runs/{dataset}/select/{method}/stage{stage}.choice.json"  # the values chosen, nothing else
+CANDIDATE = "runs/{dataset}/select/{method}/stage{stage}/g{gamma}/s{seed}/{tag}"
+
+# ---------------------------------------------------------------------------------------- runs
+RUN = "runs/{dataset}/g{gamma}/s{seed}/{method}"
+# what a run's job writes (train, then evaluate); checkpoint.pt too, which Snakemake must not own (train.smk)
+RUN_FILES = ("requested_config.json", "predictions.npz", "manifest.json", "run_config.json", "noise_level.jsonl",
+             "metrics.json", "metrics.manifest.json")
+
+# ---------------------------------------------------------------------------------------- reports
+RESULTS = "reports/results.parquet"
+STRUCTURE = "reports/structure_{dataset}"  # .json, .md, .manifest.json
+
+
+def gtag(gamma: float | str) -> str:
+    """A noise rate as written in paths: Python's float text, as DVC's ``${...}`` interpolation writes the params'
+    floats (0.5 -> '0.5', 0 -> '0.0'), so both tools name the same folders."""
+    return str(float(gamma))
+
+
+def fields(pattern: str) -> list[str]:
+    """The wildcards of a pattern, in order of first appearance."""
+    return list(dict.fromkeys(name for _, name, _, _ in string.Formatter().parse(pattern) if name))
+
+
+def fill(pattern: str, **values) -> str:
+    """The path of one file: a pattern with its fields filled (a gamma written as ``gtag``, a seed as an int)."""
+    if "gamma" in values:
+        values["gamma"] = gtag(values["gamma"])
+    if "seed" in values:
+        values["seed"] = int(values["seed"])
+    return pattern.format(**values)
+
+
+def part(pattern: str, name: str) -> str:
+    """A pattern with its ``part`` field fixed (a rule or stage per part: the selection's fit and val tables)."""
+    return pattern.replace("{part}", name)
+
+
+def dvc(pattern: str, item: str = "item") -> str:
+    """The pattern as a DVC ``foreach`` stage writes it: each field as ``${item.FIELD}`` (a stage over a plain list
+    of names, like the datasets, passes ``item=None``: its one field is ``${item}``)."""
+    if item is None:
+        return re.sub(r"(?<!\$)\{[a-z_]+\}", "${item}", pattern)
+    return re.sub(r"(?<!\$)\{([a-z_]+)\}", lambda m: "${%s.%s}" % (item, m.group(1)), pattern)

@@ -1,0 +1,320 @@
+"""Every pipeline step, declared once: its name, inputs, outputs, the params it reads and its command.
+
+Both routes are derived from this table:
+
+- Snakemake: a rule of ``workflow/rules/*.smk`` takes its ``input``, ``output`` and ``shell`` from its step
+  (``step.input``, ``step.output``, ``step.shell``) and adds only what is Snakemake's policy (threads, resources,
+  priorities, logs, the report's captions);
+- DVC: ``noisymlt dvc-yaml`` (``noisymlt.pipeline.dvc_yaml``) writes ``dvc.yaml`` and the run stages' shard files
+  from it, with DVC's own templating (``foreach``, ``matrix``, ``vars``); the committed files are checked against
+  what it writes (tests/test_dvc.py).
+
+A command is the ``noisymlt`` words after ``python -m noisymlt``, with placeholders each route renders its way:
+``{input.NAME}`` and ``{output.NAME}`` (a path pattern of ``noisymlt.pipeline.layout``; ``{input}`` for a step's
+only input, as Snakemake writes it) and ``{FIELD}``
+(a wildcard for Snakemake, ``${item.FIELD}`` of the stage's list for DVC). A path pattern may be a field alone
+(``{images}``): a value DVC's list holds per item because DVC's templating cannot compute it.
+
+Steps whose DVC stage still runs another command than Snakemake's rule (``dvc_command``: ``noisymlt step NAME``,
+which resolves a dataset kind's arguments from the params file, or a DVC-only step) say so; for the others the
+two routes run the same words.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from noisymlt.pipeline import layout as L
+
+PARAMS_FILE = "dvc-params.json"  # the merged params DVC reads (noisymlt.pipeline.params)
+
+
+@dataclass(frozen=True)
+class Out:
+    """An output with DVC options (persist, cache) or a DVC metrics file."""
+
+    path: str
+    persist: bool = False
+    cache: bool = True
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str  # the Snakemake rule's and the DVC stage's name
+    command: str  # noisymlt words with placeholders (module docstring)
+    input: dict = field(default_factory=dict)  # NAME -> path pattern
+    output: dict = field(default_factory=dict)  # NAME -> path pattern or Out
+    over: str | None = None  # DVC: the list in the params' dvc block the stage is repeated over (foreach)
+    matrix: dict | None = None  # DVC: a matrix instead (FIELD -> list or `${...}`)
+    params: tuple = ()  # DVC: keys of dvc-params.json the stage tracks
+    code: tuple = ()  # the commands whose code digest files the stage depends on (default: its command word)
+    metrics: dict = field(default_factory=dict)  # DVC metrics files, NAME -> pattern
+    dvc_command: str | None = None  # DVC runs this instead of ``command`` (see the module docstring)
+    dvc_only: bool = False  # no Snakemake rule (DVC's own bookkeeping)
+    shard: bool = False  # a run stage: written into each shard file of workflow/dvc/runs (dvc_yaml)
+    note: str = ""  # the comment above the stage in dvc.yaml
+
+    # ------------------------------------------------------------------ Snakemake
+    @property
+    def shell(self) -> str:
+        """The rule's shell command: ``$NOISYMLT_CLI`` (the jobs' interpreter, common.smk) and the step's words, its
+        output to the rule's log. Snakemake reruns a job whose rule's shell text changed (its `code` trigger), so a
+        step's words are kept as its rule wrote them before they were declared here: a finished grid stays done."""
+        words = re.sub(r"\{(?!input\}|output\})([a-z_]+)\}", r"{wildcards.\1}", self.command)
+        return f"$NOISYMLT_CLI {words} > {{log}} 2>&1"
+
+    def outputs(self) -> dict:
+        return {k: v.path if isinstance(v, Out) else v for k, v in self.output.items()}
+
+    # ------------------------------------------------------------------ DVC
+    def code_words(self) -> tuple:
+        return self.code or ((self.dvc_command or self.command).split()[0],)
+
+
+def dvc_path(pattern: str, plain: bool) -> str:
+    """A path pattern as a stage over a list writes it (``plain``: a list of names, whose fields are all ``${item}``)."""
+    return L.dvc(pattern, item=None if plain else "item")
+
+
+def _run_outputs(folder: str, noise_log: bool = True) -> dict:
+    """A run's (or a candidate's) files, its checkpoint kept across reruns (persistent) after its configs."""
+    names = [n for n in L.RUN_FILES if noise_log or n != "noise_level.jsonl"]
+    out = {n.replace(".", "_"): f"{folder}/{n}" for n in names}
+    after = list(out).index("run_config_json") + (2 if noise_log else 1)
+    items = list(out.items())
+    return dict(items[:after] + [("checkpoint", Out(f"{folder}/checkpoint.pt", persist=True))] + items[after:])
+
+
+STEPS: tuple[Step, ...] = (
+    Step(
+        "params", "params ${dvc.layer_args} --out dvc-params.json", dvc_only=True,
+        input={f"layer{i}": "${dvc.layer_files[%d]}" % i for i in range(4)} | {"code": "src/noisymlt"},
+        output={"params": Out("dvc-params.json", cache=False, persist=True),
+                "runs": Out("dvc-params-runs", cache=False, persist=True)},
+        code=("-",),
+        note="dvc-params.json, rewritten when a layer (or the merging code) changed: `dvc exp run -S LAYER:KEY=VALUE`.\n"
+             "The layers are the ones the file was last written from (dvc.layer_args; unused slots of dvc.layer_files\n"
+             "repeat the first). The file itself is a git-tracked output (cache: false): DVC's templating reads it at\n"
+             "every revision `dvc metrics diff` and `dvc exp show` compare. Persistent, so the command can compare the\n"
+             "old values with the new and warn about a change a schedule overrides; dvc-params-runs holds the run\n"
+             "stages' lists, a file per shard of workflow/dvc/runs (git-tracked too). Its code dependency is the\n"
+             "package itself (the code digests are written from this stage's output).",
+    ),
+    Step(
+        "code_digests", "code-deps --params dvc-params.json --out data/code", dvc_only=True,
+        input={"code": "src/noisymlt"}, output={"code": "data/code"}, params=("methods",), code=("-",),
+        note="DVC's code dependencies (data/code/COMMAND.json, data/code/train/METHOD.json): a file is rewritten only\n"
+             "when the static import closure of its step changed. A method's losses are part of its training code\n"
+             "(`methods`). Snakemake writes the same files (rule code_digests).",
+    ),
+    Step(
+        "raw", "-", over="${dvc.grid.datasets}",
+        dvc_command="step raw --params dvc-params.json --dataset {dataset}",
+        output={"raw": Out("data/raw/{dataset}", persist=True)},
+        params=("datasets.{dataset}",), code=("step", "make-toy", "download"),
+        note="Snakemake: make_toy / download. DVC cannot name keys that only some kinds have (datasets.toy.toy), so\n"
+             "the whole block; download.mirror/retries change how bytes arrive, not which (checksums), so not listed.\n"
+             "Persistent: a rerun keeps verified archives and finished extractions instead of DVC deleting gigabytes\n"
+             "first; the toy generator swaps its folder in whole (no stale files).",
+    ),
+    Step(
+        "parse_labels", "-", matrix={"dataset": "${dvc.grid.datasets}", "part": ["train_source", "test"]},
+        dvc_command="step parse --params dvc-params.json --dataset {dataset} --part {part} --out {output.labels}",
+        input={"raw": "data/raw/{dataset}"}, output={"labels": L.LABELS},
+        params=("datasets.{dataset}.kind",), code=("step", "parse"),
+    ),
+    Step(
+        "longtail", "-", over="${dvc.grid.datasets}",
+        dvc_command="step longtail --params dvc-params.json --dataset {dataset} --labels {input.labels} "
+                    "--out {output.labels} --split-out {output.split}",
+        input={"labels": L.SOURCE_LABELS}, output={"labels": L.TRAIN_LABELS, "split": L.CLASS_SPLIT},
+        params=("datasets.{dataset}.kind", "datasets.{dataset}.longtail"), code=("step", "longtail"),
+    ),
+    Step(
+        "train_images", "-", over="${dvc.fetch_images}",
+        dvc_command="step train-images --params dvc-params.json --dataset {dataset} --ids {input.labels} "
+                    "--out {output.images}",
+        input={"labels": L.TRAIN_LABELS, "raw": "data/raw/{dataset}"},
+        output={"images": Out(L.TRAIN_IMAGES, persist=True)},
+        params=("datasets.{dataset}.kind",), code=("step", "fetch-coco-images"),
+        note="Snakemake: fetch_coco_train_images. COCO only: other kinds read theirs from data/raw/KIND. Persistent:\n"
+             "fetch-coco-images keeps the images already there, so an interrupted fetch resumes.",
+    ),
+    Step(
+        "pretrain", "-", over="${dvc.pretrain}",
+        dvc_command="step pretrain --params dvc-params.json --name {name} --out {output.weights}",
+        output={"weights": L.PRETRAINED, "report": L.PRETRAINED_REPORT, "manifest": L.PRETRAINED_MANIFEST},
+        params=("pretrain.{name}",), code=("step", "pretrain"),
+        note="The backbones runs' weights_path names (the demo's ImageNet); none at paper scale.",
+    ),
+    Step(
+        "assets", "-", over="${dvc.assets}",
+        dvc_command="step asset --params dvc-params.json --out {path}",
+        output={"asset": "{path}"}, params=("assets.{group}.{name}",), code=("step", "fetch-asset"),
+        note="Snakemake: fetch_asset. ImageNet weights, GloVe vectors (params `assets`) the runs read; none in the demo.",
+    ),
+    Step(
+        "cache_images", "-", over="${dvc.caches}",
+        dvc_command="step cache-images --params dvc-params.json --dataset {dataset} --part {part} --out {output.array}",
+        input={"labels": L.LABELS, "images": "{images}"},
+        output={"array": L.CACHE, "index": L.CACHE_INDEX, "manifest": L.CACHE_MANIFEST},
+        params=("train.cache_size", "datasets.{dataset}"), code=("step", "cache-images"),
+        note="Every image of the train subset / test set decoded once (read by train.loader: cache); `images` is the\n"
+             "folder the part's label paths are relative to; the dataset's train block may set cache_size.",
+    ),
+    Step(
+        "noise", "noise --labels {input} --gamma {gamma} --seed {seed} --out {output.labels} "
+                 "--stats {output.stats}",
+        over="${dvc.noisy_sets}", input={"labels": L.TRAIN_LABELS},
+        output={"labels": L.NOISY, "stats": L.NOISY_STATS},
+        note="The grid's noisy sets and the selection's (dvc.noisy_sets).",
+    ),
+    Step(
+        "select_split", "-", over="${dvc.select_datasets}",
+        dvc_command="step select-split --params dvc-params.json --dataset {dataset} --out {output.split}",
+        input={"noisy": "data/{dataset}/noisy"}, output={"split": L.SELECT_SPLIT},
+        params=("selection.held_out", "selection.split_seed", "selection.gammas", "selection.seeds"),
+        code=("step", "select"),
+        note="Model selection (params `selection`, noisymlt.pipeline.selection; Snakemake: workflow/rules/select.smk):\n"
+             "a held-out split per dataset, fit / val parts of each selection set (noisy labels only), candidate runs\n"
+             "on the fit part scored against the val part, one choice per method and stage. A final run depends on\n"
+             "its method's choice file, which holds the chosen values only: a redone selection that chooses the same\n"
+             "values changes no hash and reruns no final run. The split reads the selection sets' noisy tables (DVC\n"
+             "cannot list a variable number of files: their folder).",
+    ),
+    Step(
+        "select_parts", "select parts --noisy {input.noisy} --split {input.split} --fit {output.fit} --val {output.val}",
+        over="${dvc.select_sets}", input={"noisy": L.NOISY, "split": L.SELECT_SPLIT},
+        output={"fit": L.part(L.SELECT_PART, "fit"), "val": L.part(L.SELECT_PART, "val")},
+        code=("select",),
+    ),
+    Step(
+        "cache_select_images", "-", over="${dvc.select_caches}",
+        dvc_command="step select-cache --params dvc-params.json --dataset {dataset} --part {part} --out {output.array}",
+        input={"labels": "{labels}", "images": "{images}"},
+        output={"array": L.SELECT_CACHE, "index": L.SELECT_CACHE_INDEX, "manifest": L.SELECT_CACHE_MANIFEST},
+        params=("train.cache_size", "datasets.{dataset}"), code=("step", "cache-images"),
+        note="The fit / val images decoded once (train.loader: cache).",
+    ),
+    Step(
+        "select", "-", over="${dvc.selections}",
+        dvc_command="step select-choose --params dvc-params.json --dataset {dataset} --method {method} --stage {stage}",
+        input={"candidates": "{dir}", "previous": "{previous}"},
+        output={"stage": "{dir}.json", "choice": "{dir}.choice.json"},
+        params=("selection.grids", "selection.gammas", "selection.seeds", "selection.tie_margin", "selection.prefer"),
+        code=("step", "select"),
+        note="The candidate runs of a selection (train_candidate) and the runs of the grid and the ablations (train)\n"
+             "are stages of workflow/dvc/runs/SHARD/dvc.yaml (see there why), in the same DAG: `select` depends on\n"
+             "its candidates' folder (`dir`) and on the choice of the stage before (`previous`), `aggregate` on `runs`.",
+    ),
+    Step(
+        "aggregate", "-",
+        dvc_command="step aggregate --params dvc-params.json --runs runs --out {output.results} "
+                    "--curves {output.curves} --pseudo-label-curves {output.pseudo_labels}",
+        input={"runs": "runs"},
+        output={"results": L.RESULTS, "curves": "reports/training_curves.json",
+                "pseudo_labels": "reports/pseudo_label_curves.json"},
+        params=("grid",), code=("step", "aggregate"),
+        note="Collects exactly the runs of the grid and the ablations, as Snakemake does; `runs` as a dep orders it\n"
+             "after every train stage, and holds nothing else that a pull would not restore (.dvcignore: logs,\n"
+             "timings). training_curves.json and pseudo_label_curves.json: the runs' per-epoch records (`plots`).",
+    ),
+    Step(
+        "structure", "structure --labels {input.labels} --split {input.split} --test-labels {input.test} "
+                     "--out {output.json} --md {output.md}",
+        over="${dvc.grid.datasets}",
+        input={"labels": L.TRAIN_LABELS, "split": L.CLASS_SPLIT, "test": L.TEST_LABELS},
+        output={"json": L.STRUCTURE + ".json", "md": L.STRUCTURE + ".md", "manifest": L.STRUCTURE + ".manifest.json"},
+        note="Each dataset's long-tailed subset beside VOC-MLT's and COCO-MLT's.",
+    ),
+    Step(
+        "table_total", "-",
+        dvc_command="table --results {input.results} --out {output.tex} --params dvc-params.json",
+        input={"results": L.RESULTS},
+        output={"tex": "reports/table_total.tex", "md": "reports/table_total.md", "html": "reports/table_total.html",
+                "rendered": "reports/table_total.rendered.json"},
+        metrics={"cells": "reports/table_total.cells.json"},
+        params=("grid.methods", "methods"),
+        note="Rows: grid.methods, titled by methods.*.label. rendered.json: where each cell stands in the files\n"
+             "(noisymlt trace). Metrics: every cell's mean and CI (cells.METHOD/HEAD/DATASET/GAMMA.mean), for\n"
+             "`dvc metrics show` and `dvc exp show`.",
+    ),
+    Step(
+        "table_groups", "-", over="${dvc.grid.datasets}",
+        dvc_command="table --results {input.results} --out {output.tex} --groups {dataset} "
+                    "--train-labels {input.labels} --params dvc-params.json",
+        input={"results": L.RESULTS, "labels": L.TRAIN_LABELS},
+        output={"tex": "reports/table_groups_{dataset}.tex", "md": "reports/table_groups_{dataset}.md",
+                "cells": "reports/table_groups_{dataset}.cells.json", "html": "reports/table_groups_{dataset}.html",
+                "rendered": "reports/table_groups_{dataset}.rendered.json"},
+        params=("grid.methods", "methods"),
+        note="The train labels give the group thresholds it records, stated when scaled.",
+    ),
+    Step(
+        "table_fit", "-", over="${dvc.grid.datasets}",
+        dvc_command="fit-table --results {input.results} --dataset {dataset} --out {output.tex} --params dvc-params.json",
+        input={"results": L.RESULTS},
+        output={"tex": "reports/fit_{dataset}.tex", "md": "reports/fit_{dataset}.md", "csv": "reports/fit_{dataset}.csv",
+                "html": "reports/fit_{dataset}.html"},
+        params=("grid.methods", "methods"),
+    ),
+    Step(
+        "figure_map_vs_gamma", "-",
+        dvc_command="figure --results {input.results} --out {output.png} --params dvc-params.json",
+        input={"results": L.RESULTS},
+        output={"png": "reports/map_vs_gamma.png", "pdf": "reports/map_vs_gamma.pdf"},
+        params=("grid.methods", "methods"),
+        note="Lines: grid.methods; legend: methods.*.label.",
+    ),
+    Step(
+        "train_candidate", "-", over="${shard.candidates}", shard=True,
+        dvc_command="step train-candidate --params dvc-params.json --dataset {dataset} --method {method} "
+                    "--stage {stage} --tag {tag} --gamma {gamma} --seed {seed} --evaluate",
+        input={"fit": L.part(L.SELECT_PART, "fit"), "val": L.part(L.SELECT_PART, "val"), "split": L.CLASS_SPLIT,
+               "previous": "{previous}", "images": "{images}", "raw": "{raw}", "weights": "{weights}",
+               "embeddings": "{embeddings}", "fit_cache": L.part(L.SELECT_CACHE, "fit"),
+               "val_cache": L.part(L.SELECT_CACHE, "val")},
+        output=_run_outputs("{dir}", noise_log=False),
+        metrics={"map": "{dir}/map.json"},
+        params=("dvc.candidate_configs.{config_key}",), code=("step", "train/{method}", "evaluate"),
+        note="Snakemake: train_candidate (see `train` below). --evaluate: then `noisymlt evaluate` of its predictions\n"
+             "against the val part (printed as it runs). `previous`: the choice of the stage before (stage 1: the\n"
+             "split file); images, raw, weights, embeddings as in `train`. Metrics: validation mAP (%) against the\n"
+             "held-out noisy labels, per head and group (`dvc exp show`).",
+    ),
+    Step(
+        "train", "-", over="${shard.runs}", shard=True,
+        dvc_command="step train --params dvc-params.json --dataset {dataset} --method {method} --gamma {gamma} "
+                    "--seed {seed} --train-labels {input.train} --test-labels {input.test} --split {input.split} "
+                    "--out " + L.RUN + " --evaluate",
+        input={"train": L.NOISY, "test": L.TEST_LABELS, "split": L.CLASS_SPLIT, "subset": L.TRAIN_LABELS,
+               "raw": "{raw}", "images": "{images}", "weights": "{weights}", "embeddings": "{embeddings}",
+               "train_cache": L.part(L.CACHE, "train"), "test_cache": L.part(L.CACHE, "test"), "choice": "{choice}"},
+        output=_run_outputs(L.RUN),
+        metrics={"map": L.RUN + "/map.json"},
+        params=("dvc.run_configs.{config_key}", "dvc.train_lr.{dataset}.{method}"),
+        code=("step", "train/{method}", "evaluate"),
+        note="One stage per run (keyed DATASET-GAMMA-SEED-METHOD): it trains, then evaluates (--evaluate), as\n"
+             "Snakemake's train job does, in one command: with workflow.preload (the demo) both run in children of one\n"
+             "shared preload server (noisymlt.pipeline.preload). One stage, not two: DVC rewrites a lock and rebuilds\n"
+             "its index after each stage it runs; a change that reaches the evaluation only (its code) reruns the\n"
+             "stage, and the train step then finds its finished checkpoint and only predicts.\n"
+             "Inputs: the subset's sha256 goes into the run manifest. train.loader pil: `raw` is the raw folder (test\n"
+             "images; VOC, toy: train images too) and `images` COCO's fetched train images (other kinds: raw again);\n"
+             "train.loader cache: both are the raw folder's marker file, cheap to hash where a folder is walked file by\n"
+             "file on every `dvc status`, as for `weights` (train.weights_path) and `embeddings` (ML-GCN's GloVe file)\n"
+             "when a run has none. The caches are listed whatever the loader (DVC cannot make a dep conditional);\n"
+             "`choice`: its method's model-selection choice (fixed values: the marker).\n"
+             "Params: the run id, the hash of its resolved configuration (noisymlt.config.resolve_run), so a params\n"
+             "change reruns exactly the runs whose configuration it changes; and its lr, readable, for `dvc exp show`.\n"
+             "Outputs: checkpoint.pt is persistent (DVC would delete it before a rerun; kept, an interrupted run\n"
+             "resumes from its last epoch) and cached, so a pulled run keeps its weights. Metrics: mAP (%) per\n"
+             "prediction head and group, one row per run folder (`dvc metrics show`).",
+    ),
+)
+
+
+def by_name() -> dict[str, Step]:
+    return {step.name: step for step in STEPS}
