@@ -25,9 +25,9 @@ BIN = Path(sys.executable).parent
 DVC = BIN / "dvc"
 SNAKEMAKE = BIN / "snakemake"
 def _dvc_yaml() -> dict:
-    """Every stage definition: dvc.yaml's and the run stages' template's (workflow/dvc/run_stages.yaml)."""
+    """Every stage definition: dvc.yaml's and the run stages' (shard 00's: every shard file has the same)."""
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    return {**stages, **yaml.safe_load((REPO / "workflow" / "dvc" / "run_stages.yaml").read_text())["stages"]}
+    return {**stages, **yaml.safe_load((REPO / "workflow" / "dvc" / "runs" / "00" / "dvc.yaml").read_text())["stages"]}
 
 
 def _shards(out: str | Path) -> dict:
@@ -425,26 +425,61 @@ def test_readme_draws_the_demo_pipeline_as_dvc_dag_collapses_it(tmp_path):
     assert 15 < readme_dag(md).count("-->") < 60  # a drawing a reader can follow
 
 
-def test_the_run_stages_shard_files_are_their_templates(tmp_path):
-    """workflow/dvc/runs/SHARD/dvc.yaml are written from workflow/dvc/run_stages.yaml (`noisymlt dvc-shards`):
-    the committed ones are current, and an edit to the template alone is caught."""
-    from noisymlt.pipeline import dvc_shards
+def test_the_stage_files_are_what_the_step_declarations_give_and_a_hand_edit_is_caught(tmp_path):
+    """dvc.yaml and workflow/dvc/runs/SHARD/dvc.yaml are written from the step declarations (noisymlt.pipeline.steps,
+    `noisymlt dvc-yaml`): the committed ones are current; a hand edit of a generated file fails the check, and
+    regenerating restores it."""
+    from noisymlt.pipeline import dvc_yaml
     from noisymlt.pipeline.params import DVC_SHARDS
 
-    assert dvc_shards.stale(REPO) == []
+    assert dvc_yaml.stale(REPO) == []
     files = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "workflow" / "dvc" / "runs").glob("*/dvc.yaml"))
     assert files == [f"workflow/dvc/runs/{i:02d}/dvc.yaml" for i in range(DVC_SHARDS)]
     shard = yaml.safe_load((REPO / files[3]).read_text())
     assert shard["vars"] == ["../../../../dvc-params-runs/03.json:dvc_runs_03"]
     assert shard["stages"]["train"]["foreach"] == "${dvc_runs_03.runs}"
     assert shard["stages"]["train"]["do"]["wdir"] == "../../../.."  # paths stay the project root's
-    shutil.copytree(REPO / "workflow" / "dvc", tmp_path / "workflow" / "dvc")
-    template = tmp_path / "workflow" / "dvc" / "run_stages.yaml"
-    template.write_text(template.read_text().replace("--evaluate\n", "--evaluate --device cpu\n", 1))
-    assert len(dvc_shards.stale(tmp_path)) == DVC_SHARDS
-    assert _run([sys.executable, "-m", "noisymlt", "dvc-shards", "--check", "--root", tmp_path], tmp_path,
-                expect=1).count("run `noisymlt dvc-shards`") == DVC_SHARDS
-    _run([sys.executable, "-m", "noisymlt", "dvc-shards", "--root", tmp_path], tmp_path)
-    assert dvc_shards.stale(tmp_path) == []
-    assert _run([sys.executable, "-m", "noisymlt", "dvc-shards", "--where", "toy-0.5-0-erm"], tmp_path).strip() == \
-        dvc_shards.address("toy-0.5-0-erm")
+    assert shard["stages"]["train"]["do"]["cmd"].startswith("${dvc_runs_03.preload} python -m noisymlt step train ")
+    noise = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["noise"]
+    assert noise["do"]["cmd"] == (  # the command Snakemake's noise rule runs, in DVC's templating
+        "${dvc.preload} python -m noisymlt noise --labels data/${item.dataset}/train_labels.parquet "
+        "--gamma ${item.gamma} --seed ${item.seed} --out data/${item.dataset}/noisy/g${item.gamma}_s${item.seed}.parquet "
+        "--stats data/${item.dataset}/noisy/g${item.gamma}_s${item.seed}.json")
+
+    for name in ("dvc.yaml", "workflow/dvc/runs/05/dvc.yaml"):
+        copy = tmp_path / name.replace("/", "_")
+        shutil.copytree(REPO / "workflow" / "dvc", copy / "workflow" / "dvc")
+        shutil.copy2(REPO / "dvc.yaml", copy / "dvc.yaml")
+        edited = copy / name
+        edited.write_text(edited.read_text().replace(" --evaluate\n", " --evaluate --device cpu\n", 1)
+                          .replace("--stats ", "--stats  ", 1))
+        assert dvc_yaml.stale(copy) == [Path(name)]
+        out = _run([sys.executable, "-m", "noisymlt", "dvc-yaml", "--check", "--root", copy], copy, expect=1)
+        assert out.strip() == f"{name}: not what the step declarations (noisymlt/pipeline/steps.py) give; run `noisymlt dvc-yaml`"
+        _run([sys.executable, "-m", "noisymlt", "dvc-yaml", "--root", copy], copy)
+        assert dvc_yaml.stale(copy) == [] and edited.read_text() == (REPO / name).read_text()
+    assert _run([sys.executable, "-m", "noisymlt", "dvc-yaml", "--where", "toy-0.5-0-erm"], tmp_path).strip() == \
+        dvc_yaml.address("toy-0.5-0-erm")
+
+
+@pytest.mark.slow
+def test_an_argument_added_to_a_step_is_one_edit_that_both_routes_run(tmp_path):
+    """The manual's promise (docs/dvc.md): a flag added to a step's declared command, in one place, is in the
+    command Snakemake plans (`snakemake -n -p`) and in the one DVC plans (`dvc repro --dry`, after
+    `noisymlt params`, the DVC route's first command, has rewritten the stage files)."""
+    _needs_tools()
+    if not SNAKEMAKE.exists():
+        pytest.skip(f"snakemake is not installed next to {sys.executable}")
+    root = _project_copy(tmp_path / "proj", yaml.safe_load((REPO / "params.yaml").read_text()), workflow=True)
+    steps = root / "src" / "noisymlt" / "pipeline" / "steps.py"
+    text = steps.read_text()
+    declared = '"noise", "noise --labels {input} --gamma {gamma} --seed {seed} '
+    assert text.count(declared) == 1
+    steps.write_text(text.replace(declared, declared + "--flag-added-by-a-test "))
+    plan = _run([SNAKEMAKE, "-n", "-p", "--cores", "1", "--forceall", "data/voc/noisy/g0.5_s0.parquet"], root)
+    assert "noise --labels data/voc/train_labels.parquet --gamma 0.5 --seed 0 --flag-added-by-a-test " in plan
+    written = _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "--out", "dvc-params.json"], root)
+    assert "dvc.yaml: rewritten from the step declarations" in written
+    dry = _run([DVC, "repro", "--dry", "--force", "--single-item", "noise@voc-0.5-0"], root)
+    assert "noise --labels data/voc/train_labels.parquet --gamma 0.5 --seed 0 --flag-added-by-a-test " in dry
+    assert _run([sys.executable, "-m", "noisymlt", "dvc-yaml", "--check"], root) == ""

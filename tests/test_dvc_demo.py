@@ -30,7 +30,7 @@ import yaml
 from test_dvc import (BIN, DVC, SNAKEMAKE, _digests, _needs_tools, _run, dvc_outputs, snakemake_only,
                       snakemake_outputs, unwritten_outputs)
 
-from noisymlt.pipeline.dvc_shards import address
+from noisymlt.pipeline.dvc_yaml import address
 
 REPO = Path(__file__).resolve().parents[1]
 SSHD_START, SSHD_STOP = REPO / "tests" / "ssh" / "start_sshd.sh", REPO / "tests" / "ssh" / "stop_sshd.sh"

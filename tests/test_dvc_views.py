@@ -20,7 +20,7 @@ import yaml
 from test_dvc import BIN, DVC, SNAKEMAKE, _needs_tools, _run, _tiny_params, stage_name
 from test_dvc_demo import LAYERS, _clone, _git, origin  # noqa: F401 (origin: a fixture)
 
-from noisymlt.pipeline.dvc_shards import address
+from noisymlt.pipeline.dvc_yaml import address
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "runs/toy/g0.5/s0/{}"
@@ -134,7 +134,7 @@ def test_plots_show_draws_the_training_curves_and_the_map_figure(repo, tmp_path)
 def test_dag_of_one_stage_shows_what_it_depends_on_and_md_the_whole_graph(repo):
     """The whole text graph is too wide to read at demo scale (docs/dvc.md); a stage's own graph is not."""
     erm = address("toy-0.5-0-erm")  # workflow/dvc/runs/SHARD/dvc.yaml:train@toy-0.5-0-erm
-    assert _run([sys.executable, "-m", "noisymlt", "dvc-shards", "--where", "toy-0.5-0-erm"], repo).strip() == erm
+    assert _run([sys.executable, "-m", "noisymlt", "dvc-yaml", "--where", "toy-0.5-0-erm"], repo).strip() == erm
     out = _run([DVC, "dag", erm], repo)
     for stage in ("params", "code_digests", "raw@toy", "noise@toy-0.5-0", erm):
         assert f"| {stage} |" in out, out

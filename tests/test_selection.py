@@ -214,26 +214,29 @@ def test_choose_refuses_a_missing_candidate(tmp_path):
 
 
 def test_a_choice_enters_the_final_config_and_its_run_id():
+    """The chosen values are the last layer of a run's resolution (config.resolve_run's `chosen`), not a patch
+    applied to a resolved config from above."""
     params = load_params(REPO / "params.yaml", REPO / "workflow/profiles/demo/params.yaml",
                          REPO / "workflow/profiles/demo/select_ours.yaml")
     base = resolve_run(params, "toy", "ours", 0.5, 0)
     path = "runs/toy/select/ours/stage2.choice.json"
-    cfg = S.apply_values(params, base, {"lr": 0.08, "alpha": 0.8, "beta": 0.3}, path)
+    cfg = resolve_run(params, "toy", "ours", 0.5, 0, chosen={"lr": 0.08, "alpha": 0.8, "beta": 0.3}, chosen_by=path)
     assert cfg["train"]["lr"] == 0.08 and cfg["selected"] == {"values": {"lr": 0.08, "alpha": 0.8, "beta": 0.3},
                                                               "by": path}
     assert cfg["method_cfg"]["pseudo"]["thresholds"] == {
         b: {"alpha": {"head": 0.8}, "beta": {"tail": 0.3}} for b in ("random", "balanced")}
     assert run_id(cfg) != run_id(base)
-    assert run_id(S.apply_values(params, base, {"lr": 0.08, "alpha": 0.8, "beta": 0.4}, path)) != run_id(cfg)
+    assert run_id(resolve_run(params, "toy", "ours", 0.5, 0, chosen={"lr": 0.08, "alpha": 0.8, "beta": 0.4},
+                              chosen_by=path)) != run_id(cfg)
+    assert resolve_run(params, "toy", "ours", 0.5, 0) == base  # resolving with a choice changed nothing shared
     # an ablation without pseudo labels takes Ours' lr only; a method set to null keeps its fixed values
-    no_pl = S.apply_values(params, resolve_run(params, "toy", "ours_no_pseudo", 0.5, 0), cfg["selected"]["values"], path)
+    no_pl = resolve_run(params, "toy", "ours_no_pseudo", 0.5, 0, chosen=cfg["selected"]["values"], chosen_by=path)
     assert no_pl["selected"]["values"] == {"lr": 0.08} and "thresholds" not in (no_pl["method_cfg"].get("pseudo") or {})
     assert S.owner(params, "ours_no_pseudo") == "ours" and S.owner(params, "erm") is None
     assert S.final_choice_file(params, "toy", "ours_k3") == path
-    assert S.final_config(params, resolve_run(params, "toy", "erm", 0.5, 0), None) == resolve_run(params, "toy", "erm",
-                                                                                                   0.5, 0)
+    assert resolve_run(params, "toy", "erm", 0.5, 0, chosen={}) == resolve_run(params, "toy", "erm", 0.5, 0)
     # a candidate: its values, and a warm-up that keeps its share of the run on the fit part
-    cand = S.candidate_config(params, "toy", "ours", 0.5, 0, {"lr": 0.2})
+    cand = resolve_run(params, "toy", "ours", 0.5, 0, chosen={"lr": 0.2}, chosen_by="candidate", candidate=True)
     assert cand["train"]["lr"] == 0.2 and cand["train"]["warmup_iters"] == round(base["train"]["warmup_iters"] * 0.8)
     assert cand["candidate"] == {"held_out": 0.2, "split_seed": 0}
 
@@ -249,7 +252,7 @@ def test_the_selected_thresholds_are_the_ones_the_method_applies(tiny_toy):
     import torch
 
     params = tiny_params("ours")
-    cfg = S.apply_values(params, resolve_run(params, "toy", "ours", 0.5, 0), {"alpha": 0.8, "beta": 0.3}, "x")
+    cfg = resolve_run(params, "toy", "ours", 0.5, 0, chosen={"alpha": 0.8, "beta": 0.3}, chosen_by="x")
     split = read_class_split(tiny_toy["split"])
     noisy = torch.as_tensor(read_labels(tiny_toy["noisy"]).labels, dtype=torch.float32)
     method = load_family("colearning")(TrainContext(cfg, noisy, split, torch.device("cpu"), 0))

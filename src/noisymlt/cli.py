@@ -39,7 +39,7 @@ COMMAND_MODULES = (
     "noisymlt.pipeline.trace",
     "noisymlt.pipeline.paths",
     "noisymlt.pipeline.params",
-    "noisymlt.pipeline.dvc_shards",
+    "noisymlt.pipeline.dvc_yaml",
     "noisymlt.pipeline.step_code",
     "noisymlt.pipeline.preload",
 )

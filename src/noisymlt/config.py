@@ -248,9 +248,24 @@ def validate_selection(params: dict, source: str | None = None) -> None:
                         raise ParamsError(source, f"{where}.{i}", f"{m!r} has no pseudo labels to select {name} for")
 
 
-def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int) -> dict:
+def chosen_that_apply(params: dict, method: str, values: dict) -> dict:
+    """The chosen values that mean something to a method: alpha/beta only where pseudo labels are on."""
+    return {k: v for k, v in values.items() if k not in PSEUDO_KEYS or uses_pseudo_labels(params, method)}
+
+
+def threshold_groups(params: dict) -> dict[str, list[str]]:
+    """The class groups a selected alpha / beta applies to, in every branch (selection.thresholds)."""
+    return params["selection"].get("thresholds") or {"alpha": ["head"], "beta": ["tail"]}
+
+
+def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int, chosen: dict | None = None,
+                chosen_by: str = "", candidate: bool = False) -> dict:
     """Everything one (dataset, gamma, seed, method) run depends on, with defaults layered:
-    global train block < dataset overrides < the method's schedule < the method's own overrides."""
+    global train block < dataset overrides < the method's schedule < the method's own overrides < the values a
+    model selection chose (``chosen``: lr, alpha, beta; recorded with ``chosen_by``, the choice file they came
+    from, so a changed choice makes another run id).
+    ``candidate``: a selection candidate's run (noisymlt.pipeline.selection), trained on the fit part only, its
+    warm-up scaled to that part's share of the images so that it keeps its share of the shorter run."""
     if dataset not in params["datasets"]:
         raise NoisyMLTError(f"unknown dataset {dataset!r}; configured: {', '.join(params['datasets'])}")
     if method not in params["methods"]:
@@ -266,7 +281,7 @@ def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int
     for layer in (ds.get("train", {}), schedules[schedule].get("train", {}), mcfg.pop("train", {})):
         train = deep_merge(train, layer)
     train, mcfg = with_asset_files(params, ds["kind"], train, mcfg)  # the local files it reads, by name
-    return {
+    resolved = {
         "dataset": dataset,
         "kind": ds["kind"],
         "gamma": float(gamma),
@@ -278,3 +293,32 @@ def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int
         "db_loss": ds["db_loss"],
         "colearning": ds.get("colearning", {}),
     }
+    if chosen:
+        resolved = _with_chosen(params, resolved, chosen, chosen_by)
+    if candidate:
+        held_out = float(params["selection"]["held_out"])
+        resolved["train"]["warmup_iters"] = max(1, round(resolved["train"]["warmup_iters"] * (1 - held_out)))
+        resolved["candidate"] = {"held_out": held_out, "split_seed": int(params["selection"]["split_seed"])}
+    return resolved
+
+
+def _with_chosen(params: dict, resolved: dict, chosen: dict, chosen_by: str) -> dict:
+    """The selection's layer: chosen lr in train, chosen alpha / beta as every branch's thresholds of their class
+    groups (a stage that selects alpha only keeps the reference's beta, and the other way round), and a
+    `selected` record of the values and where they came from."""
+    from noisymlt.methods.options import BRANCH_NAMES
+    from noisymlt.methods.pseudo_labels import reference_thresholds
+
+    values = chosen_that_apply(params, resolved["method"], chosen)
+    if not values:
+        return resolved
+    if "lr" in values:
+        resolved["train"]["lr"] = float(values["lr"])
+    if any(k in values for k in PSEUDO_KEYS):
+        groups = threshold_groups(params)
+        per_branch = {k: {g: float(values[k]) for g in groups.get(k, [])} for k in PSEUDO_KEYS if k in values}
+        base = reference_thresholds(resolved)
+        pseudo = resolved["method_cfg"].setdefault("pseudo", {})
+        pseudo["thresholds"] = {b: {**base.get(b, {}), **per_branch} for b in BRANCH_NAMES}
+    resolved["selected"] = {"values": {k: float(v) for k, v in values.items()}, "by": chosen_by}
+    return resolved

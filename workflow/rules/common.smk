@@ -14,6 +14,7 @@ from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import run_digest
 from noisymlt.methods.options import stitchup_option
 from noisymlt.pipeline import paths, step_code
+from noisymlt.pipeline.steps import by_name as steps_by_name
 from noisymlt.pipeline import selection as S
 from noisymlt.report.style import dataset_title
 
@@ -46,6 +47,11 @@ if workflow.deployment_settings.deployment_method:
 # never a param: a param holding the interpreter's path made a copied project, a rebuilt venv or `python -m
 # snakemake` for `snakemake` rerun every job ("Params have changed").
 os.environ.update(NOISYMLT_CLI=f"{sys.executable} -m noisymlt")
+
+
+# Each step's files and command, declared once for both routes (noisymlt.pipeline.steps; DVC's stages are written
+# from the same declarations): a rule reads its step's input, outputs() and shell from here.
+STEPS = steps_by_name()
 
 
 def code(command):
@@ -114,7 +120,7 @@ def _resolved(dataset, method, gamma, seed):
 def final_run_config(w):
     """A run's resolved config, with its method's selected values once the selection has chosen them."""
     choice = final_choice(w)  # select.smk
-    return paths.requested_config(config, resolved(w), str(choice) if choice else None)
+    return paths.requested_config(config, w.dataset, w.method, float(w.gamma), int(w.seed), str(choice) if choice else None)
 
 
 def train_threads(w):
@@ -280,7 +286,8 @@ def candidate_values(w):
 
 
 def candidate_config(w):
-    cfg = S.candidate_config(config, w.dataset, w.method, float(w.gamma), int(w.seed), candidate_values(w))
+    cfg = resolve_run(config, w.dataset, w.method, float(w.gamma), int(w.seed), chosen=candidate_values(w),
+                      chosen_by="candidate", candidate=True)
     return json.dumps(cfg, sort_keys=True, indent=1)
 
 

@@ -1,12 +1,12 @@
 # Clean long-tailed labels -> one noisy copy per (noise rate, seed), with realised-noise statistics.
+# Its files and command are declared in noisymlt.pipeline.steps (STEPS, common.smk), as DVC's noise stage is.
 
 
 rule noise:
     input:
-        "data/{dataset}/train_labels.parquet",
+        **STEPS["noise"].input,
     output:
-        labels="data/{dataset}/noisy/g{gamma}_s{seed}.parquet",
-        stats="data/{dataset}/noisy/g{gamma}_s{seed}.json",
+        **STEPS["noise"].outputs(),
     params:
         code=code("noise"),
     log:
@@ -14,5 +14,4 @@ rule noise:
     benchmark:
         "benchmarks/noise/{dataset}_g{gamma}_s{seed}.tsv"
     shell:
-        "$NOISYMLT_CLI noise --labels {input} --gamma {wildcards.gamma} --seed {wildcards.seed} "
-        "--out {output.labels} --stats {output.stats} > {log} 2>&1"
+        STEPS["noise"].shell

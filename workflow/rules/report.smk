@@ -30,13 +30,9 @@ localrules:
 
 rule structure:
     input:
-        labels="data/{dataset}/train_labels.parquet",
-        split="data/{dataset}/class_split.json",
-        test="data/{dataset}/test_labels.parquet",
+        **STEPS["structure"].input,
     output:
-        json="reports/structure_{dataset}.json",
-        md="reports/structure_{dataset}.md",
-        manifest="reports/structure_{dataset}.manifest.json",
+        **STEPS["structure"].outputs(),
     params:
         code=code("structure"),
     log:
@@ -44,8 +40,7 @@ rule structure:
     benchmark:
         "benchmarks/report/structure_{dataset}.tsv"
     shell:
-        "$NOISYMLT_CLI structure --labels {input.labels} --split {input.split} --test-labels {input.test} "
-        "--out {output.json} --md {output.md} > {log} 2>&1"
+        STEPS["structure"].shell
 
 
 rule table_total:

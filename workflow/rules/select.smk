@@ -29,18 +29,15 @@ rule select_split:
 
 rule select_parts:
     input:
-        noisy="data/{dataset}/noisy/g{gamma}_s{seed}.parquet",
-        split="data/{dataset}/select/split.json",
+        **STEPS["select_parts"].input,
     output:
-        fit="data/{dataset}/select/g{gamma}_s{seed}_fit.parquet",
-        val="data/{dataset}/select/g{gamma}_s{seed}_val.parquet",
+        **STEPS["select_parts"].outputs(),
     params:
         code=code("select"),
     log:
         "logs/select/parts_{dataset}_g{gamma}_s{seed}.log",
     shell:
-        "$NOISYMLT_CLI select parts --noisy {input.noisy} --split {input.split} --fit {output.fit} "
-        "--val {output.val} > {log} 2>&1"
+        STEPS["select_parts"].shell
 
 
 rule cache_select_images:

@@ -124,7 +124,8 @@ def plan_grid(params: dict, data_root: str | Path = "data") -> list[dict]:
             for stage in range(1, len(selection.stages(params, method)) + 1):
                 for tag, values in selection.candidates(params, method, stage):
                     for (gamma, seed), (noisy, split, source) in zip(sets, tables):
-                        cfg = selection.candidate_config(params, dataset, method, gamma, seed, values)
+                        cfg = resolve_run(params, dataset, method, gamma, seed, chosen=values, chosen_by="candidate",
+                                          candidate=True)
                         jobs.append({"dataset": dataset, "gamma": gamma, "seed": seed, "method": method,
                                      "candidate": f"stage{stage}/{tag}", "labels": f"{source}, fit part",
                                      "kind": params["datasets"][dataset]["kind"],

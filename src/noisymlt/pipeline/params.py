@@ -21,7 +21,7 @@ templating loads (``vars: - dvc-params.json:dvc``):
                 config_key. Not in this file but split by shard into files of their own, beside it (runs_file):
                 dvc-params-runs/SHARD.json holds, as `dvc_runs_SHARD`, the runs and the selection's candidates
                 (selection_block) whose key falls in that shard (shard_of), the lists workflow/dvc/runs/SHARD/dvc.yaml
-                expands (dvc_shards.py). Why apart: DVC converts a whole `vars` block for each dvc.yaml that loads
+                expands (dvc_yaml.py). Why apart: DVC converts a whole `vars` block for each dvc.yaml that loads
                 it, and it looks up each param a stage tracks by walking every leaf of the params file (dpath),
                 once per stage and key: at the demo's 292 runs these lists were three quarters of the leaves, and
                 their walks 40% of a `dvc status`.
@@ -112,7 +112,14 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
     known_assets, used_assets = assets.entries(params), set()
     for dataset, gamma, seed, method in paths.all_runs(params):  # the ablations' runs too: every file in runs/ is
         # an output of some stage, so a pulled clone's `runs` folder (the aggregate's dependency) is whole
-        resolved = resolve_run(params, dataset, method, gamma, seed)
+        # the choice file a final run reads (fixed values: the raw marker, below); its values are the choice's to
+        # set, so the tracked hash holds placeholders for them (selection.placeholders)
+        choice = selection.final_choice_file(params, dataset, method)
+        chosen = None
+        if choice:
+            who = selection.owner(params, method)
+            chosen = selection.placeholders(params, who, len(selection.stages(params, who)))
+        resolved = resolve_run(params, dataset, method, gamma, seed, chosen=chosen, chosen_by=choice or "")
         weights = resolved["train"].get("weights_path")
         name = Path(weights).stem if weights else None
         if weights and weights == f"data/pretrained/{name}.pt" and name in params.get("pretrain", {}):
@@ -126,14 +133,7 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
             "embeddings": embeddings or marker, "config_key": key.replace(".", "_"),
         }
         used_assets.update(f for f in run_files(resolved) if f in known_assets)
-        # the choice file a final run reads (fixed values: the raw marker again); its values are the choice's
-        # to set, so the tracked hash holds placeholders for them (selection.placeholders)
-        choice = selection.final_choice_file(params, dataset, method)
         runs[key]["choice"] = choice or marker
-        if choice:
-            who = selection.owner(params, method)
-            chosen = selection.placeholders(params, who, len(selection.stages(params, who)))
-            resolved = selection.apply_values(params, resolved, chosen, choice)
         run_configs[key.replace(".", "_")] = run_id(resolved)
         train_lr.setdefault(dataset, {})[method] = f"selected: {choice}" if choice else resolved["train"]["lr"]
     if len(layers) > LAYER_SLOTS:
@@ -197,6 +197,7 @@ def selection_block(params: dict, runs: dict) -> dict:
                        stage before (stage 1: the split file, a dependency anyway); config_key -> its run id in
                        candidate_configs (a later stage's chosen values come in through `previous`)
       selections       DATASET-METHOD-STAGE -> one select stage over the candidates under `dir`"""
+    from noisymlt.config import resolve_run
     from noisymlt.pipeline import selection as S
     from noisymlt.pipeline import paths
     from noisymlt.core.manifest import run_id
@@ -225,8 +226,8 @@ def selection_block(params: dict, runs: dict) -> dict:
                     for gamma, seed in sets:
                         key = f"{dataset}-{method}-{stage}-{gamma}-{seed}-{tag}"
                         # earlier stages' values come from `previous`: placeholders here (S.placeholders)
-                        cfg = S.candidate_config(params, dataset, method, gamma, seed,
-                                                 {**S.placeholders(params, method, stage - 1), **values})
+                        cfg = resolve_run(params, dataset, method, gamma, seed, candidate=True, chosen_by="candidate",
+                                          chosen={**S.placeholders(params, method, stage - 1), **values})
                         out["candidates"][key] = {
                             "dataset": dataset, "method": method, "stage": stage, "gamma": gamma, "seed": seed,
                             "tag": tag, "dir": S.candidate_dir(dataset, method, stage, gamma, seed, tag),
@@ -358,8 +359,14 @@ def runs_file(out: str | Path, shard: str) -> Path:
 
 
 def _cmd(args: argparse.Namespace) -> int:
+    from noisymlt.pipeline import dvc_yaml
+
     out = write(args.layers, args.out)
     print(f"{out}: {' + '.join(args.layers)}")
+    root = Path(args.out).parent
+    if (root / dvc_yaml.ROOT_FILE).is_file():  # a project: its stages follow an edited step declaration
+        for path in dvc_yaml.write(root):
+            print(f"{path}: rewritten from the step declarations (noisymlt/pipeline/steps.py)")
     return 0
 
 
@@ -369,7 +376,8 @@ def add_cli(sub) -> None:
         description="Layer params files left to right as Snakemake's --configfile does, validate the result and "
                     "write it with a `dvc` block (the lists dvc.yaml's stages expand over, the layers' sha256) to "
                     "OUT. dvc.yaml reads dvc-params.json: run this before `dvc repro`, and again after editing a "
-                    "layer (steps refuse a stale file).",
+                    "layer (steps refuse a stale file). In a project (dvc.yaml beside OUT) it also rewrites the "
+                    "stage files that differ from the step declarations (as `noisymlt dvc-yaml` does).",
     )
     p.add_argument("layers", nargs="+", help="params files, layered left to right (params.yaml first)")
     p.add_argument("--out", default="dvc-params.json", help="file to write (default: dvc-params.json)")

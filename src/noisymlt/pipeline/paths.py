@@ -302,13 +302,16 @@ def expect_code(method: str) -> list[str]:
     return ["--expect-code", str(path)] if path.is_file() else []
 
 
-def requested_config(params: dict, resolved: dict, choice: str | None) -> str:
+def requested_config(params: dict, dataset: str, method: str, gamma: float, seed: int, choice: str | None) -> str:
     """A run's resolved config with its method's chosen values (from the choice file, if any), as the text both
     routes write to OUT/requested_config.json (Snakemake's train job prints it with a final newline, as
     the DVC train stage writes it): the train job reads it."""
-    from noisymlt.pipeline.selection import final_config
+    from noisymlt.config import resolve_run
+    from noisymlt.pipeline.selection import read_choice
 
-    return json.dumps(final_config(params, resolved, choice), sort_keys=True, indent=1)
+    chosen = read_choice(choice) if choice else None
+    resolved = resolve_run(params, dataset, method, gamma, seed, chosen=chosen, chosen_by=str(choice or ""))
+    return json.dumps(resolved, sort_keys=True, indent=1)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -322,7 +325,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     choice = final_choice_file(params, args.dataset, args.method)
     config = Path(args.out) / "requested_config.json"
     config.parent.mkdir(parents=True, exist_ok=True)
-    write_text(config, requested_config(params, resolved, choice) + "\n")
+    write_text(config, requested_config(params, args.dataset, args.method, args.gamma, args.seed, choice) + "\n")
     loader = resolved["train"].get("loader", "pil")  # chosen values never set the loader
     argv = ["train", "--run-config", str(config), "--train-labels", args.train_labels,
             "--test-labels", args.test_labels, "--split", args.split,
@@ -348,6 +351,7 @@ def _cmd_select_cache(args: argparse.Namespace) -> int:
 def _cmd_train_candidate(args: argparse.Namespace) -> int:
     """A model-selection candidate as Snakemake's train_candidate job runs it: its resolved
     config written to OUT/requested_config.json, then `noisymlt train` on the fit part, validated on the val part."""
+    from noisymlt.config import resolve_run
     from noisymlt.pipeline import selection as S
 
     params = _params(args)
@@ -356,7 +360,8 @@ def _cmd_train_candidate(args: argparse.Namespace) -> int:
         raise NoisyMLTError(f"{args.tag}: no candidate of {args.method} stage {args.stage} is called so "
                             f"(candidates: {', '.join(values)})")
     earlier = S.read_choice(S.choice_file(args.dataset, args.method, args.stage - 1)) if args.stage > 1 else {}
-    cfg = S.candidate_config(params, args.dataset, args.method, args.gamma, args.seed, {**earlier, **values[args.tag]})
+    cfg = resolve_run(params, args.dataset, args.method, args.gamma, args.seed, chosen={**earlier, **values[args.tag]},
+                      chosen_by="candidate", candidate=True)
     out = Path(S.candidate_dir(args.dataset, args.method, args.stage, args.gamma, args.seed, args.tag))
     out.mkdir(parents=True, exist_ok=True)
     (out / "requested_config.json").write_text(json.dumps(cfg, sort_keys=True, indent=1) + "\n")

@@ -30,7 +30,7 @@ import numpy as np
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.options import BRANCH_NAMES
-from noisymlt.config import PSEUDO_KEYS, method_entry, uses_pseudo_labels
+from noisymlt.config import PSEUDO_KEYS, chosen_that_apply, method_entry, threshold_groups, uses_pseudo_labels
 from noisymlt.core.files import write_json
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def owner(params: dict, method: str) -> str | None:
             return None
         # nor when none of them applies (Ours' alpha and beta alone, for a variant without pseudo labels)
         names = {name for stage in stages(params, other) for name in stage}
-        return other if applicable(params, method, dict.fromkeys(names, 0.0)) else None
+        return other if chosen_that_apply(params, method, dict.fromkeys(names, 0.0)) else None
     return method
 
 
@@ -116,11 +116,6 @@ def stages(params: dict, method: str) -> list[list[str]]:
         return []
     entry = method_entry(params, method)
     return [list(stage) for stage in entry] if isinstance(entry, list) else []
-
-
-def applicable(params: dict, method: str, values: dict) -> dict:
-    """The chosen values that mean something to a method: alpha/beta only where pseudo labels are on."""
-    return {k: v for k, v in values.items() if k not in PSEUDO_KEYS or uses_pseudo_labels(params, method)}
 
 
 def selection_sets(params: dict) -> list[tuple[float, int]]:
@@ -169,7 +164,7 @@ def record_mismatch(params: dict, method: str, path: str | Path) -> str | None:
         for key in PSEUDO_KEYS:
             found = {thresholds.get(b, {}).get(key, {}).get(g) for b in BRANCH_NAMES for g in groups.get(key, [])}
             held[key] = found.pop() if len(found) == 1 else sorted(found, key=str)
-    wrong = {k: (v, held.get(k)) for k, v in applicable(params, method, chosen).items() if held.get(k) != float(v)}
+    wrong = {k: (v, held.get(k)) for k, v in chosen_that_apply(params, method, chosen).items() if held.get(k) != float(v)}
     if wrong:
         return "chose " + ", ".join(f"{k} {v:g} where {method}'s runs train with {h}" for k, (v, h) in wrong.items())
     return None
@@ -193,47 +188,6 @@ def candidates(params: dict, method: str, stage: int) -> list[tuple[str, dict]]:
     return [(candidate_tag(v), v) for v in stage_grid(params, stages(params, method)[stage - 1])]
 
 
-def threshold_groups(params: dict) -> dict[str, list[str]]:
-    """The class groups a selected alpha / beta applies to, in every branch (selection.thresholds)."""
-    return params["selection"].get("thresholds") or {"alpha": ["head"], "beta": ["tail"]}
-
-
-def apply_values(params: dict, resolved: dict, values: dict, source: str) -> dict:
-    """A resolved run config with chosen values in place, and a `selected` record (values and the file they
-    came from): part of the run id, so a changed choice makes another run."""
-    import copy
-
-    values = applicable(params, resolved["method"], values)
-    if not values:
-        return resolved
-    out = copy.deepcopy(resolved)
-    if "lr" in values:
-        out["train"]["lr"] = float(values["lr"])
-    if any(k in values for k in PSEUDO_KEYS):
-        groups = threshold_groups(params)
-        per_branch = {k: {g: float(values[k]) for g in groups.get(k, [])} for k in PSEUDO_KEYS if k in values}
-        # a stage that selects alpha only keeps the reference's beta, and the other way round
-        from noisymlt.methods.pseudo_labels import reference_thresholds
-
-        base = reference_thresholds(out)
-        pseudo = out["method_cfg"].setdefault("pseudo", {})
-        pseudo["thresholds"] = {b: {**base.get(b, {}), **per_branch} for b in BRANCH_NAMES}
-    out["selected"] = {"values": {k: float(v) for k, v in values.items()}, "by": source}
-    return out
-
-
-def candidate_config(params: dict, dataset: str, method: str, gamma: float, seed: int, values: dict) -> dict:
-    """A candidate's resolved config: the method's own, the values under test, and a warm-up scaled to the fit
-    part's share of the images so that it keeps its share of the (shorter) run."""
-    from noisymlt.config import resolve_run
-
-    cfg = apply_values(params, resolve_run(params, dataset, method, gamma, seed), values, "candidate")
-    held_out = float(params["selection"]["held_out"])
-    cfg["train"]["warmup_iters"] = max(1, round(cfg["train"]["warmup_iters"] * (1 - held_out)))
-    cfg["candidate"] = {"held_out": held_out, "split_seed": int(params["selection"]["split_seed"])}
-    return cfg
-
-
 def read_choice(path: str | Path) -> dict:
     try:
         return json.loads(Path(path).read_text())["chosen"]
@@ -255,13 +209,6 @@ def placeholders(params: dict, owner_method: str, stages_done: int) -> dict:
     of that configuration and the choice file itself (noisymlt.pipeline.params), so a hand-set lr that a choice
     replaces changes neither and reruns nothing, as under Snakemake, whose rules see the filled-in values."""
     return {k: 0.0 for stage in stages(params, owner_method)[:stages_done] for k in stage}
-
-
-def final_config(params: dict, resolved: dict, choice_path: str | Path | None) -> dict:
-    """A final run's resolved config with its method's chosen values (unchanged for fixed values)."""
-    if choice_path is None:
-        return resolved
-    return apply_values(params, resolved, read_choice(choice_path), str(choice_path))
 
 
 # ------------------------------------------------------------------------------------------ split

@@ -31,12 +31,13 @@ def _resolved_from_args(args: argparse.Namespace) -> dict:
     if missing:
         raise NoisyMLTError(f"without --run-config, --params needs --{' --'.join(missing)}")
     params = load_params(*args.params)
-    resolved = resolve_run(params, args.dataset, args.method, args.gamma, args.seed)
+    chosen = None
     if args.selection:  # the method's model selection: its chosen values (noisymlt.pipeline.selection)
-        from noisymlt.pipeline.selection import final_config
+        from noisymlt.pipeline.selection import read_choice
 
-        resolved = final_config(params, resolved, args.selection)
-    return resolved
+        chosen = read_choice(args.selection)
+    return resolve_run(params, args.dataset, args.method, args.gamma, args.seed, chosen=chosen,
+                       chosen_by=str(args.selection or ""))
 
 
 def _check_selection(resolved: dict, path: str) -> None:
