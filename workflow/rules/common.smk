@@ -13,7 +13,7 @@ from noisymlt.data import assets
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import run_digest
 from noisymlt.methods.options import stitchup_option
-from noisymlt.pipeline import paths, step_code
+from noisymlt.pipeline import layout, paths, step_code
 from noisymlt.pipeline.steps import by_name as steps_by_name
 from noisymlt.pipeline import selection as S
 from noisymlt.report.style import dataset_title

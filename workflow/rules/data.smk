@@ -1,5 +1,6 @@
 # Raw data -> label tables -> long-tailed training subset and class split.
-# Each command's arguments come from noisymlt.pipeline.paths (the layout per dataset kind), which dvc.yaml uses too.
+# Each step's files and command are declared in noisymlt.pipeline.steps (STEPS), as DVC's stages are; the arguments
+# that depend on a dataset's kind come from noisymlt.pipeline.paths, which DVC's `noisymlt step` runs too.
 
 
 rule make_toy:
@@ -13,7 +14,7 @@ rule make_toy:
     benchmark:
         "benchmarks/data/make_toy.tsv"
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+        STEPS["raw"].shell
 
 
 # A VOC stand-in drawn by the toy generator in VOC's layout (kind voc with a toy block: the smoke profile).
@@ -57,7 +58,7 @@ rule fetch_asset:
     benchmark:
         "benchmarks/data/fetch_asset_{group}_{file}.tsv"
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+        STEPS["assets"].shell
 
 
 rule download:
@@ -72,14 +73,14 @@ rule download:
     benchmark:
         "benchmarks/data/download_{kind}.tsv"
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+        STEPS["raw"].shell
 
 
 rule parse_labels:
     input:
         lambda w: raw_marker(w.dataset),
     output:
-        "data/{dataset}/{part}_labels.parquet",
+        **STEPS["parse_labels"].outputs(),
     wildcard_constraints:
         part="train_source|test",
     params:
@@ -90,18 +91,17 @@ rule parse_labels:
     benchmark:
         "benchmarks/data/parse_{dataset}_{part}.tsv"
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+        STEPS["parse_labels"].shell
 
 
 rule longtail:
     input:
-        "data/{dataset}/train_source_labels.parquet",
+        **STEPS["longtail"].input,
     output:
-        labels="data/{dataset}/train_labels.parquet",
-        split="data/{dataset}/class_split.json",
+        **STEPS["longtail"].outputs(),
     params:
         args=lambda w, input, output: argv(
-            paths.longtail_argv(config, w.dataset, input[0], output.labels, output.split)
+            paths.longtail_argv(config, w.dataset, input.labels, output.labels, output.split)
         ),
         code=code("longtail"),
     log:
@@ -109,12 +109,12 @@ rule longtail:
     benchmark:
         "benchmarks/data/longtail_{dataset}.tsv"
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+        STEPS["longtail"].shell
 
 
 rule fetch_coco_train_images:
     input:
-        labels="data/{dataset}/train_labels.parquet",
+        **STEPS["train_images"].input,
         raw=lambda w: raw_marker(w.dataset),
     output:
         "data/{dataset}/train_images/train2017/manifest.json",
@@ -127,7 +127,7 @@ rule fetch_coco_train_images:
     benchmark:
         "benchmarks/data/fetch_images_{dataset}.tsv"
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+        STEPS["train_images"].shell
 
 
 # Every image of the train subset / test set decoded once into a uint8 array (train.loader: cache reads it).
@@ -137,12 +137,10 @@ rule fetch_coco_train_images:
 
 rule cache_train_images:
     input:
-        labels=lambda w: paths.cache_labels(w.dataset, w.part),
+        **STEPS["cache_images"].input,
         images=lambda w: train_images_ready(w.dataset),
     output:
-        array="data/{dataset}/cache/{part}.npy",
-        index="data/{dataset}/cache/{part}.json",
-        manifest="data/{dataset}/cache/{part}.manifest.json",
+        **STEPS["cache_images"].outputs(),
     wildcard_constraints:
         part="train",
     params:
@@ -153,12 +151,12 @@ rule cache_train_images:
     benchmark:
         "benchmarks/data/cache_images_{dataset}_{part}.tsv"
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+        STEPS["cache_images"].shell
 
 
 use rule cache_train_images as cache_test_images with:
     input:
-        labels=lambda w: paths.cache_labels(w.dataset, w.part),
+        **STEPS["cache_images"].input,
         images=lambda w: raw_marker(w.dataset),
     wildcard_constraints:
         part="test",

@@ -3,12 +3,10 @@
 
 rule aggregate:
     input:
-        all_runs("runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.json"),
+        all_runs(layout.RUN + "/metrics.json"),
     output:
-        results="reports/results.parquet",
-        # the runs' per-epoch records in the layout DVC's plots read (dvc.yaml's `plots`)
-        curves="reports/training_curves.json",
-        pseudo_labels="reports/pseudo_label_curves.json",
+        # curves, pseudo_labels: the runs' per-epoch records in the layout DVC's plots read (dvc.yaml's `plots`)
+        **STEPS["aggregate"].outputs(),
     params:
         code=code("aggregate"),
     log:
@@ -16,8 +14,7 @@ rule aggregate:
     benchmark:
         "benchmarks/report/aggregate.tsv"
     shell:
-        "$NOISYMLT_CLI aggregate {input} --out {output.results} --curves {output.curves} "
-        "--pseudo-label-curves {output.pseudo_labels} > {log} 2>&1"
+        STEPS["aggregate"].shell
 
 
 # Each dataset's long-tailed subset beside VOC-MLT's and COCO-MLT's (noisymlt.report.structure): what the paper's
@@ -45,13 +42,10 @@ rule structure:
 
 rule table_total:
     input:
-        "reports/results.parquet",
+        **STEPS["table_total"].input,
     output:
-        tex="reports/table_total.tex",
-        md="reports/table_total.md",
-        cells="reports/table_total.cells.json",
-        rendered="reports/table_total.rendered.json",
-        html=report("reports/table_total.html", caption="../report/table_total.rst", category="Tables"),
+        **STEPS["table_total"].outputs(
+            html=lambda f: report(f, caption="../report/table_total.rst", category="Tables")),
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
@@ -61,7 +55,7 @@ rule table_total:
     benchmark:
         "benchmarks/report/table_total.tsv"
     shell:
-        "$NOISYMLT_CLI table --results {input} --out {output.tex} --labels {params.labels:q} --methods {params.methods} > {log} 2>&1"
+        STEPS["table_total"].shell
 
 
 # Whether the regime is the paper's: the runs fit their training labels, reach their learning rate, and
@@ -70,13 +64,11 @@ rule table_total:
 
 rule table_fit:
     input:
-        "reports/results.parquet",
+        **STEPS["table_fit"].input,
     output:
-        tex="reports/fit_{dataset}.tex",
-        md="reports/fit_{dataset}.md",
-        csv="reports/fit_{dataset}.csv",
-        html=report("reports/fit_{dataset}.html", caption="../report/fit.rst", category="Diagnostics",
-                    labels={"table": "fit diagnostics", "dataset": "{dataset}"}),
+        **STEPS["table_fit"].outputs(
+            html=lambda f: report(f, caption="../report/fit.rst", category="Diagnostics",
+                                  labels={"table": "fit diagnostics", "dataset": "{dataset}"})),
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
@@ -86,8 +78,7 @@ rule table_fit:
     benchmark:
         "benchmarks/report/fit_{dataset}.tsv"
     shell:
-        "$NOISYMLT_CLI fit-table --results {input} --dataset {wildcards.dataset} --out {output.tex} "
-        "--methods {params.methods} --labels {params.labels:q} > {log} 2>&1"
+        STEPS["table_fit"].shell
 
 
 rule table_paired:
@@ -114,10 +105,10 @@ rule table_paired:
 
 rule figure_map_vs_gamma:
     input:
-        "reports/results.parquet",
+        **STEPS["figure_map_vs_gamma"].input,
     output:
-        png=report("reports/map_vs_gamma.png", caption="../report/map_vs_gamma.rst", category="Figures"),
-        pdf="reports/map_vs_gamma.pdf",
+        **STEPS["figure_map_vs_gamma"].outputs(
+            png=lambda f: report(f, caption="../report/map_vs_gamma.rst", category="Figures")),
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),  # the compared methods only: the ablation variants have their figures
@@ -127,8 +118,7 @@ rule figure_map_vs_gamma:
     benchmark:
         "benchmarks/report/map_vs_gamma.tsv"
     shell:
-        "$NOISYMLT_CLI figure --results {input} --out {output.png} --methods {params.methods} "
-        "--labels {params.labels:q} > {log} 2>&1"
+        STEPS["figure_map_vs_gamma"].shell
 
 
 rule table_ablation:
@@ -156,15 +146,11 @@ rule table_ablation:
 
 rule table_groups:
     input:
-        results="reports/results.parquet",
-        labels="data/{dataset}/train_labels.parquet",  # the group thresholds it records, stated when scaled
+        **STEPS["table_groups"].input,  # the train labels: the group thresholds it records, stated when scaled
     output:
-        tex="reports/table_groups_{dataset}.tex",
-        md="reports/table_groups_{dataset}.md",
-        cells="reports/table_groups_{dataset}.cells.json",
-        rendered="reports/table_groups_{dataset}.rendered.json",
-        html=report("reports/table_groups_{dataset}.html", caption="../report/table_groups.rst", category="Tables",
-                    labels={"table": "head / medium / tail", "dataset": "{dataset}"}),
+        **STEPS["table_groups"].outputs(
+            html=lambda f: report(f, caption="../report/table_groups.rst", category="Tables",
+                                  labels={"table": "head / medium / tail", "dataset": "{dataset}"})),
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
@@ -174,8 +160,7 @@ rule table_groups:
     benchmark:
         "benchmarks/report/table_groups_{dataset}.tsv"
     shell:
-        "$NOISYMLT_CLI table --results {input.results} --out {output.tex} --groups {wildcards.dataset} "
-        "--train-labels {input.labels} --labels {params.labels:q} --methods {params.methods} > {log} 2>&1"
+        STEPS["table_groups"].shell
 
 
 rule figure_sweep:

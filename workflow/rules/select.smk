@@ -17,14 +17,14 @@ rule select_split:
     input:
         lambda w: list(S.split_tables(config, w.dataset).values()),
     output:
-        "data/{dataset}/select/split.json",
+        **STEPS["select_split"].outputs(),
     params:
         args=lambda w, output: argv(paths.select_split_argv(config, w.dataset, output[0])),
         code=code("select"),
     log:
         "logs/select/split_{dataset}.log",
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+        STEPS["select_split"].shell
 
 
 rule select_parts:
@@ -45,9 +45,7 @@ rule cache_select_images:
         labels=lambda w: paths.select_cache_argv(config, w.dataset, w.part, "")[2],
         images=lambda w: train_images_ready(w.dataset),
     output:
-        array="data/{dataset}/cache/select_{part}.npy",
-        index="data/{dataset}/cache/select_{part}.json",
-        manifest="data/{dataset}/cache/select_{part}.manifest.json",
+        **STEPS["cache_select_images"].outputs(),
     wildcard_constraints:
         part="fit|val",
     params:
@@ -56,31 +54,20 @@ rule cache_select_images:
     log:
         "logs/data/cache_images_{dataset}_select_{part}.log",
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
-
-
-CANDIDATE = "runs/{dataset}/select/{method}/stage{stage}/g{gamma}/s{seed}/{tag}"
+        STEPS["cache_select_images"].shell
 
 
 # A candidate is an ordinary training run: on the fit part, its "test" set the validation part (train images),
 # then evaluated against it, in one job as a final run (train.smk).
 rule train_candidate:
     input:
-        train="data/{dataset}/select/g{gamma}_s{seed}_fit.parquet",
-        val="data/{dataset}/select/g{gamma}_s{seed}_val.parquet",
-        split="data/{dataset}/class_split.json",
+        **STEPS["train_candidate"].input,
         images=lambda w: train_images_ready(w.dataset),
         files=run_files,
         caches=candidate_caches,
         previous=previous_choice,
     output:
-        requested=f"{CANDIDATE}/requested_config.json",
-        predictions=f"{CANDIDATE}/predictions.npz",
-        manifest=f"{CANDIDATE}/manifest.json",
-        config=f"{CANDIDATE}/run_config.json",
-        metrics=f"{CANDIDATE}/metrics.json",
-        map=f"{CANDIDATE}/map.json",  # validation mAP per head and group: DVC's metrics file
-        evaluation=f"{CANDIDATE}/metrics.manifest.json",
+        **STEPS["train_candidate"].outputs(),
     params:
         out=lambda w: S.candidate_dir(w.dataset, w.method, int(w.stage), float(w.gamma), int(w.seed), w.tag),
         images=lambda w: image_root(w.dataset, "train"),
@@ -97,12 +84,7 @@ rule train_candidate:
     benchmark:
         "benchmarks/select/{dataset}_{method}_stage{stage}_g{gamma}_s{seed}_{tag}.tsv"
     shell:
-        "printf '%s\\n' {params.config:q} > {output.requested} && "
-        "$NOISYMLT_CLI train --run-config {output.requested} --train-labels {input.train} --test-labels {input.val} "
-        "--split {input.split} --train-images {params.images} --test-images {params.images} {params.caches} "
-        "--out {params.out} --cores {threads} --runs-per-gpu {resources.runs_per_gpu} --no-progress --keep-stale --expect-code {params.code} > {log} 2>&1 && "
-        "$NOISYMLT_CLI evaluate --predictions {output.predictions} --test-labels {input.val} --split {input.split} "
-        "--out {output.metrics} --map-out {output.map} >> {log} 2>&1"
+        STEPS["train_candidate"].shell
 
 
 checkpoint select:
@@ -110,8 +92,7 @@ checkpoint select:
         candidates=stage_candidates,
         previous=previous_choice,
     output:
-        stage="runs/{dataset}/select/{method}/stage{stage}.json",
-        choice="runs/{dataset}/select/{method}/stage{stage}.choice.json",
+        **STEPS["select"].outputs(),
     params:
         selection=lambda w: json.dumps(config["selection"], sort_keys=True),
         previous=lambda w, input: f"--previous {input.previous}" if input.previous else "",
@@ -120,6 +101,4 @@ checkpoint select:
     log:
         "logs/select/{dataset}_{method}_stage{stage}.log",
     shell:
-        "$NOISYMLT_CLI select choose --selection {params.selection:q} --dataset {wildcards.dataset} "
-        "--method {wildcards.method} --stage {wildcards.stage} {params.previous} > {log} 2>&1"
-
+        STEPS["select"].shell

@@ -4,9 +4,7 @@
 
 rule pretrain:
     output:
-        weights="data/pretrained/{name}.pt",
-        report="data/pretrained/{name}.json",
-        manifest="data/pretrained/{name}.manifest.json",
+        **STEPS["pretrain"].outputs(),
     params:
         args=pretrain_args,
         code=code("pretrain"),
@@ -16,7 +14,7 @@ rule pretrain:
     benchmark:
         "benchmarks/pretrain/{name}.tsv"
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+        STEPS["pretrain"].shell
 
 
 # One training run per (dataset, noise rate, seed, method), then its evaluation: AP per class and mAP
@@ -35,26 +33,16 @@ rule pretrain:
 
 rule train:
     input:
-        train="data/{dataset}/noisy/g{gamma}_s{seed}.parquet",
-        test="data/{dataset}/test_labels.parquet",
-        split="data/{dataset}/class_split.json",
+        **STEPS["train"].input,
         images=lambda w: train_images_ready(w.dataset),
         raw=lambda w: raw_marker(w.dataset),
-        subset="data/{dataset}/train_labels.parquet",
         files=run_files,
         caches=run_caches,
         choice=final_choice,  # the method's selection (select.smk), if it has one
+    # checkpoint.pt is written too (and is a DVC output) but not declared: Snakemake deletes a job's outputs before
+    # it runs and after it fails, which would throw away the epochs a rerun resumes from (steps.Out snakemake=False)
     output:
-        requested="runs/{dataset}/g{gamma}/s{seed}/{method}/requested_config.json",
-        predictions="runs/{dataset}/g{gamma}/s{seed}/{method}/predictions.npz",
-        manifest="runs/{dataset}/g{gamma}/s{seed}/{method}/manifest.json",
-        config="runs/{dataset}/g{gamma}/s{seed}/{method}/run_config.json",
-        # checkpoint.pt is written too (and is a DVC output) but not declared: Snakemake deletes a job's
-        # outputs before it runs and after it fails, which would throw away the epochs a rerun resumes from
-        noise="runs/{dataset}/g{gamma}/s{seed}/{method}/noise_level.jsonl",
-        metrics="runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.json",
-        map="runs/{dataset}/g{gamma}/s{seed}/{method}/map.json",  # mAP per head and group: DVC's metrics file
-        evaluation="runs/{dataset}/g{gamma}/s{seed}/{method}/metrics.manifest.json",
+        **STEPS["train"].outputs(),
     params:
         out=run_dir,
         train_images=lambda w: image_root(w.dataset, "train"),
@@ -73,11 +61,4 @@ rule train:
     benchmark:
         "benchmarks/train/{dataset}_g{gamma}_s{seed}_{method}.tsv"
     shell:
-        "printf '%s\\n' {params.config:q} > {output.requested} && "
-        "$NOISYMLT_CLI train --run-config {output.requested} --train-labels {input.train} "
-        "--test-labels {input.test} --split {input.split} --train-images {params.train_images} "
-        "--test-images {params.test_images} {params.caches} --out {params.out} --cores {threads} --runs-per-gpu {resources.runs_per_gpu} --no-progress "
-        "--keep-stale --expect-code {params.code} --clean-labels {input.subset} --provenance raw_manifest={input.raw} clean_subset={input.subset} "
-        "{params.selection} > {log} 2>&1 && "
-        "$NOISYMLT_CLI evaluate --predictions {output.predictions} --test-labels {input.test} --split {input.split} "
-        "--out {output.metrics} --map-out {output.map} >> {log} 2>&1"
+        STEPS["train"].shell

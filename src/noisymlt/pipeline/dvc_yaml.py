@@ -95,14 +95,21 @@ PLOTS_NOTE = ("`dvc plots show` / `dvc plots diff`: the runs' training curves (o
 
 
 def _render(step: Step, text: str, plain: bool) -> str:
-    """A command or path with its placeholders as DVC writes them."""
+    """A command or path with its placeholders as DVC writes them: files as their patterns, computed values from
+    the dvc block (``step.dvc_values``) or the stage's item, fields from the item."""
     def path(kind: str, name: str | None) -> str:
         files = step.input if kind == "input" else step.outputs()
         if name is None:  # `{input}`: the step's only input
             (name,) = files
         return dvc_path(files[name], plain)
 
+    def computed(m: re.Match) -> str:
+        if m.group(1) not in step.computed:
+            return m.group(0)
+        return "${%s.%s}" % (f"dvc.{step.dvc_values}" if step.dvc_values else "item", m.group(1))
+
     text = re.sub(r"\{(input|output)(?:\.([a-z_]+))?\}", lambda m: path(m.group(1), m.group(2)), text)
+    text = re.sub(r"(?<!\$)\{([a-z_]+)(?::q)?\}", computed, text)
     return dvc_path(text, plain)
 
 
@@ -114,7 +121,7 @@ def stage(step: Step) -> dict:
     if step.shard:
         body["wdir"] = "../../../.."
     body["cmd"] = f"{PRELOAD} python -m noisymlt {_render(step, command, plain)}"
-    deps = [dvc_path(p, plain) for p in step.input.values()]
+    deps = [dvc_path(p, plain) for p in (*step.input.values(), *step.dvc_input.values())]
     deps += [dvc_path(f"data/code/{c}.json", plain) for c in step.code_words() if c != "-"]
     if deps:
         body["deps"] = deps

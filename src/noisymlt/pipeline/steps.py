@@ -23,6 +23,7 @@ two routes run the same words.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 
 from noisymlt.pipeline import layout as L
@@ -32,45 +33,90 @@ PARAMS_FILE = "dvc-params.json"  # the merged params DVC reads (noisymlt.pipelin
 
 @dataclass(frozen=True)
 class Out:
-    """An output with DVC options (persist, cache) or a DVC metrics file."""
+    """An output with DVC options (persist, cache), or one Snakemake must not own (``snakemake=False``)."""
 
     path: str
     persist: bool = False
     cache: bool = True
-    note: str = ""
+    snakemake: bool = True
+
+
+# Placeholders Snakemake fills itself (a rule's threads and resources, its log): left as they are.
+SNAKEMAKE_NAMES = ("input", "output", "log", "threads")
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)((?:\.[a-z_]+)?)(:q)?\}")
 
 
 @dataclass(frozen=True)
 class Step:
     name: str  # the Snakemake rule's and the DVC stage's name
     command: str  # noisymlt words with placeholders (module docstring)
-    input: dict = field(default_factory=dict)  # NAME -> path pattern
+    input: dict = field(default_factory=dict)  # NAME -> path pattern, read by both routes
     output: dict = field(default_factory=dict)  # NAME -> path pattern or Out
+    computed: tuple = ()  # placeholders that are values computed from the params (a rule's params; DVC: see dvc_values)
+    then: str | None = None  # a second command of the same job (a run's evaluation after its training)
     over: str | None = None  # DVC: the list in the params' dvc block the stage is repeated over (foreach)
     matrix: dict | None = None  # DVC: a matrix instead (FIELD -> list or `${...}`)
+    dvc_input: dict = field(default_factory=dict)  # DVC only: deps where the rule has an input function
+    dvc_values: str | None = None  # DVC: the dvc block key holding the computed values (else the stage's items)
     params: tuple = ()  # DVC: keys of dvc-params.json the stage tracks
     code: tuple = ()  # the commands whose code digest files the stage depends on (default: its command word)
-    metrics: dict = field(default_factory=dict)  # DVC metrics files, NAME -> pattern
+    metrics: dict = field(default_factory=dict)  # DVC metrics files (Snakemake: outputs), NAME -> pattern
     dvc_command: str | None = None  # DVC runs this instead of ``command`` (see the module docstring)
+    config_first: bool = False  # a run: its resolved config is written to {output.requested} before the command
+    scheduling: str = ""  # words only Snakemake's job adds to ``command``: the cores and card slots it was given
     dvc_only: bool = False  # no Snakemake rule (DVC's own bookkeeping)
     shard: bool = False  # a run stage: written into each shard file of workflow/dvc/runs (dvc_yaml)
     note: str = ""  # the comment above the stage in dvc.yaml
 
     # ------------------------------------------------------------------ Snakemake
+    def smk(self, words: str) -> str:
+        """Words as a rule's shell writes them: wildcards as ``{wildcards.NAME}``, computed values as the rule's
+        ``{params.NAME}``; Snakemake's own placeholders (input, output, log, threads, resources) as they are."""
+        def one(m: re.Match) -> str:
+            name, attr, quote = m.group(1), m.group(2), m.group(3) or ""
+            if name in SNAKEMAKE_NAMES or name == "resources":
+                return m.group(0)
+            return "{%s.%s%s%s}" % ("params" if name in self.computed else "wildcards", name, attr, quote)
+
+        return _PLACEHOLDER.sub(one, words)
+
     @property
     def shell(self) -> str:
         """The rule's shell command: ``$NOISYMLT_CLI`` (the jobs' interpreter, common.smk) and the step's words, its
         output to the rule's log. Snakemake reruns a job whose rule's shell text changed (its `code` trigger), so a
         step's words are kept as its rule wrote them before they were declared here: a finished grid stays done."""
-        words = re.sub(r"\{(?!input\}|output\})([a-z_]+)\}", r"{wildcards.\1}", self.command)
-        return f"$NOISYMLT_CLI {words} > {{log}} 2>&1"
+        shell = f"$NOISYMLT_CLI {self.smk(self.command)}{' ' + self.scheduling if self.scheduling else ''} > {{log}} 2>&1"
+        if self.config_first:  # the config is the rule's param `config` (a changed one reruns the job)
+            shell = "printf '%s\\n' {params.config:q} > {output.requested} && " + shell
+        if self.then:
+            shell += f" && $NOISYMLT_CLI {self.smk(self.then)} >> {{log}} 2>&1"
+        return shell
 
-    def outputs(self) -> dict:
-        return {k: v.path if isinstance(v, Out) else v for k, v in self.output.items()}
+    def outputs(self, **wrap) -> dict:
+        """The rule's outputs (DVC's metrics files too; not what Snakemake must not own), each optionally wrapped
+        (``html=lambda path: report(path, ...)``: the report's captions are Snakemake's)."""
+        files = {k: v.path if isinstance(v, Out) else v for k, v in self.output.items()
+                 if not isinstance(v, Out) or v.snakemake}
+        files.update(self.metrics)
+        return {k: wrap[k](v) if k in wrap else v for k, v in files.items()}
 
     # ------------------------------------------------------------------ DVC
     def code_words(self) -> tuple:
         return self.code or ((self.dvc_command or self.command).split()[0],)
+
+
+def argv(words: str, values: dict) -> list[str]:
+    """A command's words with every placeholder filled: how ``noisymlt step`` runs a step's declared command under
+    DVC. ``values``: ``input.NAME``, ``output.NAME`` and the other placeholders' names -> a text (one word) or a
+    list of words (none, one or several: optional flags such as ``--selection FILE``)."""
+    def one(m: re.Match) -> str:
+        key = m.group(1) + m.group(2)
+        if key not in values:
+            raise KeyError(f"no value for {{{key}}} in {words!r}")
+        value = values[key]
+        return shlex.join(map(str, value)) if isinstance(value, (list, tuple)) else shlex.quote(str(value))
+
+    return shlex.split(_PLACEHOLDER.sub(one, words))
 
 
 def dvc_path(pattern: str, plain: bool) -> str:
@@ -79,13 +125,23 @@ def dvc_path(pattern: str, plain: bool) -> str:
 
 
 def _run_outputs(folder: str, noise_log: bool = True) -> dict:
-    """A run's (or a candidate's) files, its checkpoint kept across reruns (persistent) after its configs."""
-    names = [n for n in L.RUN_FILES if noise_log or n != "noise_level.jsonl"]
-    out = {n.replace(".", "_"): f"{folder}/{n}" for n in names}
-    after = list(out).index("run_config_json") + (2 if noise_log else 1)
+    """A run's (or a candidate's) files, as the rules name them; its checkpoint after its configs: a DVC output,
+    persistent (kept across reruns), which Snakemake must not own (it deletes a job's outputs before a rerun)."""
+    names = {"requested_config.json": "requested", "predictions.npz": "predictions", "manifest.json": "manifest",
+             "run_config.json": "config", "noise_level.jsonl": "noise", "metrics.json": "metrics",
+             "metrics.manifest.json": "evaluation"}
+    out = {names[n]: f"{folder}/{n}" for n in L.RUN_FILES if noise_log or n != "noise_level.jsonl"}
     items = list(out.items())
-    return dict(items[:after] + [("checkpoint", Out(f"{folder}/checkpoint.pt", persist=True))] + items[after:])
+    after = list(out).index("config") + (2 if noise_log else 1)
+    return dict(items[:after] + [("checkpoint", Out(f"{folder}/checkpoint.pt", persist=True, snakemake=False))]
+                + items[after:])
 
+
+RUN_FLAGS = "--no-progress --keep-stale --expect-code {code}"  # a run, as both routes train it
+# Snakemake's job passes the cores and the card slots its scheduler gave it (DVC's stage: the command's defaults)
+SCHEDULING = "--cores {threads} --runs-per-gpu {resources.runs_per_gpu}"
+EVALUATE = "evaluate --predictions {output.predictions} --test-labels {input.%s} --split {input.split} " \
+           "--out {output.metrics} --map-out {output.map}"
 
 STEPS: tuple[Step, ...] = (
     Step(
@@ -107,74 +163,76 @@ STEPS: tuple[Step, ...] = (
         input={"code": "src/noisymlt"}, output={"code": "data/code"}, params=("methods",), code=("-",),
         note="DVC's code dependencies (data/code/COMMAND.json, data/code/train/METHOD.json): a file is rewritten only\n"
              "when the static import closure of its step changed. A method's losses are part of its training code\n"
-             "(`methods`). Snakemake writes the same files (rule code_digests).",
+             "(`methods`). Snakemake's rule code_digests writes the same files from its in-memory config.",
     ),
     Step(
-        "raw", "-", over="${dvc.grid.datasets}",
+        "raw", "{args}", computed=("args",), over="${dvc.grid.datasets}",
         dvc_command="step raw --params dvc-params.json --dataset {dataset}",
         output={"raw": Out("data/raw/{dataset}", persist=True)},
         params=("datasets.{dataset}",), code=("step", "make-toy", "download"),
-        note="Snakemake: make_toy / download. DVC cannot name keys that only some kinds have (datasets.toy.toy), so\n"
-             "the whole block; download.mirror/retries change how bytes arrive, not which (checksums), so not listed.\n"
-             "Persistent: a rerun keeps verified archives and finished extractions instead of DVC deleting gigabytes\n"
-             "first; the toy generator swaps its folder in whole (no stale files).",
+        note="Snakemake: make_toy / download, one rule per kind of source, each with its marker file. DVC cannot\n"
+             "name keys that only some kinds have (datasets.toy.toy), so the whole block; download.mirror/retries\n"
+             "change how bytes arrive, not which (checksums), so not listed. Persistent: a rerun keeps verified\n"
+             "archives and finished extractions instead of DVC deleting gigabytes first; the toy generator swaps its\n"
+             "folder in whole (no stale files).",
     ),
     Step(
-        "parse_labels", "-", matrix={"dataset": "${dvc.grid.datasets}", "part": ["train_source", "test"]},
+        "parse_labels", "{args}", computed=("args",),
+        matrix={"dataset": "${dvc.grid.datasets}", "part": ["train_source", "test"]},
         dvc_command="step parse --params dvc-params.json --dataset {dataset} --part {part} --out {output.labels}",
-        input={"raw": "data/raw/{dataset}"}, output={"labels": L.LABELS},
+        dvc_input={"raw": "data/raw/{dataset}"}, output={"labels": L.LABELS},
         params=("datasets.{dataset}.kind",), code=("step", "parse"),
     ),
     Step(
-        "longtail", "-", over="${dvc.grid.datasets}",
+        "longtail", "{args}", computed=("args",), over="${dvc.grid.datasets}",
         dvc_command="step longtail --params dvc-params.json --dataset {dataset} --labels {input.labels} "
                     "--out {output.labels} --split-out {output.split}",
         input={"labels": L.SOURCE_LABELS}, output={"labels": L.TRAIN_LABELS, "split": L.CLASS_SPLIT},
         params=("datasets.{dataset}.kind", "datasets.{dataset}.longtail"), code=("step", "longtail"),
     ),
     Step(
-        "train_images", "-", over="${dvc.fetch_images}",
+        "train_images", "{args}", computed=("args",), over="${dvc.fetch_images}",
         dvc_command="step train-images --params dvc-params.json --dataset {dataset} --ids {input.labels} "
                     "--out {output.images}",
-        input={"labels": L.TRAIN_LABELS, "raw": "data/raw/{dataset}"},
+        input={"labels": L.TRAIN_LABELS}, dvc_input={"raw": "data/raw/{dataset}"},
         output={"images": Out(L.TRAIN_IMAGES, persist=True)},
         params=("datasets.{dataset}.kind",), code=("step", "fetch-coco-images"),
         note="Snakemake: fetch_coco_train_images. COCO only: other kinds read theirs from data/raw/KIND. Persistent:\n"
              "fetch-coco-images keeps the images already there, so an interrupted fetch resumes.",
     ),
     Step(
-        "pretrain", "-", over="${dvc.pretrain}",
+        "pretrain", "{args}", computed=("args",), over="${dvc.pretrain}",
         dvc_command="step pretrain --params dvc-params.json --name {name} --out {output.weights}",
         output={"weights": L.PRETRAINED, "report": L.PRETRAINED_REPORT, "manifest": L.PRETRAINED_MANIFEST},
         params=("pretrain.{name}",), code=("step", "pretrain"),
         note="The backbones runs' weights_path names (the demo's ImageNet); none at paper scale.",
     ),
     Step(
-        "assets", "-", over="${dvc.assets}",
+        "assets", "{args}", computed=("args",), over="${dvc.assets}",
         dvc_command="step asset --params dvc-params.json --out {path}",
         output={"asset": "{path}"}, params=("assets.{group}.{name}",), code=("step", "fetch-asset"),
         note="Snakemake: fetch_asset. ImageNet weights, GloVe vectors (params `assets`) the runs read; none in the demo.",
     ),
     Step(
-        "cache_images", "-", over="${dvc.caches}",
+        "cache_images", "{args}", computed=("args",), over="${dvc.caches}",
         dvc_command="step cache-images --params dvc-params.json --dataset {dataset} --part {part} --out {output.array}",
-        input={"labels": L.LABELS, "images": "{images}"},
+        input={"labels": L.LABELS}, dvc_input={"images": "{images}"},
         output={"array": L.CACHE, "index": L.CACHE_INDEX, "manifest": L.CACHE_MANIFEST},
         params=("train.cache_size", "datasets.{dataset}"), code=("step", "cache-images"),
         note="Every image of the train subset / test set decoded once (read by train.loader: cache); `images` is the\n"
-             "folder the part's label paths are relative to; the dataset's train block may set cache_size.",
+             "folder the part's label paths are relative to; the dataset's train block may set cache_size.\n"
+             "Snakemake: cache_train_images, cache_test_images (one rule per part: the report's rule graph).",
     ),
     Step(
-        "noise", "noise --labels {input} --gamma {gamma} --seed {seed} --out {output.labels} "
-                 "--stats {output.stats}",
+        "noise", "noise --labels {input} --gamma {gamma} --seed {seed} --out {output.labels} --stats {output.stats}",
         over="${dvc.noisy_sets}", input={"labels": L.TRAIN_LABELS},
         output={"labels": L.NOISY, "stats": L.NOISY_STATS},
         note="The grid's noisy sets and the selection's (dvc.noisy_sets).",
     ),
     Step(
-        "select_split", "-", over="${dvc.select_datasets}",
+        "select_split", "{args}", computed=("args",), over="${dvc.select_datasets}",
         dvc_command="step select-split --params dvc-params.json --dataset {dataset} --out {output.split}",
-        input={"noisy": "data/{dataset}/noisy"}, output={"split": L.SELECT_SPLIT},
+        dvc_input={"noisy": "data/{dataset}/noisy"}, output={"split": L.SELECT_SPLIT},
         params=("selection.held_out", "selection.split_seed", "selection.gammas", "selection.seeds"),
         code=("step", "select"),
         note="Model selection (params `selection`, noisymlt.pipeline.selection; Snakemake: workflow/rules/select.smk):\n"
@@ -188,38 +246,42 @@ STEPS: tuple[Step, ...] = (
         "select_parts", "select parts --noisy {input.noisy} --split {input.split} --fit {output.fit} --val {output.val}",
         over="${dvc.select_sets}", input={"noisy": L.NOISY, "split": L.SELECT_SPLIT},
         output={"fit": L.part(L.SELECT_PART, "fit"), "val": L.part(L.SELECT_PART, "val")},
-        code=("select",),
     ),
     Step(
-        "cache_select_images", "-", over="${dvc.select_caches}",
+        "cache_select_images", "{args}", computed=("args",), over="${dvc.select_caches}",
         dvc_command="step select-cache --params dvc-params.json --dataset {dataset} --part {part} --out {output.array}",
-        input={"labels": "{labels}", "images": "{images}"},
+        dvc_input={"labels": "{labels}", "images": "{images}"},
         output={"array": L.SELECT_CACHE, "index": L.SELECT_CACHE_INDEX, "manifest": L.SELECT_CACHE_MANIFEST},
         params=("train.cache_size", "datasets.{dataset}"), code=("step", "cache-images"),
         note="The fit / val images decoded once (train.loader: cache).",
     ),
     Step(
-        "select", "-", over="${dvc.selections}",
+        "select", "select choose --selection {selection:q} --dataset {dataset} --method {method} --stage {stage} "
+                  "{previous}",
+        computed=("selection", "previous"), over="${dvc.selections}",
         dvc_command="step select-choose --params dvc-params.json --dataset {dataset} --method {method} --stage {stage}",
-        input={"candidates": "{dir}", "previous": "{previous}"},
-        output={"stage": "{dir}.json", "choice": "{dir}.choice.json"},
+        dvc_input={"candidates": L.STAGE_DIR, "previous": "{previous}"},
+        output={"stage": L.STAGE_FILE, "choice": L.CHOICE_FILE},
         params=("selection.grids", "selection.gammas", "selection.seeds", "selection.tie_margin", "selection.prefer"),
         code=("step", "select"),
         note="The candidate runs of a selection (train_candidate) and the runs of the grid and the ablations (train)\n"
              "are stages of workflow/dvc/runs/SHARD/dvc.yaml (see there why), in the same DAG: `select` depends on\n"
-             "its candidates' folder (`dir`) and on the choice of the stage before (`previous`), `aggregate` on `runs`.",
+             "its candidates' folder (`dir`) and on the choice of the stage before (`previous`), `aggregate` on `runs`.\n"
+             "Snakemake: a checkpoint, whose choice the later stages and the final runs read.",
     ),
     Step(
-        "aggregate", "-",
+        "aggregate", "aggregate {input} --out {output.results} --curves {output.curves} "
+                     "--pseudo-label-curves {output.pseudo_labels}",
         dvc_command="step aggregate --params dvc-params.json --runs runs --out {output.results} "
                     "--curves {output.curves} --pseudo-label-curves {output.pseudo_labels}",
-        input={"runs": "runs"},
+        dvc_input={"runs": "runs"},
         output={"results": L.RESULTS, "curves": "reports/training_curves.json",
                 "pseudo_labels": "reports/pseudo_label_curves.json"},
         params=("grid",), code=("step", "aggregate"),
-        note="Collects exactly the runs of the grid and the ablations, as Snakemake does; `runs` as a dep orders it\n"
-             "after every train stage, and holds nothing else that a pull would not restore (.dvcignore: logs,\n"
-             "timings). training_curves.json and pseudo_label_curves.json: the runs' per-epoch records (`plots`).",
+        note="Collects exactly the runs of the grid and the ablations, as Snakemake does (its input: their\n"
+             "metrics files; DVC's: `runs`, which orders it after every train stage and holds nothing else that a\n"
+             "pull would not restore, .dvcignore: logs, timings). training_curves.json and pseudo_label_curves.json:\n"
+             "the runs' per-epoch records (`plots`).",
     ),
     Step(
         "structure", "structure --labels {input.labels} --split {input.split} --test-labels {input.test} "
@@ -230,8 +292,9 @@ STEPS: tuple[Step, ...] = (
         note="Each dataset's long-tailed subset beside VOC-MLT's and COCO-MLT's.",
     ),
     Step(
-        "table_total", "-",
-        dvc_command="table --results {input.results} --out {output.tex} --params dvc-params.json",
+        "table_total", "table --results {input} --out {output.tex} --labels {labels:q} --methods {methods}",
+        computed=("labels", "methods"), dvc_values="report",
+        dvc_command="table --results {input} --out {output.tex} --params dvc-params.json",
         input={"results": L.RESULTS},
         output={"tex": "reports/table_total.tex", "md": "reports/table_total.md", "html": "reports/table_total.html",
                 "rendered": "reports/table_total.rendered.json"},
@@ -242,7 +305,9 @@ STEPS: tuple[Step, ...] = (
              "`dvc metrics show` and `dvc exp show`.",
     ),
     Step(
-        "table_groups", "-", over="${dvc.grid.datasets}",
+        "table_groups", "table --results {input.results} --out {output.tex} --groups {dataset} "
+                        "--train-labels {input.labels} --labels {labels:q} --methods {methods}",
+        computed=("labels", "methods"), dvc_values="report", over="${dvc.grid.datasets}",
         dvc_command="table --results {input.results} --out {output.tex} --groups {dataset} "
                     "--train-labels {input.labels} --params dvc-params.json",
         input={"results": L.RESULTS, "labels": L.TRAIN_LABELS},
@@ -253,65 +318,79 @@ STEPS: tuple[Step, ...] = (
         note="The train labels give the group thresholds it records, stated when scaled.",
     ),
     Step(
-        "table_fit", "-", over="${dvc.grid.datasets}",
-        dvc_command="fit-table --results {input.results} --dataset {dataset} --out {output.tex} --params dvc-params.json",
+        "table_fit", "fit-table --results {input} --dataset {dataset} --out {output.tex} --methods {methods} "
+                     "--labels {labels:q}",
+        computed=("labels", "methods"), dvc_values="report", over="${dvc.grid.datasets}",
+        dvc_command="fit-table --results {input} --dataset {dataset} --out {output.tex} --params dvc-params.json",
         input={"results": L.RESULTS},
         output={"tex": "reports/fit_{dataset}.tex", "md": "reports/fit_{dataset}.md", "csv": "reports/fit_{dataset}.csv",
                 "html": "reports/fit_{dataset}.html"},
         params=("grid.methods", "methods"),
     ),
     Step(
-        "figure_map_vs_gamma", "-",
-        dvc_command="figure --results {input.results} --out {output.png} --params dvc-params.json",
+        "figure_map_vs_gamma", "figure --results {input} --out {output.png} --methods {methods} --labels {labels:q}",
+        computed=("labels", "methods"), dvc_values="report",
+        dvc_command="figure --results {input} --out {output.png} --params dvc-params.json",
         input={"results": L.RESULTS},
         output={"png": "reports/map_vs_gamma.png", "pdf": "reports/map_vs_gamma.pdf"},
         params=("grid.methods", "methods"),
-        note="Lines: grid.methods; legend: methods.*.label.",
+        note="Lines: grid.methods (the compared methods only: the ablation variants have their figures); legend:\n"
+             "methods.*.label.",
     ),
     Step(
-        "train_candidate", "-", over="${shard.candidates}", shard=True,
+        "train_candidate",
+        "train --run-config {output.requested} --train-labels {input.train} --test-labels {input.val} "
+        "--split {input.split} --train-images {images} --test-images {images} {caches} --out {out} " + RUN_FLAGS,
+        then=EVALUATE % "val", computed=("images", "caches", "out", "code"), config_first=True, scheduling=SCHEDULING,
+        over="${shard.candidates}", shard=True,
         dvc_command="step train-candidate --params dvc-params.json --dataset {dataset} --method {method} "
                     "--stage {stage} --tag {tag} --gamma {gamma} --seed {seed} --evaluate",
-        input={"fit": L.part(L.SELECT_PART, "fit"), "val": L.part(L.SELECT_PART, "val"), "split": L.CLASS_SPLIT,
-               "previous": "{previous}", "images": "{images}", "raw": "{raw}", "weights": "{weights}",
-               "embeddings": "{embeddings}", "fit_cache": L.part(L.SELECT_CACHE, "fit"),
-               "val_cache": L.part(L.SELECT_CACHE, "val")},
-        output=_run_outputs("{dir}", noise_log=False),
-        metrics={"map": "{dir}/map.json"},
+        input={"train": L.part(L.SELECT_PART, "fit"), "val": L.part(L.SELECT_PART, "val"), "split": L.CLASS_SPLIT},
+        dvc_input={"previous": "{previous}", "images": "{images}", "raw": "{raw}", "weights": "{weights}",
+                   "embeddings": "{embeddings}", "fit_cache": L.part(L.SELECT_CACHE, "fit"),
+                   "val_cache": L.part(L.SELECT_CACHE, "val")},
+        output=_run_outputs(L.CANDIDATE, noise_log=False), metrics={"map": L.CANDIDATE + "/map.json"},
         params=("dvc.candidate_configs.{config_key}",), code=("step", "train/{method}", "evaluate"),
-        note="Snakemake: train_candidate (see `train` below). --evaluate: then `noisymlt evaluate` of its predictions\n"
-             "against the val part (printed as it runs). `previous`: the choice of the stage before (stage 1: the\n"
-             "split file); images, raw, weights, embeddings as in `train`. Metrics: validation mAP (%) against the\n"
-             "held-out noisy labels, per head and group (`dvc exp show`).",
+        note="A candidate is an ordinary training run on the fit part, its \"test\" set the val part (train images),\n"
+             "then evaluated against it (`then`; DVC: --evaluate). `previous`: the choice of the stage before (stage\n"
+             "1: the split file); images, raw, weights, embeddings as in `train`. Metrics: validation mAP (%) against\n"
+             "the held-out noisy labels, per head and group (`dvc exp show`).",
     ),
     Step(
-        "train", "-", over="${shard.runs}", shard=True,
+        "train",
+        "train --run-config {output.requested} --train-labels {input.train} --test-labels {input.test} "
+        "--split {input.split} --train-images {train_images} --test-images {test_images} {caches} --out {out} "
+        + RUN_FLAGS + " --clean-labels {input.subset} --provenance raw_manifest={input.raw} clean_subset={input.subset} "
+        "{selection}",
+        then=EVALUATE % "test", computed=("train_images", "test_images", "caches", "out", "code", "selection"),
+        config_first=True, scheduling=SCHEDULING, over="${shard.runs}", shard=True,
         dvc_command="step train --params dvc-params.json --dataset {dataset} --method {method} --gamma {gamma} "
                     "--seed {seed} --train-labels {input.train} --test-labels {input.test} --split {input.split} "
                     "--out " + L.RUN + " --evaluate",
-        input={"train": L.NOISY, "test": L.TEST_LABELS, "split": L.CLASS_SPLIT, "subset": L.TRAIN_LABELS,
-               "raw": "{raw}", "images": "{images}", "weights": "{weights}", "embeddings": "{embeddings}",
-               "train_cache": L.part(L.CACHE, "train"), "test_cache": L.part(L.CACHE, "test"), "choice": "{choice}"},
-        output=_run_outputs(L.RUN),
-        metrics={"map": L.RUN + "/map.json"},
+        input={"train": L.NOISY, "test": L.TEST_LABELS, "split": L.CLASS_SPLIT, "subset": L.TRAIN_LABELS},
+        dvc_input={"raw": "{raw}", "images": "{images}", "weights": "{weights}", "embeddings": "{embeddings}",
+                   "train_cache": L.part(L.CACHE, "train"), "test_cache": L.part(L.CACHE, "test"),
+                   "choice": "{choice}"},
+        output=_run_outputs(L.RUN), metrics={"map": L.RUN + "/map.json"},
         params=("dvc.run_configs.{config_key}", "dvc.train_lr.{dataset}.{method}"),
         code=("step", "train/{method}", "evaluate"),
-        note="One stage per run (keyed DATASET-GAMMA-SEED-METHOD): it trains, then evaluates (--evaluate), as\n"
-             "Snakemake's train job does, in one command: with workflow.preload (the demo) both run in children of one\n"
-             "shared preload server (noisymlt.pipeline.preload). One stage, not two: DVC rewrites a lock and rebuilds\n"
-             "its index after each stage it runs; a change that reaches the evaluation only (its code) reruns the\n"
-             "stage, and the train step then finds its finished checkpoint and only predicts.\n"
-             "Inputs: the subset's sha256 goes into the run manifest. train.loader pil: `raw` is the raw folder (test\n"
-             "images; VOC, toy: train images too) and `images` COCO's fetched train images (other kinds: raw again);\n"
-             "train.loader cache: both are the raw folder's marker file, cheap to hash where a folder is walked file by\n"
-             "file on every `dvc status`, as for `weights` (train.weights_path) and `embeddings` (ML-GCN's GloVe file)\n"
-             "when a run has none. The caches are listed whatever the loader (DVC cannot make a dep conditional);\n"
-             "`choice`: its method's model-selection choice (fixed values: the marker).\n"
+        note="One stage per run (keyed DATASET-GAMMA-SEED-METHOD): it trains, then evaluates (`then`; DVC: --evaluate),\n"
+             "as Snakemake's train job does, in one command: with workflow.preload (the demo) both run in children of\n"
+             "one shared preload server (noisymlt.pipeline.preload). One stage, not two: DVC rewrites a lock and\n"
+             "rebuilds its index after each stage it runs; a change that reaches the evaluation only (its code) reruns\n"
+             "the stage, and the train step then finds its finished checkpoint and only predicts.\n"
+             "Inputs: the subset's sha256 goes into the run manifest (`subset`). train.loader pil: `raw` is the raw\n"
+             "folder (test images; VOC, toy: train images too) and `images` COCO's fetched train images (other kinds:\n"
+             "raw again); train.loader cache: both are the raw folder's marker file, cheap to hash where a folder is\n"
+             "walked file by file on every `dvc status`, as for `weights` (train.weights_path) and `embeddings`\n"
+             "(ML-GCN's GloVe file) when a run has none. The caches are listed whatever the loader (DVC cannot make a\n"
+             "dep conditional); `choice`: its method's model-selection choice (fixed values: the marker).\n"
              "Params: the run id, the hash of its resolved configuration (noisymlt.config.resolve_run), so a params\n"
              "change reruns exactly the runs whose configuration it changes; and its lr, readable, for `dvc exp show`.\n"
              "Outputs: checkpoint.pt is persistent (DVC would delete it before a rerun; kept, an interrupted run\n"
-             "resumes from its last epoch) and cached, so a pulled run keeps its weights. Metrics: mAP (%) per\n"
-             "prediction head and group, one row per run folder (`dvc metrics show`).",
+             "resumes from its last epoch) and cached, so a pulled run keeps its weights; Snakemake does not own it\n"
+             "(it deletes a job's outputs before it runs). Metrics: mAP (%) per prediction head and group, one row\n"
+             "per run folder (`dvc metrics show`).",
     ),
 )
 
