@@ -10,7 +10,7 @@ localrules:
 
 rule code_digests:
     output:
-        directory("data/code"),
+        **STEPS["code_digests"].outputs(code=directory),
     params:
         config=lambda w: json.dumps(config, sort_keys=True),  # a function: Snakemake formats plain strings
         digests=lambda w: json.dumps(step_code.digests(config), sort_keys=True),  # rerun when a file would change
@@ -19,4 +19,4 @@ rule code_digests:
     benchmark:
         "benchmarks/code_digests.tsv"
     shell:
-        "$NOISYMLT_CLI code-deps --params-json {params.config:q} --out {output} > {log} 2>&1"
+        STEPS["code_digests"].shell

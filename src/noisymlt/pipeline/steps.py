@@ -159,11 +159,12 @@ STEPS: tuple[Step, ...] = (
              "package itself (the code digests are written from this stage's output).",
     ),
     Step(
-        "code_digests", "code-deps --params dvc-params.json --out data/code", dvc_only=True,
-        input={"code": "src/noisymlt"}, output={"code": "data/code"}, params=("methods",), code=("-",),
+        "code_digests", "code-deps --params-json {config:q} --out {output}", computed=("config",),
+        dvc_command="code-deps --params dvc-params.json --out {output}",
+        dvc_input={"code": "src/noisymlt"}, output={"code": "data/code"}, params=("methods",), code=("-",),
         note="DVC's code dependencies (data/code/COMMAND.json, data/code/train/METHOD.json): a file is rewritten only\n"
              "when the static import closure of its step changed. A method's losses are part of its training code\n"
-             "(`methods`). Snakemake's rule code_digests writes the same files from its in-memory config.",
+             "(`methods`). Snakemake's rule writes the same files from its in-memory config (--params-json).",
     ),
     Step(
         "raw", "{args}", computed=("args",), over="${dvc.grid.datasets}",
