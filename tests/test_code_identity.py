@@ -31,8 +31,9 @@ ERM = ["noisymlt", "noisymlt.core", "noisymlt.core.codedeps", "noisymlt.core.fil
        "noisymlt.models.heads", "noisymlt.training", "noisymlt.training.augment", "noisymlt.training.checkpoint",
        "noisymlt.training.device_images", "noisymlt.training.devices", "noisymlt.training.fit_diagnostics",
        "noisymlt.training.inputs", "noisymlt.training.loaders", "noisymlt.training.noise_monitor",
-       "noisymlt.training.numerics", "noisymlt.training.probe", "noisymlt.training.schedule", "noisymlt.training.speed",
-       "noisymlt.training.trainer", "noisymlt.training.transforms", "noisymlt.training.trunkcache"]
+       "noisymlt.training.numerics", "noisymlt.training.probe", "noisymlt.training.run_outputs",
+       "noisymlt.training.schedule", "noisymlt.training.speed", "noisymlt.training.trainer",
+       "noisymlt.training.transforms", "noisymlt.training.trunkcache"]
 
 
 @pytest.fixture(scope="module")
