@@ -15,11 +15,12 @@ from noisymlt.methods.options import method_options
 from noisymlt.pipeline.step_code import method_entries
 
 REPO = Path(__file__).resolve().parents[1]
-# Infrastructure that cannot change a result: the CLI and its dispatch, the preload server (its runs equal plain
-# runs byte for byte: test_preload), the `train` command (it only resolves the configuration, hashed into the run
-# id), the per-step digests and `trace`.
-NEVER_IN_A_RUN = {"noisymlt.__main__", "noisymlt.cli", "noisymlt.pipeline.preload", "noisymlt.pipeline.train",
-                  "noisymlt.pipeline.step_code", "noisymlt.pipeline.trace", "noisymlt.pipeline.selection"}
+# Infrastructure that cannot change a result: the CLI, its command table and its dispatch, the preload server (its
+# runs equal plain runs byte for byte: test_preload), the `train` command (it only resolves the configuration, hashed
+# into the run id), the per-step digests and `trace`.
+NEVER_IN_A_RUN = {"noisymlt.__main__", "noisymlt.cli", "noisymlt.commands", "noisymlt.pipeline.preload",
+                  "noisymlt.pipeline.train", "noisymlt.pipeline.step_code", "noisymlt.pipeline.trace",
+                  "noisymlt.pipeline.selection"}
 ERM = ["noisymlt", "noisymlt.core", "noisymlt.core.codedeps", "noisymlt.core.files", "noisymlt.core.jsonlog",
        "noisymlt.core.locks", "noisymlt.core.manifest", "noisymlt.core.registry", "noisymlt.core.schema",
        "noisymlt.data", "noisymlt.data.assets", "noisymlt.data.imagecache", "noisymlt.data.images",
@@ -30,8 +31,9 @@ ERM = ["noisymlt", "noisymlt.core", "noisymlt.core.codedeps", "noisymlt.core.fil
        "noisymlt.models.heads", "noisymlt.training", "noisymlt.training.augment", "noisymlt.training.checkpoint",
        "noisymlt.training.device_images", "noisymlt.training.devices", "noisymlt.training.fit_diagnostics",
        "noisymlt.training.inputs", "noisymlt.training.loaders", "noisymlt.training.noise_monitor",
-       "noisymlt.training.numerics", "noisymlt.training.probe", "noisymlt.training.schedule", "noisymlt.training.speed",
-       "noisymlt.training.trainer", "noisymlt.training.transforms", "noisymlt.training.trunkcache"]
+       "noisymlt.training.numerics", "noisymlt.training.probe", "noisymlt.training.run_outputs",
+       "noisymlt.training.schedule", "noisymlt.training.speed", "noisymlt.training.trainer",
+       "noisymlt.training.transforms", "noisymlt.training.trunkcache"]
 
 
 @pytest.fixture(scope="module")

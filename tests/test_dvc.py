@@ -70,9 +70,8 @@ def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_sourc
     """No hand-kept list of modules: each stage's code dependency is the digest file of the commands it
     runs (data/code/COMMAND.json, training: data/code/train/METHOD.json), written by `code_digests` from
     the static import closures (noisymlt.core.codedeps), the same digests Snakemake passes its jobs."""
-    from noisymlt.pipeline import step_code
+    from noisymlt.commands import COMMANDS as commands
 
-    commands = step_code.command_modules()
     for name, stage in _dvc_yaml().items():
         body = _stage_body(stage)
         deps = body.get("deps", [])

@@ -90,3 +90,39 @@ def test_lint_imports_keeps_the_layers_and_refuses_an_upward_import(tmp_path):
                          timeout=300)
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "noisymlt.data.toy -> noisymlt.training.trainer" in bad.stdout
+
+
+def test_the_command_table_is_what_the_modules_register_in_its_order():
+    """noisymlt.commands is data, read without importing a command module: it must say what each module's
+    ``add_cli`` registers (a command added without its entry fails here), in the order of ``--help``, and name
+    every module of the package that has an ``add_cli``."""
+    import argparse
+    import importlib
+
+    from noisymlt.commands import COMMANDS, command_modules
+
+    registered = []
+    for name in command_modules():
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(name).add_cli(sub)
+        registered += [(command, name) for command in sub.choices]
+    assert registered == list(COMMANDS.items())
+    with_add_cli = {name for name in codedeps.modules() if any(
+        isinstance(node, ast.FunctionDef) and node.name == "add_cli" for node in codedeps._tree(name).body)}
+    assert with_add_cli == set(command_modules())
+
+
+def test_the_step_code_imports_neither_the_cli_nor_another_command():
+    """A step's code digest reads the command table as data: no import loop through the CLI, which loads
+    noisymlt.pipeline.step_code by name."""
+    script = """
+import json, sys
+from noisymlt.pipeline import step_code
+from noisymlt.commands import COMMANDS
+step_code.step_digest("evaluate")
+print(json.dumps(sorted(m for m in {"noisymlt.cli", *COMMANDS.values()} if m in sys.modules)))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == ["noisymlt.pipeline.step_code"]

@@ -1,7 +1,8 @@
 """The `noisymlt` command. Every workflow rule calls one of these subcommands.
 
-Each command lives in the module that does the work and registers itself through ``add_cli``;
-modules keep heavy imports (torch, pycocotools) inside their functions so ``--help`` stays fast.
+Each command lives in the module that does the work and registers itself through ``add_cli``; the command table
+(noisymlt.commands) names that module, and the parser imports it by name. Modules keep heavy imports (torch,
+pycocotools) inside their functions so ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -10,39 +11,10 @@ import argparse
 import importlib
 import logging
 import sys
-from functools import lru_cache
 
 from noisymlt import __version__
+from noisymlt.commands import COMMANDS, command_modules, step_entries
 from noisymlt.errors import NoisyMLTError, describe_os_error
-
-COMMAND_MODULES = (
-    "noisymlt.data.toy",
-    "noisymlt.data.download",
-    "noisymlt.data.coco_images",
-    "noisymlt.data.parse",
-    "noisymlt.data.longtail",
-    "noisymlt.data.noise",
-    "noisymlt.data.imagecache",
-    "noisymlt.training.pretrain",
-    "noisymlt.pipeline.selection",
-    "noisymlt.pipeline.train",
-    "noisymlt.evaluation.evaluate",
-    "noisymlt.report.inference_time",
-    "noisymlt.report.aggregate",
-    "noisymlt.report.tables",
-    "noisymlt.report.fit",
-    "noisymlt.report.figures",
-    "noisymlt.report.readme",
-    "noisymlt.report.structure",
-    "noisymlt.report.noise_level",
-    "noisymlt.report.pseudo_labels",
-    "noisymlt.pipeline.trace",
-    "noisymlt.pipeline.paths",
-    "noisymlt.pipeline.params",
-    "noisymlt.pipeline.dvc_yaml",
-    "noisymlt.pipeline.step_code",
-    "noisymlt.pipeline.preload",
-)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,31 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"noisymlt {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")  # not "command": code-deps has --command
-    for name in COMMAND_MODULES:
-        module = importlib.import_module(name)
-        module.add_cli(sub)
-    return parser
-
-
-@lru_cache(maxsize=None)
-def command_modules() -> dict[str, str]:
-    """Pipeline command -> the module that registers it (each command module's ``add_cli``, run here)."""
-    out = {}
-    for name in COMMAND_MODULES:
-        sub = argparse.ArgumentParser().add_subparsers()
+    for name in command_modules():
         importlib.import_module(name).add_cli(sub)
-        out.update({command: name for command in sub.choices})
-    return out
-
-
-def step_entries(command: str) -> tuple[str, ...]:
-    """What `python -m noisymlt COMMAND` runs: the CLI and the command's module."""
-    from noisymlt.core.codedeps import CLI
-
-    modules_of = command_modules()
-    if command not in modules_of:
-        raise ValueError(f"unknown command {command!r}; known: {', '.join(sorted(modules_of))}")
-    return (*CLI, modules_of[command])
+    return parser
 
 
 def _load_step_code(command: str) -> tuple[tuple[str, ...], str] | None:
@@ -90,7 +40,7 @@ def _load_step_code(command: str) -> tuple[tuple[str, ...], str] | None:
     (Snakemake then deletes its outputs, DVC does not record them) instead of crediting them to other code."""
     from noisymlt.core.codedeps import load_code
 
-    if command == "train" or command not in command_modules():  # the Trainer loads and checks a run's own code
+    if command == "train" or command not in COMMANDS:  # the Trainer loads and checks a run's own code
         return None
     entries = step_entries(command)
     return entries, load_code(*entries)

@@ -20,8 +20,9 @@ from noisymlt.errors import NoisyMLTError
 
 PACKAGE = "noisymlt"
 ROOT = Path(__file__).resolve().parents[1]  # the package: this module is in noisymlt/core
-# What `python -m noisymlt <command>` always runs before the command's own module.
-CLI = ("noisymlt", "noisymlt.__main__", "noisymlt.cli", "noisymlt.errors")
+# What `python -m noisymlt <command>` always runs before the command's own module (the CLI reads the command
+# table, noisymlt.commands, to find that module).
+CLI = ("noisymlt", "noisymlt.__main__", "noisymlt.cli", "noisymlt.commands", "noisymlt.errors")
 # The module that turns a training run's resolved configuration and inputs into its result (the Trainer).
 TRAINER = "noisymlt.training.trainer"
 

@@ -1,7 +1,9 @@
 """The code of each pipeline step (the `code-deps` command): what a job's code param and DVC's digest files hold.
 
 A step's code is the static import closure (noisymlt.core.codedeps) of the `noisymlt` CLI and the module that
-registers its command; a training run's is its trainer, family and losses (``noisymlt.methods.run_entries``).
+registers its command, as the command table (noisymlt.commands) names it: read here as data, so this module imports
+neither the CLI nor any other command's module. A training run's code is its trainer, family and losses
+(``noisymlt.methods.run_entries``).
 """
 
 from __future__ import annotations
@@ -10,18 +12,17 @@ import argparse
 import json
 from pathlib import Path
 
-from noisymlt.cli import command_modules, step_entries
+from noisymlt.commands import COMMANDS, step_entries
 from noisymlt.errors import NoisyMLTError
 from noisymlt.core.codedeps import closure, code_text, data_files, digest, imports_of, modules
 from noisymlt.methods import run_entries
 
 
 def warm() -> None:
-    """Read the whole import graph, every command's module and every file's code text now (what a step's
-    digest and manifest need; about a CPU second): the preload server does it once, and the jobs it forks inherit it
-    (a train job saved ~0.1 s of parsing). A job still stats each file: ``code_text`` is keyed by its size and
-    modification time, and the server takes no job once a file has changed."""
-    command_modules()
+    """Read the whole import graph and every file's code text now (what a step's digest and manifest need; about
+    a CPU second): the preload server does it once, after its parser has imported every command's module, and the
+    jobs it forks inherit it (a train job saved ~0.1 s of parsing). A job still stats each file: ``code_text`` is
+    keyed by its size and modification time, and the server takes no job once a file has changed."""
     for name, path in modules().items():
         imports_of(name)
         for file in (path, *data_files(name)):
@@ -42,7 +43,7 @@ def method_entries(params: dict, method: str) -> tuple[str, ...]:
 
 def digests(params: dict) -> dict[str, str]:
     """Every pipeline command's digest, and one per method for training (``train/METHOD``)."""
-    out = {command: step_digest(command) for command in sorted(command_modules())}
+    out = {command: step_digest(command) for command in sorted(COMMANDS)}
     for method in sorted(params["methods"]):
         out[f"train/{method}"] = digest(*method_entries(params, method))
     return out

@@ -2,8 +2,8 @@
 
 Outputs in the run folder: ``checkpoint.pt`` (after every epoch, plain state dicts loaded with
 ``weights_only=True``), ``train_log.jsonl`` (one line per epoch), ``predictions.npz`` (test-set
-sigmoid scores per head) and ``manifest.json``; given the clean labels (``--clean-labels``, analysis only),
-also ``noise_level.jsonl`` (noisymlt.training.noise_monitor).
+sigmoid scores per head) and ``manifest.json`` (both written by noisymlt.training.run_outputs); given the clean
+labels (``--clean-labels``, analysis only), also ``noise_level.jsonl`` (noisymlt.training.noise_monitor).
 
 A checkpoint is this run's, and is resumed, only when its run id (the resolved configuration), its inputs
 (train labels, class split, decoded training images, backbone weights) and its code (the digest of the code that trained it: the trainer, the
@@ -26,9 +26,9 @@ import numpy as np
 
 from noisymlt.data.assets import run_inputs
 from noisymlt.errors import NoisyMLTError
-from noisymlt.core.files import replacing
 from noisymlt.training import checkpoint
 from noisymlt.training.inputs import RunImages
+from noisymlt.training.run_outputs import write_run_outputs
 from noisymlt.training.schedule import capped, check_warmup, epoch_iterations, lr_at, lr_groups
 from noisymlt.training.speed import StepLog, compile_model, make_sgd, mark_step
 
@@ -512,51 +512,5 @@ class Trainer:
                             self.test_table.labels, seed=self.cfg["seed"])
 
     def _write_outputs(self, started: str, history: list, scores: dict, fit: dict) -> Path:
-        import torch
-
-        from noisymlt.core.codedeps import check_unchanged
-        from noisymlt.core.manifest import write_manifest
-        from noisymlt.training.numerics import cpu_model, fingerprint
-
-        # recorded under the code that ran, or not at all: an edit on disk since the start would otherwise be
-        # credited with a result it did not make (and, once reverted, hide one it did)
-        check_unchanged(self.code_digest, *self.code_entries, what=f"run {self.run_id} ({self.out})")
-        pred_path = self.out / "predictions.npz"
-        with replacing(pred_path, self.out / "predictions.tmp.npz") as tmp:  # numpy keeps a name ending .npz
-            np.savez_compressed(tmp, image_ids=np.array(self.test_table.image_ids), heads=np.array(list(scores)),
-                                checkpoint_sha256=np.array(self.checkpoint_sha256 or ""),  # the weights they came from
-                                # the code that trained those weights: this job's, as a resume requires
-                                code_digest=np.array(self.code_digest),
-                                **{f"scores_{k}": v for k, v in scores.items()})
-        (self.out / "run_config.json").write_text(json.dumps(self.cfg, indent=1, sort_keys=True) + "\n")
-        write_manifest(
-            self.out / "manifest.json", step="train", started=started, device=str(self.device),
-            inputs={**self.provenance_inputs, **self.paths, **{f"{k}_cache": v for k, v in self.caches.items()},
-                    **self.asset_inputs()},
-            outputs={"checkpoint": self.ckpt_path, "predictions": pred_path}, code=self.code_entries,
-            code_digest=self.code_digest,
-            extra={"run_id": self.run_id, "run": self.cfg, "history": history, "fit": fit,
-                   "checkpoint_content_sha256": self.checkpoint_sha256,
-                   "iterations_per_epoch": self.iters, "cpu_threads": torch.get_num_threads(),
-                   # which kernels made these numbers (the same run is another draw on another CPU type)
-                   "numerics": {**fingerprint(self.device, self.precision, torch.get_num_threads()),
-                                "cpu": cpu_model()},
-                   # fixed views (train.trunk_cache_views) or, with the reason, fresh ones
-                   "trunk_cache": self.images.trunk_status,
-                   # the training set on the device, augmented there (another draw than the loader's), or why not
-                   "device_images": self.images.device_images_status,
-                   # the build as well as the release (the environment block has the release only)
-                   "torch_build": {"version": torch.__version__, "cuda": torch.version.cuda}},
-            # how it ran, not what it computed (loader workers never change results): untracked
-            timing={"epoch_seconds": self._epoch_seconds(), "loader_workers": self.workers,
-                    **getattr(self, "predict_timing", {}),
-                    **({"trunk_cache": self.images.trunk_memo} if self.images.trunk_memo else {})},  # computed or loaded
-        )
-        checkpoint.keep_finished(self.out)
-        return pred_path
-
-    def _epoch_seconds(self) -> list:
-        """Wall seconds per epoch from the epoch log (epochs of an earlier process included)."""
-        from noisymlt.core.jsonlog import read_records
-
-        return [rec["seconds"] for rec in read_records(self.out / "train_log.jsonl") if "seconds" in rec]
+        """The finished run's predictions, configuration and manifest (noisymlt.training.run_outputs)."""
+        return write_run_outputs(self, started, history, scores, fit)
