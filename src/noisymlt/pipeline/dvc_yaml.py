@@ -7,7 +7,7 @@ templating does, it does: a stage over a list of the params' ``dvc`` block (``fo
 (noisymlt.pipeline.params) and ``noisymlt step``.
 
 The run stages (a training run or a selection candidate each: most of the pipeline's stages) are spread over
-params.DVC_SHARDS files, workflow/dvc/runs/SHARD/dvc.yaml, by a stable hash of their key (params.shard_of):
+DVC_SHARDS files, workflow/dvc/runs/SHARD/dvc.yaml, by a stable hash of their key (shard_of):
 DVC keeps one dvc.lock per dvc.yaml and rewrites all of it after each stage it runs, with ruamel's pure-Python
 round trip, which with every run in one file cost more than the training in an experiment on one method
 (scripts/benchmark_dvc.py). dvc-params-runs/SHARD.json lists each shard's runs and candidates.
@@ -20,12 +20,25 @@ from __future__ import annotations
 
 import argparse
 import re
+import zlib
 from pathlib import Path
 
 import yaml
 
-from noisymlt.pipeline.params import DVC_SHARDS, shard_of
 from noisymlt.pipeline.steps import PARAMS_FILE, STEPS, Out, Step, dvc_path
+
+# The run stages are spread over this many dvc.yaml files (workflow/dvc/runs/00 .. 15): DVC rewrites a stage's
+# whole dvc.lock after running it, with ruamel's pure-Python round trip (3.6 s at the demo's 190 runs in one
+# file), so an experiment on one method's 12 runs spent more time rewriting the lock than training. Sixteen
+# keep a shard's lock small at paper scale too (about 50 runs each).
+DVC_SHARDS = 16
+
+
+def shard_of(key: str) -> str:
+    """The shard of a run or candidate key: a stable hash, so adding a run moves no other run's stage (a moved
+    stage would lose its dvc.lock entry and rerun)."""
+    return f"{zlib.crc32(key.encode()) % DVC_SHARDS:02d}"
+
 
 ROOT_FILE = Path("dvc.yaml")
 SHARDS = Path("workflow/dvc/runs")
@@ -68,7 +81,7 @@ HEADER = """\
 SHARD_HEADER = """\
 # Written by `noisymlt dvc-yaml` from the step declarations (src/noisymlt/pipeline/steps.py): edit those, then
 # rerun the command. The run stages of dvc.yaml's pipeline, shard {shard} of {shards}: the training runs and
-# model-selection candidates whose key hashes to this shard (noisymlt.pipeline.params.shard_of), which
+# model-selection candidates whose key hashes to this shard (noisymlt.pipeline.dvc_yaml.shard_of), which
 # dvc-params-runs/{shard}.json lists under dvc_runs_{shard} (why shards: noisymlt/pipeline/dvc_yaml.py). Each file
 # has its own dvc.lock beside it: commit them with the root's. Paths are the project root's (wdir). Stage
 # addresses: workflow/dvc/runs/{shard}/dvc.yaml:train@KEY (`noisymlt dvc-yaml --where KEY` prints a run's).

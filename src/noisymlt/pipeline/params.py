@@ -60,31 +60,18 @@ import argparse
 import hashlib
 import json
 import sys
-import zlib
 from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.config import SHARD_BLOCK  # + SHARD: the key of a shard's file (runs_file)
 from noisymlt.core.files import write_json, write_text
+from noisymlt.pipeline.dvc_yaml import DVC_SHARDS, shard_of
 
 LAYER_SLOTS = 4  # dvc.yaml's `params` stage lists this many layer files (dvc.layer_files[0..3])
 
 # JSON has no comments: the note goes first in the dvc block
 WRITTEN_BY = ("written by `noisymlt params {layers} --out {out}`: DVC's view of those params files, merged. Do not "
               "edit; edit the layers and rerun the command (dvc.yaml reads `dvc` for its templating)")
-
-
-# The run stages are spread over this many dvc.yaml files (workflow/dvc/runs/00 .. 15): DVC rewrites a stage's
-# whole dvc.lock after running it, with ruamel's pure-Python round trip (3.6 s at the demo's 190 runs in one
-# file), so an experiment on one method's 12 runs spent more time rewriting the lock than training. Sixteen
-# keep a shard's lock small at paper scale too (about 50 runs each).
-DVC_SHARDS = 16
-
-
-def shard_of(key: str) -> str:
-    """The shard of a run or candidate key: a stable hash, so adding a run moves no other run's stage (a moved
-    stage would lose its dvc.lock entry and rerun)."""
-    return f"{zlib.crc32(key.encode()) % DVC_SHARDS:02d}"
 
 
 def shard_blocks(runs: dict, candidates: dict, preload: str) -> dict:
@@ -359,7 +346,7 @@ def runs_file(out: str | Path, shard: str) -> Path:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from noisymlt.pipeline import dvc_yaml
+    from noisymlt.pipeline import dvc_yaml  # the stage files, written from the step declarations
 
     out = write(args.layers, args.out)
     print(f"{out}: {' + '.join(args.layers)}")
