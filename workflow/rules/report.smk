@@ -83,13 +83,11 @@ rule table_fit:
 
 rule table_paired:
     input:
-        "reports/results.parquet",
+        **STEPS["table_paired"].input,
     output:
-        tex="reports/paired_{dataset}.tex",
-        md="reports/paired_{dataset}.md",
-        cells="reports/paired_{dataset}.cells.json",
-        html=report("reports/paired_{dataset}.html", caption="../report/paired.rst", category="Tables",
-                    labels={"table": "paired differences", "dataset": "{dataset}"}),
+        **STEPS["table_paired"].outputs(
+            html=lambda f: report(f, caption="../report/paired.rst", category="Tables",
+                                  labels={"table": "paired differences", "dataset": "{dataset}"})),
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
@@ -99,8 +97,7 @@ rule table_paired:
     benchmark:
         "benchmarks/report/paired_{dataset}.tsv"
     shell:
-        "$NOISYMLT_CLI paired-table --results {input} --dataset {wildcards.dataset} --out {output.tex} "
-        "--methods {params.methods} --labels {params.labels:q} > {log} 2>&1"
+        STEPS["table_paired"].shell
 
 
 rule figure_map_vs_gamma:
@@ -123,14 +120,10 @@ rule figure_map_vs_gamma:
 
 rule table_ablation:
     input:
-        "reports/results.parquet",
+        **STEPS["table_ablation"].input,
     output:
-        tex="reports/ablation_{name}.tex",
-        md="reports/ablation_{name}.md",
-        cells="reports/ablation_{name}.cells.json",
-        rendered="reports/ablation_{name}.rendered.json",
-        html=report("reports/ablation_{name}.html", caption="../report/ablation.rst", category="Ablations",
-                    labels={"ablation": "{name}"}),
+        **STEPS["table_ablation"].outputs(
+            html=lambda f: report(f, caption="../report/ablation.rst", category="Ablations", labels={"ablation": "{name}"})),
     params:
         labels=method_labels(),
         spec=lambda w: json.dumps(config["ablations"][w.name]),
@@ -140,8 +133,7 @@ rule table_ablation:
     benchmark:
         "benchmarks/report/ablation_{name}.tsv"
     shell:
-        "$NOISYMLT_CLI table --results {input} --out {output.tex} --ablation-spec {params.spec:q} "
-        "--labels {params.labels:q} > {log} 2>&1"
+        STEPS["table_ablation"].shell
 
 
 rule table_groups:
@@ -165,12 +157,11 @@ rule table_groups:
 
 rule figure_sweep:
     input:
-        "reports/results.parquet",
+        **STEPS["figure_sweep"].input,
     output:
-        png=report("reports/ablation_{name}.png", caption="../report/sweep.rst", category="Ablations",
-                   labels={"ablation": "{name}", "kind": "figure"}),
-        pdf="reports/ablation_{name}.pdf",
-        csv="reports/ablation_{name}.csv",
+        **STEPS["figure_sweep"].outputs(
+            png=lambda f: report(f, caption="../report/sweep.rst", category="Ablations",
+                                 labels={"ablation": "{name}", "kind": "figure"})),
     params:
         spec=lambda w: json.dumps(config["ablations"][w.name]),
         x=sweep_values,
@@ -180,20 +171,17 @@ rule figure_sweep:
     benchmark:
         "benchmarks/report/figure_{name}.tsv"
     shell:
-        "$NOISYMLT_CLI figure --results {input} --out {output.png} --ablation-spec {params.spec:q} --x {params.x:q} "
-        "> {log} 2>&1"
+        STEPS["figure_sweep"].shell
 
 
 rule inference_time:
     input:
-        runs=timing_runs("runs/{{dataset}}/g{gamma}/s{seed}/{method}/manifest.json"),
-        test="data/{dataset}/test_labels.parquet",
+        runs=timing_runs(layout.RUN.replace("{dataset}", "{{dataset}}") + "/manifest.json"),
+        **STEPS["inference_time"].input,
     output:
-        tex="reports/inference_time_{dataset}.tex",
-        md="reports/inference_time_{dataset}.md",
-        json="reports/inference_time_{dataset}.json",
-        html=report("reports/inference_time_{dataset}.html", caption="../report/inference_time.rst",
-                    category="Tables", labels={"table": "inference time", "dataset": "{dataset}"}),
+        **STEPS["inference_time"].outputs(
+            html=lambda f: report(f, caption="../report/inference_time.rst", category="Tables",
+                                  labels={"table": "inference time", "dataset": "{dataset}"})),
     params:
         runs=lambda w, input: " ".join(str(Path(m).parent) for m in input.runs),
         train_images=lambda w: image_root(w.dataset, "train"),
@@ -214,18 +202,16 @@ rule inference_time:
     benchmark:
         "benchmarks/report/inference_time_{dataset}.tsv"
     shell:
-        "$NOISYMLT_CLI inference-time --runs {params.runs} --test-labels {input.test} "
-        "--train-images {params.train_images} --test-images {params.test_images} --batch-sizes {params.batch_sizes} "
-        "--trials {params.trials} --labels {params.labels:q} --paper {params.paper:q} --out {output.tex} > {log} 2>&1"
+        STEPS["inference_time"].shell
 
 
 rule readme_numbers:
     input:
-        results="reports/results.parquet",
+        **STEPS["readme_numbers"].input,
         selection=lambda w: readme_selection(),  # select.smk
-        structure=expand("reports/structure_{dataset}.json", dataset=GRID["datasets"]),  # the demo's: one dataset
+        structure=expand(layout.STRUCTURE + ".json", dataset=GRID["datasets"]),  # the demo's: one dataset
     output:
-        "reports/readme_numbers.json",
+        **STEPS["readme_numbers"].outputs(),
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
@@ -235,8 +221,7 @@ rule readme_numbers:
     benchmark:
         "benchmarks/report/readme_numbers.tsv"
     shell:
-        "$NOISYMLT_CLI readme-numbers --results {input.results} --methods {params.methods} --labels {params.labels:q} "
-        "--selection {input.selection} --structure {input.structure} --out {output} > {log} 2>&1"
+        STEPS["readme_numbers"].shell
 
 
 # Training dynamics of Ours at gamma 0.5 (paper Figs. voc_stitchup / coco_stitchup and vis_pl): drawn when the
@@ -247,10 +232,8 @@ rule figure_noise_level:
     input:
         figure_logs,
     output:
-        png=report("reports/noise_level_{dataset}.png", caption="../report/noise_level.rst", category="Figures"),
-        pdf="reports/noise_level_{dataset}.pdf",
-        csv="reports/noise_level_{dataset}.csv",
-        md="reports/noise_level_{dataset}.md",
+        **STEPS["figure_noise_level"].outputs(
+            png=lambda f: report(f, caption="../report/noise_level.rst", category="Figures")),
     params:
         title=lambda w: f"{dataset_title(w.dataset)}: {config['methods'][FIGURE_METHOD].get('label', FIGURE_METHOD)}, "
         f"noise rate {FIGURE_GAMMA}",
@@ -260,20 +243,19 @@ rule figure_noise_level:
     benchmark:
         "benchmarks/report/noise_level_{dataset}.tsv"
     shell:
-        "$NOISYMLT_CLI noise-figure --logs {input} --out {output.png} --title {params.title:q} --smooth 5 > {log} 2>&1"
+        STEPS["figure_noise_level"].shell
 
 
 rule figure_pseudo_labels:
     input:
         # the run's checkpoint.pt and run_config.json sit beside its manifest
         manifest=lambda w: figure_run(w.dataset, figure_seeds(w.dataset)[0], "manifest.json"),
-        noisy=lambda w: f"data/{w.dataset}/noisy/g{gtag(FIGURE_GAMMA)}_s{figure_seeds(w.dataset)[0]}.parquet",
-        clean="data/{dataset}/train_labels.parquet",
-        split="data/{dataset}/class_split.json",
+        noisy=lambda w: layout.fill(layout.NOISY, dataset=w.dataset, gamma=FIGURE_GAMMA, seed=figure_seeds(w.dataset)[0]),
+        **STEPS["figure_pseudo_labels"].input,
         images=lambda w: train_images_ready(w.dataset),
     output:
-        png=report("reports/pseudo_labels_{dataset}.png", caption="../report/pseudo_labels.rst", category="Figures"),
-        pdf="reports/pseudo_labels_{dataset}.pdf",
+        **STEPS["figure_pseudo_labels"].outputs(
+            png=lambda f: report(f, caption="../report/pseudo_labels.rst", category="Figures")),
     params:
         run=lambda w: figure_run(w.dataset, figure_seeds(w.dataset)[0], "").rstrip("/"),
         train_images=lambda w: image_root(w.dataset, "train"),
@@ -283,5 +265,4 @@ rule figure_pseudo_labels:
     benchmark:
         "benchmarks/report/pseudo_labels_{dataset}.tsv"
     shell:
-        "$NOISYMLT_CLI pseudo-label-figure --run {params.run} --train-labels {input.noisy} --clean-labels {input.clean} "
-        "--split {input.split} --train-images {params.train_images} --out {output.png} > {log} 2>&1"
+        STEPS["figure_pseudo_labels"].shell

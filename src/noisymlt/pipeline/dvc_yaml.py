@@ -174,7 +174,7 @@ def _stages_text(steps: list[Step], shard: str | None = None) -> str:
 
 
 def root_text() -> str:
-    steps = [s for s in STEPS if not s.shard]
+    steps = [s for s in STEPS if not s.shard and not s.snakemake_only]
     vars_ = "vars:\n  - dvc-params.json:dvc  # only the generated block: params.yaml, loaded by DVC anyway, owns the rest\n"
     plots = _comment(PLOTS_NOTE) + _dump({"plots": PLOTS})
     return f"{HEADER}\n{vars_}\n{_stages_text(steps)}\n{plots}"

@@ -52,8 +52,21 @@ RUN_FILES = ("requested_config.json", "predictions.npz", "manifest.json", "run_c
              "metrics.json", "metrics.manifest.json")
 
 # ---------------------------------------------------------------------------------------- reports
-RESULTS = "reports/results.parquet"
-STRUCTURE = "reports/structure_{dataset}"  # .json, .md, .manifest.json
+# the report's files, each a stem its step adds extensions to (.tex, .md, .html, ...)
+RESULTS = "reports/results.parquet"  # every run's metrics, long format, with provenance
+CURVES = "reports/training_curves.json"  # the runs' per-epoch records (DVC's plots)
+PSEUDO_LABEL_CURVES = "reports/pseudo_label_curves.json"
+STRUCTURE = "reports/structure_{dataset}"
+TABLE_TOTAL = "reports/table_total"
+TABLE_GROUPS = "reports/table_groups_{dataset}"
+FIT_TABLE = "reports/fit_{dataset}"
+PAIRED_TABLE = "reports/paired_{dataset}"
+ABLATION = "reports/ablation_{name}"  # its table, and its figure when it sweeps an option
+MAP_FIGURE = "reports/map_vs_gamma"
+INFERENCE_TIME = "reports/inference_time_{dataset}"
+NOISE_FIGURE = "reports/noise_level_{dataset}"
+PSEUDO_FIGURE = "reports/pseudo_labels_{dataset}"
+README_NUMBERS = "reports/readme_numbers.json"
 
 
 def gtag(gamma: float | str) -> str:

@@ -65,6 +65,7 @@ class Step:
     config_first: bool = False  # a run: its resolved config is written to {output.requested} before the command
     scheduling: str = ""  # words only Snakemake's job adds to ``command``: the cores and card slots it was given
     dvc_only: bool = False  # no Snakemake rule (DVC's own bookkeeping)
+    snakemake_only: bool = False  # no DVC stage (its inputs are lists DVC's templating cannot expand)
     shard: bool = False  # a run stage: written into each shard file of workflow/dvc/runs (dvc_yaml)
     note: str = ""  # the comment above the stage in dvc.yaml
 
@@ -122,6 +123,11 @@ def argv(words: str, values: dict) -> list[str]:
 def dvc_path(pattern: str, plain: bool) -> str:
     """A path pattern as a stage over a list writes it (``plain``: a list of names, whose fields are all ``${item}``)."""
     return L.dvc(pattern, item=None if plain else "item")
+
+
+def _files(stem: str, *extensions: str) -> dict:
+    """A report's files: NAME -> STEM.EXTENSION, named by the extension's first word (cells.json: cells)."""
+    return {ext.split(".")[0]: f"{stem}.{ext}" for ext in extensions}
 
 
 def _run_outputs(folder: str, noise_log: bool = True) -> dict:
@@ -276,8 +282,7 @@ STEPS: tuple[Step, ...] = (
         dvc_command="step aggregate --params dvc-params.json --runs runs --out {output.results} "
                     "--curves {output.curves} --pseudo-label-curves {output.pseudo_labels}",
         dvc_input={"runs": "runs"},
-        output={"results": L.RESULTS, "curves": "reports/training_curves.json",
-                "pseudo_labels": "reports/pseudo_label_curves.json"},
+        output={"results": L.RESULTS, "curves": L.CURVES, "pseudo_labels": L.PSEUDO_LABEL_CURVES},
         params=("grid",), code=("step", "aggregate"),
         note="Collects exactly the runs of the grid and the ablations, as Snakemake does (its input: their\n"
              "metrics files; DVC's: `runs`, which orders it after every train stage and holds nothing else that a\n"
@@ -289,7 +294,7 @@ STEPS: tuple[Step, ...] = (
                      "--out {output.json} --md {output.md}",
         over="${dvc.grid.datasets}",
         input={"labels": L.TRAIN_LABELS, "split": L.CLASS_SPLIT, "test": L.TEST_LABELS},
-        output={"json": L.STRUCTURE + ".json", "md": L.STRUCTURE + ".md", "manifest": L.STRUCTURE + ".manifest.json"},
+        output=_files(L.STRUCTURE, "json", "md", "manifest.json"),
         note="Each dataset's long-tailed subset beside VOC-MLT's and COCO-MLT's.",
     ),
     Step(
@@ -297,9 +302,8 @@ STEPS: tuple[Step, ...] = (
         computed=("labels", "methods"), dvc_values="report",
         dvc_command="table --results {input} --out {output.tex} --params dvc-params.json",
         input={"results": L.RESULTS},
-        output={"tex": "reports/table_total.tex", "md": "reports/table_total.md", "html": "reports/table_total.html",
-                "rendered": "reports/table_total.rendered.json"},
-        metrics={"cells": "reports/table_total.cells.json"},
+        output=_files(L.TABLE_TOTAL, "tex", "md", "html", "rendered.json"),
+        metrics=_files(L.TABLE_TOTAL, "cells.json"),
         params=("grid.methods", "methods"),
         note="Rows: grid.methods, titled by methods.*.label. rendered.json: where each cell stands in the files\n"
              "(noisymlt trace). Metrics: every cell's mean and CI (cells.METHOD/HEAD/DATASET/GAMMA.mean), for\n"
@@ -312,9 +316,7 @@ STEPS: tuple[Step, ...] = (
         dvc_command="table --results {input.results} --out {output.tex} --groups {dataset} "
                     "--train-labels {input.labels} --params dvc-params.json",
         input={"results": L.RESULTS, "labels": L.TRAIN_LABELS},
-        output={"tex": "reports/table_groups_{dataset}.tex", "md": "reports/table_groups_{dataset}.md",
-                "cells": "reports/table_groups_{dataset}.cells.json", "html": "reports/table_groups_{dataset}.html",
-                "rendered": "reports/table_groups_{dataset}.rendered.json"},
+        output=_files(L.TABLE_GROUPS, "tex", "md", "cells.json", "html", "rendered.json"),
         params=("grid.methods", "methods"),
         note="The train labels give the group thresholds it records, stated when scaled.",
     ),
@@ -324,8 +326,7 @@ STEPS: tuple[Step, ...] = (
         computed=("labels", "methods"), dvc_values="report", over="${dvc.grid.datasets}",
         dvc_command="fit-table --results {input} --dataset {dataset} --out {output.tex} --params dvc-params.json",
         input={"results": L.RESULTS},
-        output={"tex": "reports/fit_{dataset}.tex", "md": "reports/fit_{dataset}.md", "csv": "reports/fit_{dataset}.csv",
-                "html": "reports/fit_{dataset}.html"},
+        output=_files(L.FIT_TABLE, "tex", "md", "csv", "html"),
         params=("grid.methods", "methods"),
     ),
     Step(
@@ -333,7 +334,7 @@ STEPS: tuple[Step, ...] = (
         computed=("labels", "methods"), dvc_values="report",
         dvc_command="figure --results {input} --out {output.png} --params dvc-params.json",
         input={"results": L.RESULTS},
-        output={"png": "reports/map_vs_gamma.png", "pdf": "reports/map_vs_gamma.pdf"},
+        output=_files(L.MAP_FIGURE, "png", "pdf"),
         params=("grid.methods", "methods"),
         note="Lines: grid.methods (the compared methods only: the ablation variants have their figures); legend:\n"
              "methods.*.label.",
@@ -392,6 +393,47 @@ STEPS: tuple[Step, ...] = (
              "resumes from its last epoch) and cached, so a pulled run keeps its weights; Snakemake does not own it\n"
              "(it deletes a job's outputs before it runs). Metrics: mAP (%) per prediction head and group, one row\n"
              "per run folder (`dvc metrics show`).",
+    ),
+    # Snakemake only: each reads a list of runs that DVC's templating cannot expand, or measures time (not a result)
+    Step(
+        "table_paired", "paired-table --results {input} --dataset {dataset} --out {output.tex} --methods {methods} "
+                        "--labels {labels:q}",
+        computed=("labels", "methods"), snakemake_only=True, input={"results": L.RESULTS},
+        output=_files(L.PAIRED_TABLE, "tex", "md", "cells.json", "html"),
+    ),
+    Step(
+        "table_ablation", "table --results {input} --out {output.tex} --ablation-spec {spec:q} --labels {labels:q}",
+        computed=("spec", "labels"), snakemake_only=True, input={"results": L.RESULTS},
+        output=_files(L.ABLATION, "tex", "md", "cells.json", "rendered.json", "html"),
+    ),
+    Step(
+        "figure_sweep", "figure --results {input} --out {output.png} --ablation-spec {spec:q} --x {x:q}",
+        computed=("spec", "x"), snakemake_only=True, input={"results": L.RESULTS},
+        output=_files(L.ABLATION, "png", "pdf", "csv"),
+    ),
+    Step(
+        "inference_time", "inference-time --runs {runs} --test-labels {input.test} --train-images {train_images} "
+                          "--test-images {test_images} --batch-sizes {batch_sizes} --trials {trials} --labels {labels:q} "
+                          "--paper {paper:q} --out {output.tex}",
+        computed=("runs", "train_images", "test_images", "batch_sizes", "trials", "labels", "paper"),
+        snakemake_only=True, input={"test": L.TEST_LABELS},
+        output=_files(L.INFERENCE_TIME, "tex", "md", "json", "html"),
+    ),
+    Step(
+        "readme_numbers", "readme-numbers --results {input.results} --methods {methods} --labels {labels:q} "
+                          "--selection {input.selection} --structure {input.structure} --out {output}",
+        computed=("methods", "labels"), snakemake_only=True, input={"results": L.RESULTS},
+        output={"numbers": L.README_NUMBERS},
+    ),
+    Step(
+        "figure_noise_level", "noise-figure --logs {input} --out {output.png} --title {title:q} --smooth 5",
+        computed=("title",), snakemake_only=True, output=_files(L.NOISE_FIGURE, "png", "pdf", "csv", "md"),
+    ),
+    Step(
+        "figure_pseudo_labels", "pseudo-label-figure --run {run} --train-labels {input.noisy} --clean-labels "
+                                "{input.clean} --split {input.split} --train-images {train_images} --out {output.png}",
+        computed=("run", "train_images"), snakemake_only=True,
+        input={"clean": L.TRAIN_LABELS, "split": L.CLASS_SPLIT}, output=_files(L.PSEUDO_FIGURE, "png", "pdf"),
     ),
 )
 
