@@ -41,4 +41,4 @@ rule all:
         report_targets(),
         finished_work(),  # so that a rerun restores what a failed job deleted
         selection_targets(),  # every stage's scores, beside the choices the final runs read
-        "data/code",  # DVC's code digests: a Snakemake run can then be recorded with `dvc commit`
+        layout.CODE_DIR,  # DVC's code digests: a Snakemake run can then be recorded with `dvc commit`

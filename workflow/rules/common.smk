@@ -100,12 +100,12 @@ def argv(args):
 def train_images_ready(dataset):
     """COCO train images are fetched one by one for the subset only, after the long-tail step."""
     if kind(dataset) == "coco":
-        return f"{paths.train_images_dir(dataset)}/train2017/manifest.json"
+        return layout.fill(layout.TRAIN_IMAGES_READY, dataset=dataset)
     return raw_marker(dataset)
 
 
 def run_dir(w):
-    return f"runs/{w.dataset}/g{w.gamma}/s{w.seed}/{w.method}"
+    return layout.fill(layout.RUN, dataset=w.dataset, gamma=w.gamma, seed=w.seed, method=w.method)
 
 
 def resolved(w):
@@ -175,7 +175,7 @@ def sweep_values(w):
     """The swept Stitch-Up option's value for each method of a sweep ablation (its x axis)."""
     block = config["ablations"][w.name]
     if "sweep" not in block:
-        raise ValueError(f"reports/ablation_{w.name}.png: ablation {w.name} has no `sweep` key")
+        raise ValueError(f"{layout.fill(layout.ABLATION, name=w.name)}.png: ablation {w.name} has no `sweep` key")
     option = block["sweep"]["option"]
     return json.dumps({m: stitchup_option(config["methods"][m], option) for m in block["methods"]})
 
@@ -199,13 +199,13 @@ def figure_seeds(dataset):
 
 
 def figure_run(dataset, seed, name):
-    return f"runs/{dataset}/g{gtag(FIGURE_GAMMA)}/s{seed}/{FIGURE_METHOD}/{name}"
+    return layout.fill(layout.RUN, dataset=dataset, gamma=FIGURE_GAMMA, seed=seed, method=FIGURE_METHOD) + f"/{name}"
 
 
 def figure_logs(w):
     seeds = figure_seeds(w.dataset)
     if not seeds:
-        raise ValueError(f"reports/noise_level_{w.dataset}.png: the workflow trains no {FIGURE_METHOD} run at "
+        raise ValueError(f"{layout.fill(layout.NOISE_FIGURE, dataset=w.dataset)}.png: the workflow trains no {FIGURE_METHOD} run at "
                          f"gamma {FIGURE_GAMMA} on {w.dataset} (add them to grid.methods/gammas)")
     return [figure_run(w.dataset, s, "noise_level.jsonl") for s in seeds]
 
@@ -217,32 +217,28 @@ def figure_datasets():
 
 def timing_runs_trained(dataset):
     """The running-time table times runs the grid trains anyway (main grid or ablations), never extra ones."""
-    wanted = timing_runs(f"runs/{dataset}/g{{gamma}}/s{{seed}}/{{method}}")
-    return bool(wanted) and set(wanted) <= set(all_runs("runs/{dataset}/g{gamma}/s{seed}/{method}"))
+    wanted = timing_runs(layout.RUN.replace("{dataset}", dataset))
+    return bool(wanted) and set(wanted) <= set(all_runs(layout.RUN))
 
 
 def report_targets():
     """Every table and figure the grid's runs support, each as the file the report links."""
+    L, datasets = layout, GRID["datasets"]
     return [
-        *[f"reports/structure_{d}.md" for d in GRID["datasets"]],  # each dataset's structure beside VOC-MLT's
-        "reports/results.parquet",
-        "reports/table_total.tex",
-        *[f"reports/table_groups_{d}.tex" for d in GRID["datasets"]],
-        *[f"reports/fit_{d}.tex" for d in GRID["datasets"]],
-        *[f"reports/paired_{d}.tex" for d in GRID["datasets"] if "ours" in GRID["methods"]],
-        "reports/map_vs_gamma.png",
-        *[f"reports/ablation_{name}.tex" for name in selected_ablations()],
-        *[f"reports/ablation_{name}.png" for name, block in selected_ablations().items() if "sweep" in block],
-        *[f"reports/inference_time_{d}.tex" for d in GRID["datasets"] if timing_runs_trained(d)],
+        *[L.fill(L.STRUCTURE, dataset=d) + ".md" for d in datasets],  # each dataset's structure beside VOC-MLT's
+        L.RESULTS,
+        L.TABLE_TOTAL + ".tex",
+        *[L.fill(L.TABLE_GROUPS, dataset=d) + ".tex" for d in datasets],
+        *[L.fill(L.FIT_TABLE, dataset=d) + ".tex" for d in datasets],
+        *[L.fill(L.PAIRED_TABLE, dataset=d) + ".tex" for d in datasets if "ours" in GRID["methods"]],
+        L.MAP_FIGURE + ".png",
+        *[L.fill(L.ABLATION, name=name) + ".tex" for name in selected_ablations()],
+        *[L.fill(L.ABLATION, name=name) + ".png" for name, block in selected_ablations().items() if "sweep" in block],
+        *[L.fill(L.INFERENCE_TIME, dataset=d) + ".tex" for d in datasets if timing_runs_trained(d)],
         # the numbers the README quotes (the demo's grid: one dataset)
-        *(["reports/readme_numbers.json"] if len(GRID["datasets"]) == 1 else []),
-        *[f"reports/{fig}_{d}.png" for d in figure_datasets() for fig in ("noise_level", "pseudo_labels")],
+        *([L.README_NUMBERS] if len(datasets) == 1 else []),
+        *[L.fill(fig, dataset=d) + ".png" for d in figure_datasets() for fig in (L.NOISE_FIGURE, L.PSEUDO_FIGURE)],
     ]
-
-
-# A run's files: what train and evaluate write (checkpoint.pt is kept out of Snakemake's hands, see train.smk).
-RUN_FILES = ("requested_config.json", "predictions.npz", "manifest.json", "run_config.json", "noise_level.jsonl",
-             "metrics.json", "metrics.manifest.json")
 
 
 def finished_work():
@@ -255,10 +251,10 @@ def finished_work():
     for run in all_runs("{dataset}|{gamma}|{seed}|{method}"):
         dataset, gamma, seed, method = run.split("|")
         w = SimpleNamespace(dataset=dataset, gamma=gamma, seed=seed, method=method)
-        files += [f"{run_dir(w)}/{name}" for name in RUN_FILES]
-        files += [f"data/{dataset}/noisy/g{gamma}_s{seed}.{ext}" for ext in ("parquet", "json")]
-        files += [f"data/{dataset}/{name}" for name in ("train_source_labels.parquet", "test_labels.parquet",
-                                                        "train_labels.parquet", "class_split.json")]
+        files += [f"{run_dir(w)}/{name}" for name in layout.RUN_FILES]  # checkpoint.pt is not Snakemake's (train.smk)
+        files += [layout.fill(p, dataset=dataset, gamma=gamma, seed=seed) for p in (layout.NOISY, layout.NOISY_STATS)]
+        files += [layout.fill(p, dataset=dataset) for p in (layout.SOURCE_LABELS, layout.TEST_LABELS,
+                                                            layout.TRAIN_LABELS, layout.CLASS_SPLIT)]
         files += [f"{array[:-len('.npy')]}.{ext}" for array in run_caches(w) for ext in ("npy", "json")]
         files += [raw_marker(dataset), train_images_ready(dataset), *run_files(w)]
     return list(dict.fromkeys(files))

@@ -117,7 +117,7 @@ rule fetch_coco_train_images:
         **STEPS["train_images"].input,
         raw=lambda w: raw_marker(w.dataset),
     output:
-        "data/{dataset}/train_images/train2017/manifest.json",
+        layout.TRAIN_IMAGES_READY,
     params:
         args=lambda w, input: argv(
             paths.train_images_argv(config, w.dataset, input.labels, paths.train_images_dir(w.dataset))

@@ -23,6 +23,7 @@ TRAIN_LABELS = "data/{dataset}/train_labels.parquet"  # the clean long-tailed su
 TEST_LABELS = "data/{dataset}/test_labels.parquet"
 CLASS_SPLIT = "data/{dataset}/class_split.json"  # head / medium / tail
 TRAIN_IMAGES = "data/{dataset}/train_images"  # fetched train images (COCO), one writer per folder
+TRAIN_IMAGES_READY = "data/{dataset}/train_images/train2017/manifest.json"  # written once every image is there
 NOISY = "data/{dataset}/noisy/g{gamma}_s{seed}.parquet"  # one noisy copy of the subset per noise rate and seed
 NOISY_STATS = "data/{dataset}/noisy/g{gamma}_s{seed}.json"  # its measured noise
 CACHE = "data/{dataset}/cache/{part}.npy"  # decoded images of the train subset or the test set
@@ -31,6 +32,7 @@ CACHE_MANIFEST = "data/{dataset}/cache/{part}.manifest.json"
 PRETRAINED = "data/pretrained/{name}.pt"  # a backbone pretrained on the synthetic source task
 PRETRAINED_REPORT = "data/pretrained/{name}.json"
 PRETRAINED_MANIFEST = "data/pretrained/{name}.manifest.json"
+CODE_DIR = "data/code"  # the code digests DVC's stages depend on, one small file a step or a method
 CODE = "data/code/{command}.json"  # a step's code digest (DVC's code dependency)
 RUN_CODE = "data/code/train/{method}.json"  # a training run's code digest
 

@@ -167,7 +167,7 @@ STEPS: tuple[Step, ...] = (
     Step(
         "code_digests", "code-deps --params-json {config:q} --out {output}", computed=("config",),
         dvc_command="code-deps --params dvc-params.json --out {output}",
-        dvc_input={"code": "src/noisymlt"}, output={"code": "data/code"}, params=("methods",), code=("-",),
+        dvc_input={"code": "src/noisymlt"}, output={"code": L.CODE_DIR}, params=("methods",), code=("-",),
         note="DVC's code dependencies (data/code/COMMAND.json, data/code/train/METHOD.json): a file is rewritten only\n"
              "when the static import closure of its step changed. A method's losses are part of its training code\n"
              "(`methods`). Snakemake's rule writes the same files from its in-memory config (--params-json).",
