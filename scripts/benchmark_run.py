@@ -35,11 +35,12 @@ PHASES = ("setup", "fit", "predict", "fit_record", "outputs")
 
 def one_run(cfg: dict, params: dict, out: Path, profile: Path | None) -> dict[str, float]:
     from noisymlt.core.manifest import now
+    from noisymlt.pipeline import layout as L
     from noisymlt.pipeline.paths import image_root
     from noisymlt.training.trainer import Trainer
 
-    data = REPO / "data" / cfg["dataset"]
-    images = REPO / image_root(params, cfg["dataset"], "train")
+    d = cfg["dataset"]
+    images = REPO / image_root(params, d, "train")
     seconds = {}
     t = time.process_time()
 
@@ -50,11 +51,13 @@ def one_run(cfg: dict, params: dict, out: Path, profile: Path | None) -> dict[st
         t = now_t
 
     started = now()
-    trainer = Trainer(cfg, train_labels=data / "noisy" / f"g{cfg['gamma']:g}_s{cfg['seed']}.parquet",
-                      test_labels=data / "test_labels.parquet", split=data / "class_split.json",
+    trainer = Trainer(cfg, train_labels=REPO / L.fill(L.NOISY, dataset=d, gamma=cfg["gamma"], seed=cfg["seed"]),
+                      test_labels=REPO / L.fill(L.TEST_LABELS, dataset=d),
+                      split=REPO / L.fill(L.CLASS_SPLIT, dataset=d),
                       train_images=images, test_images=images, out_dir=out, device="cpu", progress=False,
-                      train_cache=data / "cache" / "train.npy", test_cache=data / "cache" / "test.npy",
-                      clean_labels=data / "train_labels.parquet")  # the noise-level log, as the workflow's job
+                      train_cache=REPO / L.fill(L.CACHE, dataset=d, part="train"),
+                      test_cache=REPO / L.fill(L.CACHE, dataset=d, part="test"),
+                      clean_labels=REPO / L.fill(L.TRAIN_LABELS, dataset=d))  # the noise log, as the workflow's job
     lap("setup")
     if profile is not None:
         import cProfile
@@ -94,6 +97,7 @@ def main() -> int:
     import importlib
 
     from noisymlt.config import load_params, resolve_run
+    from noisymlt.pipeline import layout as L
     from noisymlt.pipeline.preload import PRELOAD_MODULES
 
     for name in PRELOAD_MODULES:  # imported before the clock starts, as a preloaded job finds them
@@ -105,7 +109,9 @@ def main() -> int:
         last = r == args.repeat - 1
         cfg = resolve_run(params, args.dataset, args.method, args.gamma, args.seed)
         if args.cold_memo:
-            shutil.rmtree(REPO / "data" / args.dataset / "cache" / "trunk", ignore_errors=True)
+            # the trainer's memo folder, beside the train cache (noisymlt.training.inputs)
+            shutil.rmtree((REPO / L.fill(L.CACHE, dataset=args.dataset, part="train")).parent / "trunk",
+                          ignore_errors=True)
         with tempfile.TemporaryDirectory(prefix="noisymlt-bench-") as scratch:
             out = Path(scratch) / "run"
             runs.append(one_run(cfg, params, out, args.profile if last else None))

@@ -405,6 +405,10 @@ def end_to_end(ctx: dict) -> dict:
     (work / "fixed.yaml").write_text(yaml.safe_dump(FIXED_LAYER))
     params.append(str(work / "fixed.yaml"))
     d, g, s, method = E2E["dataset"], E2E["gamma"], E2E["seed"], E2E["method"]
+    from noisymlt.pipeline import layout as L
+    from noisymlt.pipeline.paths import run_dir
+
+    test, split = L.fill(L.TEST_LABELS, dataset=d), L.fill(L.CLASS_SPLIT, dataset=d)
     result = {"params": [os.path.relpath(p, REPO) if p.startswith(str(REPO)) else Path(p).stem + " layer"
                          for p in params],
               "quick_layer": QUICK_LAYER if ctx["quick"] else None, "fixed_layer": FIXED_LAYER, **E2E}
@@ -414,17 +418,18 @@ def end_to_end(ctx: dict) -> dict:
         P = ["--params", *params]
         noisymlt([*step, "raw", *P, "--dataset", d], work, log_path)
         for part in ("train_source", "test"):
-            noisymlt([*step, "parse", *P, "--dataset", d, "--part", part, "--out", f"data/{d}/{part}_labels.parquet"],
-                     work, log_path)
-        noisymlt([*step, "longtail", *P, "--dataset", d, "--labels", f"data/{d}/train_source_labels.parquet",
-                  "--out", f"data/{d}/train_labels.parquet", "--split-out", f"data/{d}/class_split.json"], work, log_path)
-        noisy = f"data/{d}/noisy/g{g}_s{s}.parquet"
-        noisymlt(["noise", "--labels", f"data/{d}/train_labels.parquet", "--gamma", str(g), "--seed", str(s),
-                  "--out", noisy, "--stats", noisy.replace(".parquet", ".json")], work, log_path)
-        noisymlt([*step, "pretrain", *P, "--name", "toy_glyphs", "--out", "data/pretrained/toy_glyphs.pt"], work, log_path)
+            noisymlt([*step, "parse", *P, "--dataset", d, "--part", part,
+                      "--out", L.fill(L.LABELS, dataset=d, part=part)], work, log_path)
+        noisymlt([*step, "longtail", *P, "--dataset", d, "--labels", L.fill(L.SOURCE_LABELS, dataset=d),
+                  "--out", L.fill(L.TRAIN_LABELS, dataset=d), "--split-out", split], work, log_path)
+        noisy = L.fill(L.NOISY, dataset=d, gamma=g, seed=s)
+        noisymlt(["noise", "--labels", L.fill(L.TRAIN_LABELS, dataset=d), "--gamma", str(g), "--seed", str(s),
+                  "--out", noisy, "--stats", L.fill(L.NOISY_STATS, dataset=d, gamma=g, seed=s)], work, log_path)
+        noisymlt([*step, "pretrain", *P, "--name", "toy_glyphs", "--out", L.fill(L.PRETRAINED, name="toy_glyphs")],
+                 work, log_path)
         for part in ("train", "test"):
-            noisymlt([*step, "cache-images", *P, "--dataset", d, "--part", part, "--out", f"data/{d}/cache/{part}.npy"],
-                     work, log_path)
+            noisymlt([*step, "cache-images", *P, "--dataset", d, "--part", part,
+                      "--out", L.fill(L.CACHE, dataset=d, part=part)], work, log_path)
         result["prepare_s"] = time.perf_counter() - t0
         for device in ("cpu", "cuda"):
             if device == "cuda" and ctx["device"] != "cuda":
@@ -435,14 +440,13 @@ def end_to_end(ctx: dict) -> dict:
                 result[device] = None
                 result[f"{device}_reason"] = f"time budget: {ctx['budget'].left():.0f} s left"
                 continue
-            run = f"runs/{device}/{d}/g{g}/s{s}/{method}"
+            run = run_dir(d, g, s, method, root=f"runs/{device}")
             t0 = time.perf_counter()
             noisymlt([*step, "train", *P, "--dataset", d, "--method", method, "--gamma", str(g), "--seed", str(s),
-                      "--train-labels", noisy, "--test-labels", f"data/{d}/test_labels.parquet",
-                      "--split", f"data/{d}/class_split.json", "--out", run, "--device", device], work, log_path)
+                      "--train-labels", noisy, "--test-labels", test, "--split", split, "--out", run,
+                      "--device", device], work, log_path)
             train_s = time.perf_counter() - t0
-            noisymlt(["evaluate", "--predictions", f"{run}/predictions.npz", "--test-labels",
-                      f"data/{d}/test_labels.parquet", "--split", f"data/{d}/class_split.json",
+            noisymlt(["evaluate", "--predictions", f"{run}/predictions.npz", "--test-labels", test, "--split", split,
                       "--out", f"{run}/metrics.json"], work, log_path)
             reports = f"reports/{device}"
             noisymlt(["aggregate", f"{run}/metrics.json", "--out", f"{reports}/results.parquet"], work, log_path)

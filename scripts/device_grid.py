@@ -85,8 +85,10 @@ def workdir(base: Path, methods: list[str]) -> tuple[Path, Path]:
 def snakemake_cmd(layer: Path, k: int, cores: int, dry: bool, methods: list[str]) -> list[str]:
     """The packed workflow up to each method's evaluated run (no report steps); targets first (a target after
     --resources is read as a resource)."""
+    from noisymlt.pipeline import layout as L
+
     threads = max(1, cores // k)
-    targets = [f"runs/{DATASET}/g{GAMMA}/s{SEED}/{m}/metrics.json" for m in methods]
+    targets = [L.fill(L.RUN, dataset=DATASET, gamma=GAMMA, seed=SEED, method=m) + "/metrics.json" for m in methods]
     return [sys.executable, "-m", "snakemake", *targets, "--profile", "workflow/profiles/smoke", "--configfile",
             "workflow/profiles/smoke/params.yaml", str(layer), "--resources", f"gpu={k}",
             "--set-resources", f"train:runs_per_gpu={k}", "--set-threads", f"train={threads}",
@@ -107,11 +109,12 @@ def measured_costs(work: Path, methods: list[str]) -> tuple[dict, float, float]:
     end: the packed training phase, without the data steps before it)."""
     import datetime as dt
 
+    from noisymlt.pipeline import layout as L
     from noisymlt.pipeline.gridwall import read_benchmark_seconds, run_cost
 
     costs, starts, ends = {}, [], []
     for m in methods:
-        run = work / "runs" / DATASET / f"g{GAMMA}" / f"s{SEED}" / m
+        run = work / L.fill(L.RUN, dataset=DATASET, gamma=GAMMA, seed=SEED, method=m)
         bench = work / "benchmarks" / "train" / f"{DATASET}_g{GAMMA}_s{SEED}_{m}.tsv"
         costs[m] = run_cost(run, read_benchmark_seconds(bench))
         timing = json.loads((run / "manifest.timing.json").read_text())

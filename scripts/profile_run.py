@@ -66,6 +66,7 @@ def main() -> int:
     import noisymlt.cli as cli
     import noisymlt.training.trainer  # noqa: F401  (what the preload server imports once)
     from noisymlt.config import load_params
+    from noisymlt.pipeline import layout as L
     from noisymlt.pipeline.paths import image_root
 
     imports = round(time.perf_counter() - start, 2)
@@ -74,15 +75,16 @@ def main() -> int:
 
     calibration = calibrate()
     root = Path(args.repo).resolve()
-    run = root / "runs" / args.dataset / f"g{args.gamma}" / f"s{args.seed}" / args.method
+    run = root / L.fill(L.RUN, dataset=args.dataset, gamma=args.gamma, seed=args.seed, method=args.method)
     os.chdir(root)
     params = load_params(*args.params)
-    data = f"data/{args.dataset}"
+    d = args.dataset
     out = Path(tempfile.mkdtemp(prefix="noisymlt-profile-")) / args.method
     argv = ["train", "--run-config", str(run / "run_config.json"),
-            "--train-labels", f"{data}/noisy/g{args.gamma}_s{args.seed}.parquet",
-            "--test-labels", f"{data}/test_labels.parquet", "--split", f"{data}/class_split.json",
-            "--train-cache", f"{data}/cache/train.npy", "--test-cache", f"{data}/cache/test.npy",
+            "--train-labels", L.fill(L.NOISY, dataset=d, gamma=args.gamma, seed=args.seed),
+            "--test-labels", L.fill(L.TEST_LABELS, dataset=d), "--split", L.fill(L.CLASS_SPLIT, dataset=d),
+            "--train-cache", L.fill(L.CACHE, dataset=d, part="train"),
+            "--test-cache", L.fill(L.CACHE, dataset=d, part="test"),
             "--train-images", image_root(params, args.dataset, "train"),
             "--test-images", image_root(params, args.dataset, "test"), "--out", str(out), "--no-progress"]
     profile = cProfile.Profile()

@@ -66,8 +66,7 @@ def run_code(w):
 GRID = config["grid"]
 
 
-def gtag(gamma):
-    return paths.gtag(gamma)
+from noisymlt.pipeline.layout import gtag  # a noise rate as paths write it
 
 
 def kind(dataset):

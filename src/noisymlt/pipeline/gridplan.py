@@ -58,12 +58,16 @@ def planned_noisy_labels(params: dict, dataset: str, gamma: float, seed: int, da
     """(noisy labels, class split, where they came from) for one (dataset, gamma, seed) of the grid."""
     from noisymlt.data.labels import read_class_split, read_labels, split_from_counts
     from noisymlt.data.noise import inject_noise
-    from noisymlt.pipeline.paths import dataset_block, gtag
+    from noisymlt.pipeline import layout as L
+    from noisymlt.pipeline.paths import dataset_block
 
-    folder = Path(data_root) / dataset
-    noisy_file = folder / "noisy" / f"g{gtag(gamma)}_s{int(seed)}.parquet"
-    if noisy_file.is_file() and (folder / "class_split.json").is_file():
-        return read_labels(noisy_file).labels, read_class_split(folder / "class_split.json"), str(noisy_file)
+    def under_root(path: str) -> Path:  # a file of the layout's data folder, under data_root instead
+        return Path(data_root, *Path(path).parts[1:])
+
+    noisy_file = under_root(L.fill(L.NOISY, dataset=dataset, gamma=gamma, seed=seed))
+    split_file = under_root(L.fill(L.CLASS_SPLIT, dataset=dataset))
+    if noisy_file.is_file() and split_file.is_file():
+        return read_labels(noisy_file).labels, read_class_split(split_file), str(noisy_file)
     kind = dataset_block(params, dataset)["kind"]
     if kind not in PUBLISHED_SUBSETS:
         raise NoisyMLTError(f"{noisy_file}: missing, and dataset {dataset!r} (kind {kind}) has no published "

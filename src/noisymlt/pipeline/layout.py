@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import string
+from pathlib import PurePath
 
 # ---------------------------------------------------------------------------------------- data
 SOURCE_LABELS = "data/{dataset}/train_source_labels.parquet"  # every labelled train image of the source
@@ -75,6 +76,11 @@ def gtag(gamma: float | str) -> str:
     """A noise rate as written in paths: Python's float text, as DVC's ``${...}`` interpolation writes the params'
     floats (0.5 -> '0.5', 0 -> '0.0'), so both tools name the same folders."""
     return str(float(gamma))
+
+
+def stage_file_of(choice: str | PurePath) -> str:
+    """The stage file beside a choice file (CHOICE_FILE -> STAGE_FILE of the same stage: the scores behind it)."""
+    return str(choice).replace(CHOICE_FILE.rpartition("}")[2], STAGE_FILE.rpartition("}")[2])
 
 
 def fields(pattern: str) -> list[str]:

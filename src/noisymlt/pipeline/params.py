@@ -90,6 +90,7 @@ def _sha256(path: Path) -> str:
 def dvc_block(params: dict, layers: list[str]) -> dict:
     from noisymlt.data import assets
     from noisymlt.data.assets import run_files
+    from noisymlt.pipeline import layout as L
     from noisymlt.pipeline import paths, selection
     from noisymlt.config import resolve_run
     from noisymlt.core.manifest import run_id
@@ -109,10 +110,10 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
         resolved = resolve_run(params, dataset, method, gamma, seed, chosen=chosen, chosen_by=choice or "")
         weights = resolved["train"].get("weights_path")
         name = Path(weights).stem if weights else None
-        if weights and weights == f"data/pretrained/{name}.pt" and name in params.get("pretrain", {}):
+        if weights and weights == L.fill(L.PRETRAINED, name=name) and name in params.get("pretrain", {}):
             pretrain.append(name)
         marker = paths.raw_marker(params, dataset)
-        key = f"{dataset}-{paths.gtag(gamma)}-{seed}-{method}"
+        key = f"{dataset}-{L.gtag(gamma)}-{seed}-{method}"
         embeddings = resolved["method_cfg"].get("embeddings_file")
         runs[key] = {
             "dataset": dataset, "gamma": gamma, "seed": seed, "method": method, "raw_marker": marker,
@@ -185,6 +186,7 @@ def selection_block(params: dict, runs: dict) -> dict:
                        candidate_configs (a later stage's chosen values come in through `previous`)
       selections       DATASET-METHOD-STAGE -> one select stage over the candidates under `dir`"""
     from noisymlt.config import resolve_run
+    from noisymlt.pipeline import layout as L
     from noisymlt.pipeline import selection as S
     from noisymlt.pipeline import paths
     from noisymlt.core.manifest import run_id
@@ -201,14 +203,16 @@ def selection_block(params: dict, runs: dict) -> dict:
             out["select_sets"][f"{dataset}-{gamma}-{seed}"] = {"dataset": dataset, "gamma": gamma, "seed": seed}
         for part in ("fit", "val"):
             out["select_caches"][f"{dataset}-{part}"] = {
-                "dataset": dataset, "part": part, "labels": S.part_path(dataset, *sets[0], part),
+                "dataset": dataset, "part": part,
+                "labels": L.fill(L.SELECT_PART, dataset=dataset, gamma=sets[0][0], seed=sets[0][1], part=part),
                 "images": next(r["images"] for r in runs.values() if r["dataset"] == dataset)}
         for method in owners:
             for stage in range(1, len(S.stages(params, method)) + 1):
-                previous = S.choice_file(dataset, method, stage - 1) if stage > 1 else S.split_path(dataset)
+                previous = (S.choice_file(dataset, method, stage - 1) if stage > 1
+                            else L.fill(L.SELECT_SPLIT, dataset=dataset))
                 out["selections"][f"{dataset}-{method}-{stage}"] = {
                     "dataset": dataset, "method": method, "stage": stage, "previous": previous,
-                    "dir": S.stage_dir(dataset, method, stage)}
+                    "dir": L.fill(L.STAGE_DIR, dataset=dataset, method=method, stage=stage)}
                 for tag, values in S.candidates(params, method, stage):
                     for gamma, seed in sets:
                         key = f"{dataset}-{method}-{stage}-{gamma}-{seed}-{tag}"

@@ -5,7 +5,8 @@ data are generated, VOC/COCO downloaded, each kind has its own folder layout) an
 the run grid into a file list. ``noisymlt step <name> --params params.yaml --dataset NAME ...``
 does that resolution here, prints the equivalent explicit command and runs it, so dvc.yaml calls
 the same commands on the same paths as the Snakemake rules. ``workflow/rules/common.smk`` can build
-its commands from these functions too, so the layout is written down once.
+its commands from these functions too, so the layout is written down once. The path patterns themselves are
+``noisymlt.pipeline.layout``'s; only the raw folders, which depend on a dataset's kind, are spelled here.
 """
 
 from __future__ import annotations
@@ -16,15 +17,10 @@ import shlex
 from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
+from noisymlt.pipeline import layout as L
 
 PARTS = ("train_source", "test")
 CACHE_PARTS = ("train", "test")
-
-
-def gtag(gamma: float) -> str:
-    """Noise rate as written in paths: Python's float text, as DVC's ``${...}`` interpolation writes it
-    (0.5 -> '0.5', 0 -> '0.0'), so both tools name the same folders."""
-    return str(float(gamma))
 
 
 def dataset_block(params: dict, name: str) -> dict:
@@ -51,7 +47,7 @@ def raw_marker(params: dict, name: str) -> str:
 def train_images_dir(name: str) -> str:
     """COCO train images of a dataset's subset (fetched one by one after the long-tail step). They
     live beside the dataset, not in the raw folder, so that every folder has exactly one writer."""
-    return f"data/{name}/train_images"
+    return L.fill(L.TRAIN_IMAGES, dataset=name)
 
 
 def image_root(params: dict, name: str, part: str) -> str:
@@ -143,18 +139,6 @@ def pretrain_argv(params: dict, name: str, out: str) -> list[str]:
     return ["pretrain", "--config", json.dumps(blocks[name], sort_keys=True), "--out", out, "--no-progress"]
 
 
-def cache_path(name: str, part: str) -> str:
-    """Decoded-image cache of a dataset's train subset ('train') or test set ('test'); index beside it (.json)."""
-    if part not in CACHE_PARTS:
-        raise NoisyMLTError(f"--part must be one of {', '.join(CACHE_PARTS)}, got {part!r}")
-    return f"data/{name}/cache/{part}.npy"
-
-
-def cache_labels(name: str, part: str) -> str:
-    """The label table a cache holds the images of (the noisy copies share the subset's rows)."""
-    return f"data/{name}/{'train' if part == 'train' else 'test'}_labels.parquet"
-
-
 def cache_size(params: dict, name: str) -> int:
     """train.cache_size with the dataset's train block over it: one cache per dataset, shared by its runs."""
     from noisymlt.config import deep_merge
@@ -166,8 +150,10 @@ def cache_size(params: dict, name: str) -> int:
 
 
 def cache_argv(params: dict, name: str, part: str, out: str) -> list[str]:
-    """`noisymlt cache-images` of a dataset's train subset or test set at its cache size."""
-    return ["cache-images", "--labels", cache_labels(name, part), "--images", image_root(params, name, part),
+    """`noisymlt cache-images` of a dataset's train subset or test set at its cache size (the train cache holds the
+    subset's images, whose rows the noisy copies share)."""
+    labels = L.fill(L.LABELS, dataset=name, part="train" if part == "train" else "test")
+    return ["cache-images", "--labels", labels, "--images", image_root(params, name, part),
             "--size", str(cache_size(params, name)), "--out", out, "--no-progress"]
 
 
@@ -175,7 +161,8 @@ def cache_args(name: str, loader: str) -> list[str]:
     """The train command's cache arguments for a run whose train.loader is ``loader``."""
     if loader != "cache":
         return []
-    return ["--train-cache", cache_path(name, "train"), "--test-cache", cache_path(name, "test")]
+    return ["--train-cache", L.fill(L.CACHE, dataset=name, part="train"),
+            "--test-cache", L.fill(L.CACHE, dataset=name, part="test")]
 
 
 def select_split_argv(params: dict, dataset: str, out: str) -> list[str]:
@@ -190,16 +177,18 @@ def select_split_argv(params: dict, dataset: str, out: str) -> list[str]:
 def select_cache_argv(params: dict, dataset: str, part: str, out: str) -> list[str]:
     """`noisymlt cache-images` of the fit or val images, from the first selection set's table of that part (the
     other sets' tables hold the same rows, which is all a cache checks)."""
-    from noisymlt.pipeline.selection import part_path, selection_sets
+    from noisymlt.pipeline.selection import selection_sets
 
     gamma, seed = selection_sets(params)[0]
-    return ["cache-images", "--labels", part_path(dataset, gamma, seed, part),
+    return ["cache-images", "--labels", L.fill(L.SELECT_PART, dataset=dataset, gamma=gamma, seed=seed, part=part),
             "--images", image_root(params, dataset, "train"), "--size", str(cache_size(params, dataset)),
             "--out", out, "--no-progress"]
 
 
 def run_dir(dataset: str, gamma: float, seed: int, method: str, root: str = "runs") -> str:
-    return f"{root}/{dataset}/g{gtag(gamma)}/s{int(seed)}/{method}"
+    """A run's folder (layout.RUN), with ``root`` in place of its first component, the runs folder."""
+    path = L.fill(L.RUN, dataset=dataset, gamma=gamma, seed=seed, method=method)
+    return root + path[path.index("/"):]
 
 
 CLEAN = 0.0  # the noise rate of the clean column: the noise step copies the clean labels
@@ -298,7 +287,7 @@ def _cmd_cache_images(args: argparse.Namespace) -> int:
 def expect_code(method: str) -> list[str]:
     """A DVC train stage's code dependency (data/code/train/METHOD.json), which the job checks against the code
     it loads: a source edited since `code_digests` ran stops the job instead of training under another name."""
-    path = Path(f"data/code/train/{method}.json")
+    path = Path(L.fill(L.RUN_CODE, method=method))
     return ["--expect-code", str(path)] if path.is_file() else []
 
 
@@ -327,14 +316,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config.parent.mkdir(parents=True, exist_ok=True)
     write_text(config, requested_config(params, args.dataset, args.method, args.gamma, args.seed, choice) + "\n")
     loader = resolved["train"].get("loader", "pil")  # chosen values never set the loader
+    clean = L.fill(L.TRAIN_LABELS, dataset=args.dataset)
     argv = ["train", "--run-config", str(config), "--train-labels", args.train_labels,
             "--test-labels", args.test_labels, "--split", args.split,
             "--train-images", image_root(params, args.dataset, "train"),
             "--test-images", image_root(params, args.dataset, "test"), *cache_args(args.dataset, loader),
             "--out", args.out, "--no-progress", "--keep-stale", *expect_code(args.method),
-            "--clean-labels", f"data/{args.dataset}/train_labels.parquet",  # the noise log only (analysis)
-            "--provenance", f"raw_manifest={raw_marker(params, args.dataset)}",
-            f"clean_subset=data/{args.dataset}/train_labels.parquet"]
+            "--clean-labels", clean,  # the noise log only (analysis)
+            "--provenance", f"raw_manifest={raw_marker(params, args.dataset)}", f"clean_subset={clean}"]
     argv += ["--selection", choice] if choice else []
     return _train_then_evaluate(argv + ["--device", args.device], Path(args.out), args.test_labels, args.split,
                                 args.evaluate)
@@ -369,9 +358,11 @@ def _cmd_train_candidate(args: argparse.Namespace) -> int:
     if cfg["train"].get("loader", "pil") == "cache":
         caches = ["--train-cache", S.cache_path(args.dataset, "fit"), "--test-cache", S.cache_path(args.dataset, "val")]
     images = image_root(params, args.dataset, "train")
-    val, split = S.part_path(args.dataset, args.gamma, args.seed, "val"), f"data/{args.dataset}/class_split.json"
+    fit, val = (L.fill(L.SELECT_PART, dataset=args.dataset, gamma=args.gamma, seed=args.seed, part=part)
+                for part in ("fit", "val"))
+    split = L.fill(L.CLASS_SPLIT, dataset=args.dataset)
     return _train_then_evaluate(["train", "--run-config", str(out / "requested_config.json"),
-                                 "--train-labels", S.part_path(args.dataset, args.gamma, args.seed, "fit"),
+                                 "--train-labels", fit,
                                  "--test-labels", val, "--split", split, "--train-images", images,
                                  "--test-images", images, *caches, "--out", str(out), "--device", args.device,
                                  "--no-progress", "--keep-stale", *expect_code(args.method)],

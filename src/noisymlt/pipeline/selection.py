@@ -32,6 +32,7 @@ from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.options import BRANCH_NAMES
 from noisymlt.config import PSEUDO_KEYS, chosen_that_apply, method_entry, threshold_groups, uses_pseudo_labels
 from noisymlt.core.files import write_json
+from noisymlt.pipeline import layout as L
 
 log = logging.getLogger(__name__)
 
@@ -48,42 +49,26 @@ def tie_rule(block: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------ layout
-
-def gtag(gamma: float) -> str:
-    return str(float(gamma))
-
-
-def split_path(dataset: str) -> str:
-    return f"data/{dataset}/select/split.json"
-
-
-def part_path(dataset: str, gamma: float, seed: int, part: str) -> str:
-    """The fit ('fit') or validation ('val') table of one selection set: noisy labels only."""
-    return f"data/{dataset}/select/g{gtag(gamma)}_s{int(seed)}_{part}.parquet"
-
+# The patterns are noisymlt.pipeline.layout's; these fill the ones the Snakemake rules ask for by name.
 
 def cache_path(dataset: str, part: str) -> str:
     """Decoded-image cache of the fit or val images (every selection set has the same rows)."""
-    return f"data/{dataset}/cache/select_{part}.npy"
-
-
-def stage_dir(dataset: str, method: str, stage: int) -> str:
-    return f"runs/{dataset}/select/{method}/stage{stage}"
+    return L.fill(L.SELECT_CACHE, dataset=dataset, part=part)
 
 
 def candidate_dir(dataset: str, method: str, stage: int, gamma: float, seed: int, tag: str) -> str:
-    return f"{stage_dir(dataset, method, stage)}/g{gtag(gamma)}/s{int(seed)}/{tag}"
+    return L.fill(L.CANDIDATE, dataset=dataset, method=method, stage=stage, gamma=gamma, seed=seed, tag=tag)
 
 
 def stage_file(dataset: str, method: str, stage: int) -> str:
     """Every candidate's scores and the choice so far; the last stage's file holds every stage."""
-    return f"runs/{dataset}/select/{method}/stage{stage}.json"
+    return L.fill(L.STAGE_FILE, dataset=dataset, method=method, stage=stage)
 
 
 def choice_file(dataset: str, method: str, stage: int) -> str:
     """The values chosen up to a stage, nothing else: what later stages and final runs read, so that a
     rerun selection that chooses the same values leaves their inputs as they were (DVC hashes content)."""
-    return f"runs/{dataset}/select/{method}/stage{stage}.choice.json"
+    return L.fill(L.CHOICE_FILE, dataset=dataset, method=method, stage=stage)
 
 
 # ------------------------------------------------------------------------------------------ params
@@ -334,7 +319,7 @@ def select_stage(params: dict, dataset: str, method: str, stage: int, runs: str 
         for gamma, seed in sets:
             path = root / candidate_dir(dataset, method, stage, gamma, seed, tag) / "metrics.json"
             score, head, run = candidate_score(path)
-            scores[f"g{gtag(gamma)}_s{seed}"], ids[f"g{gtag(gamma)}_s{seed}"] = round(score, 4), run
+            scores[f"g{L.gtag(gamma)}_s{seed}"], ids[f"g{L.gtag(gamma)}_s{seed}"] = round(score, 4), run
         rows.append({"tag": tag, "values": values, "scores": scores, "mean": round(float(np.mean(list(scores.values()))), 4),
                      "run_ids": ids})
     best, tied = choose([r["mean"] for r in rows], [r["values"] for r in rows], params["selection"])
@@ -349,7 +334,7 @@ def select_stage(params: dict, dataset: str, method: str, stage: int, runs: str 
         "chosen": chosen,
     }
     if previous:
-        earlier = json.loads(Path(str(previous).replace(".choice.json", ".json")).read_text())
+        earlier = json.loads(Path(L.stage_file_of(previous)).read_text())
         record["earlier_stages"] = earlier.get("earlier_stages", []) + [
             {k: earlier.get(k) for k in ("stage", "keys", "candidates", "tie_margin", "tied", "winner", "chosen")}]
     write_json(root / stage_file(dataset, method, stage), record)
@@ -362,7 +347,7 @@ def select_stage(params: dict, dataset: str, method: str, stage: int, runs: str 
 
 def split_tables(params: dict, dataset: str) -> dict[str, str]:
     """The noisy tables the split is stratified on, one per selection set, by name (g0.5_s0)."""
-    return {f"g{gtag(g)}_s{s}": f"data/{dataset}/noisy/g{gtag(g)}_s{s}.parquet" for g, s in selection_sets(params)}
+    return {f"g{L.gtag(g)}_s{s}": L.fill(L.NOISY, dataset=dataset, gamma=g, seed=s) for g, s in selection_sets(params)}
 
 
 def _cmd_split(args: argparse.Namespace) -> int:
@@ -370,7 +355,8 @@ def _cmd_split(args: argparse.Namespace) -> int:
     for item in args.noisy:
         name, sep, path = item.partition("=")
         if not sep:
-            raise NoisyMLTError(f"--noisy {item}: expected NAME=FILE (e.g. g0.5_s0=data/voc/noisy/g0.5_s0.parquet)")
+            example = L.fill(L.NOISY, dataset="voc", gamma=0.5, seed=0)
+            raise NoisyMLTError(f"--noisy {item}: expected NAME=FILE (e.g. g0.5_s0={example})")
         tables[name] = Path(path)
     if not 0 < args.held_out <= 0.5:
         raise NoisyMLTError(f"--held-out {args.held_out}: must lie in (0, 0.5]")

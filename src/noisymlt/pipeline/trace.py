@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from noisymlt.core.manifest import file_sha256
+from noisymlt.pipeline import layout as L
 
 GROUPS_AND_TOTAL = ("total", "head", "medium", "tail")
 
@@ -202,7 +203,7 @@ def selection_report(cfg: dict) -> tuple[list[str], list[str]]:
         return [], []
     values = " ".join(f"{k}={v:g}" for k, v in selected["values"].items())
     lines = [f"selected {values}  (choice {selected['by']})"]
-    stage_path = Path(str(selected["by"]).replace(".choice.json", ".json"))
+    stage_path = Path(L.stage_file_of(selected["by"]))
     try:
         record = json.loads(stage_path.read_text())
     except (OSError, ValueError):
