@@ -60,11 +60,9 @@ ALLOWED = {
         "a glob shown to the README's reader (runs/*/select/) where a selection record names no file; and the "
         "report layer sits below noisymlt.pipeline, so it may not import the layout (.importlinter)",
     ("src/noisymlt/pipeline/steps.py", "data/code"):
-        "the code_digests step's output folder (CODE's folder) and its note; the step declarations are edited "
-        "apart from this change: to ask layout.CODE there",
+        "prose: the code_digests step's note, written as a comment into dvc.yaml (its files: layout.CODE_DIR)",
     ("src/noisymlt/pipeline/dvc_yaml.py", "data/code"):
-        "the header of the written dvc.yaml (documentation) and each stage's code dependency data/code/CMD.json "
-        "(layout.CODE spelled again); dvc_yaml.py is edited apart from this change: to ask layout.CODE there",
+        "prose: the header comment of the written dvc.yaml (each stage's code dependency: layout.CODE)",
 }
 
 

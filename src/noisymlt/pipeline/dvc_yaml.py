@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from noisymlt.pipeline import layout as L
 from noisymlt.pipeline.steps import PARAMS_FILE, STEPS, Out, Step, dvc_path
 
 # The run stages are spread over this many dvc.yaml files (workflow/dvc/runs/00 .. 15): DVC rewrites a stage's
@@ -135,7 +136,7 @@ def stage(step: Step) -> dict:
         body["wdir"] = "../../../.."
     body["cmd"] = f"{PRELOAD} python -m noisymlt {_render(step, command, plain)}"
     deps = [dvc_path(p, plain) for p in (*step.input.values(), *step.dvc_input.values())]
-    deps += [dvc_path(f"data/code/{c}.json", plain) for c in step.code_words() if c != "-"]
+    deps += [dvc_path(L.CODE.replace("{command}", c), plain) for c in step.code_words() if c != "-"]
     if deps:
         body["deps"] = deps
     if step.params:
