@@ -174,7 +174,7 @@ def sweep_values(w):
     """The swept Stitch-Up option's value for each method of a sweep ablation (its x axis)."""
     block = config["ablations"][w.name]
     if "sweep" not in block:
-        raise ValueError(f"{layout.fill(layout.ABLATION, name=w.name)}.png: ablation {w.name} has no `sweep` key")
+        raise ValueError(f"{layout.ext(layout.fill(layout.ABLATION, name=w.name), 'png')}: ablation {w.name} has no `sweep` key")
     option = block["sweep"]["option"]
     return json.dumps({m: stitchup_option(config["methods"][m], option) for m in block["methods"]})
 
@@ -198,13 +198,13 @@ def figure_seeds(dataset):
 
 
 def figure_run(dataset, seed, name):
-    return layout.fill(layout.RUN, dataset=dataset, gamma=FIGURE_GAMMA, seed=seed, method=FIGURE_METHOD) + f"/{name}"
+    return layout.within(layout.fill(layout.RUN, dataset=dataset, gamma=FIGURE_GAMMA, seed=seed, method=FIGURE_METHOD), name)
 
 
 def figure_logs(w):
     seeds = figure_seeds(w.dataset)
     if not seeds:
-        raise ValueError(f"{layout.fill(layout.NOISE_FIGURE, dataset=w.dataset)}.png: the workflow trains no {FIGURE_METHOD} run at "
+        raise ValueError(f"{layout.ext(layout.fill(layout.NOISE_FIGURE, dataset=w.dataset), 'png')}: the workflow trains no {FIGURE_METHOD} run at "
                          f"gamma {FIGURE_GAMMA} on {w.dataset} (add them to grid.methods/gammas)")
     return [figure_run(w.dataset, s, "noise_level.jsonl") for s in seeds]
 
@@ -224,19 +224,19 @@ def report_targets():
     """Every table and figure the grid's runs support, each as the file the report links."""
     L, datasets = layout, GRID["datasets"]
     return [
-        *[L.fill(L.STRUCTURE, dataset=d) + ".md" for d in datasets],  # each dataset's structure beside VOC-MLT's
+        *[L.ext(L.fill(L.STRUCTURE, dataset=d), "md") for d in datasets],  # each dataset's structure beside VOC-MLT's
         L.RESULTS,
-        L.TABLE_TOTAL + ".tex",
-        *[L.fill(L.TABLE_GROUPS, dataset=d) + ".tex" for d in datasets],
-        *[L.fill(L.FIT_TABLE, dataset=d) + ".tex" for d in datasets],
-        *[L.fill(L.PAIRED_TABLE, dataset=d) + ".tex" for d in datasets if "ours" in GRID["methods"]],
-        L.MAP_FIGURE + ".png",
-        *[L.fill(L.ABLATION, name=name) + ".tex" for name in selected_ablations()],
-        *[L.fill(L.ABLATION, name=name) + ".png" for name, block in selected_ablations().items() if "sweep" in block],
-        *[L.fill(L.INFERENCE_TIME, dataset=d) + ".tex" for d in datasets if timing_runs_trained(d)],
+        L.ext(L.TABLE_TOTAL, "tex"),
+        *[L.ext(L.fill(L.TABLE_GROUPS, dataset=d), "tex") for d in datasets],
+        *[L.ext(L.fill(L.FIT_TABLE, dataset=d), "tex") for d in datasets],
+        *[L.ext(L.fill(L.PAIRED_TABLE, dataset=d), "tex") for d in datasets if "ours" in GRID["methods"]],
+        L.ext(L.MAP_FIGURE, "png"),
+        *[L.ext(L.fill(L.ABLATION, name=name), "tex") for name in selected_ablations()],
+        *[L.ext(L.fill(L.ABLATION, name=name), "png") for name, block in selected_ablations().items() if "sweep" in block],
+        *[L.ext(L.fill(L.INFERENCE_TIME, dataset=d), "tex") for d in datasets if timing_runs_trained(d)],
         # the numbers the README quotes (the demo's grid: one dataset)
         *([L.README_NUMBERS] if len(datasets) == 1 else []),
-        *[L.fill(fig, dataset=d) + ".png" for d in figure_datasets() for fig in (L.NOISE_FIGURE, L.PSEUDO_FIGURE)],
+        *[L.ext(L.fill(fig, dataset=d), "png") for d in figure_datasets() for fig in (L.NOISE_FIGURE, L.PSEUDO_FIGURE)],
     ]
 
 

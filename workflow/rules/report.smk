@@ -3,7 +3,7 @@
 
 rule aggregate:
     input:
-        all_runs(layout.RUN + "/metrics.json"),
+        all_runs(layout.within(layout.RUN, "metrics.json")),
     output:
         # curves, pseudo_labels: the runs' per-epoch records in the layout DVC's plots read (dvc.yaml's `plots`)
         **STEPS["aggregate"].outputs(),
@@ -176,7 +176,7 @@ rule figure_sweep:
 
 rule inference_time:
     input:
-        runs=timing_runs(layout.RUN.replace("{dataset}", "{{dataset}}") + "/manifest.json"),
+        runs=timing_runs(layout.within(layout.RUN.replace("{dataset}", "{{dataset}}"), "manifest.json")),
         **STEPS["inference_time"].input,
     output:
         **STEPS["inference_time"].outputs(
@@ -209,7 +209,7 @@ rule readme_numbers:
     input:
         **STEPS["readme_numbers"].input,
         selection=lambda w: readme_selection(),  # select.smk
-        structure=expand(layout.STRUCTURE + ".json", dataset=GRID["datasets"]),  # the demo's: one dataset
+        structure=expand(layout.ext(layout.STRUCTURE, "json"), dataset=GRID["datasets"]),  # the demo's: one dataset
     output:
         **STEPS["readme_numbers"].outputs(),
     params:

@@ -97,6 +97,16 @@ def fill(pattern: str, **values) -> str:
     return pattern.format(**values)
 
 
+def within(folder: str, name: str) -> str:
+    """A file in a folder pattern (a run's manifest.json), still a pattern."""
+    return f"{folder}/{name}"
+
+
+def ext(stem: str, extension: str) -> str:
+    """A report's file: its stem pattern with an extension (``ext(TABLE_TOTAL, "tex")``)."""
+    return f"{stem}.{extension}"
+
+
 def part(pattern: str, name: str) -> str:
     """A pattern with its ``part`` field fixed (a rule or stage per part: the selection's fit and val tables)."""
     return pattern.replace("{part}", name)

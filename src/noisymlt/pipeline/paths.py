@@ -229,14 +229,22 @@ def _run(argv: list[str]) -> int:
     return main(argv)
 
 
-def _train_then_evaluate(train: list[str], out: Path, test_labels: str, split: str, evaluate: bool) -> int:
-    """A training, then (``evaluate``) its evaluation as Snakemake's train job runs it after training, in this
-    process: a DVC stage runs one command, whose imports serve both."""
-    code = _run(train)
+def _run_declared(name: str, values: dict, device: str, evaluate: bool) -> int:
+    """A run's declared command (noisymlt.pipeline.steps: ``train`` or ``train_candidate``, the words Snakemake's
+    job runs) with this run's values, on ``device``; then (``evaluate``) its evaluation, as the job runs it after
+    training, in this process: a DVC stage runs one command, whose imports serve both."""
+    from noisymlt.pipeline.steps import argv, by_name
+
+    step = by_name()[name]
+    code = _run(argv(step.command, values) + ["--device", device])
     if code or not evaluate:
         return code
-    return _run(["evaluate", "--predictions", str(out / "predictions.npz"), "--test-labels", test_labels,
-                 "--split", split, "--out", str(out / "metrics.json"), "--map-out", str(out / "map.json")])
+    return _run(argv(step.then, values))
+
+
+def _run_outputs(out: str) -> dict:
+    return {"output.requested": f"{out}/requested_config.json", "output.predictions": f"{out}/predictions.npz",
+            "output.metrics": f"{out}/metrics.json", "output.map": f"{out}/map.json"}
 
 
 def _params(args: argparse.Namespace) -> dict:
@@ -284,11 +292,14 @@ def _cmd_cache_images(args: argparse.Namespace) -> int:
     return _run(cache_argv(_params(args), args.dataset, args.part, args.out))
 
 
-def expect_code(method: str) -> list[str]:
-    """A DVC train stage's code dependency (data/code/train/METHOD.json), which the job checks against the code
-    it loads: a source edited since `code_digests` ran stops the job instead of training under another name."""
+def expect_code(method: str, resolved: dict) -> str:
+    """The code a DVC train stage's job must load: its code dependency (data/code/train/METHOD.json), which the job
+    checks against the code it loads, so a source edited since `code_digests` ran stops the job instead of
+    training under another name; without that file (a run by hand), the digest of the code as it is now."""
+    from noisymlt.methods import run_digest
+
     path = Path(L.fill(L.RUN_CODE, method=method))
-    return ["--expect-code", str(path)] if path.is_file() else []
+    return str(path) if path.is_file() else run_digest(resolved)
 
 
 def requested_config(params: dict, dataset: str, method: str, gamma: float, seed: int, choice: str | None) -> str:
@@ -304,29 +315,24 @@ def requested_config(params: dict, dataset: str, method: str, gamma: float, seed
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    """A run as Snakemake's train job runs it: its requested_config.json, then `noisymlt train`."""
-    from noisymlt.config import resolve_run
+    """A run as Snakemake's train job runs it: its requested_config.json, then the declared train command."""
     from noisymlt.core.files import write_text
     from noisymlt.pipeline.selection import final_choice_file
 
     params = _params(args)
-    resolved = resolve_run(params, args.dataset, args.method, args.gamma, args.seed)
     choice = final_choice_file(params, args.dataset, args.method)
-    config = Path(args.out) / "requested_config.json"
-    config.parent.mkdir(parents=True, exist_ok=True)
-    write_text(config, requested_config(params, args.dataset, args.method, args.gamma, args.seed, choice) + "\n")
-    loader = resolved["train"].get("loader", "pil")  # chosen values never set the loader
-    clean = L.fill(L.TRAIN_LABELS, dataset=args.dataset)
-    argv = ["train", "--run-config", str(config), "--train-labels", args.train_labels,
-            "--test-labels", args.test_labels, "--split", args.split,
-            "--train-images", image_root(params, args.dataset, "train"),
-            "--test-images", image_root(params, args.dataset, "test"), *cache_args(args.dataset, loader),
-            "--out", args.out, "--no-progress", "--keep-stale", *expect_code(args.method),
-            "--clean-labels", clean,  # the noise log only (analysis)
-            "--provenance", f"raw_manifest={raw_marker(params, args.dataset)}", f"clean_subset={clean}"]
-    argv += ["--selection", choice] if choice else []
-    return _train_then_evaluate(argv + ["--device", args.device], Path(args.out), args.test_labels, args.split,
-                                args.evaluate)
+    text = requested_config(params, args.dataset, args.method, args.gamma, args.seed, choice)
+    resolved = json.loads(text)
+    values = _run_outputs(args.out)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    write_text(Path(values["output.requested"]), text + "\n")
+    values.update({
+        "input.train": args.train_labels, "input.test": args.test_labels, "input.split": args.split,
+        "input.subset": L.fill(L.TRAIN_LABELS, dataset=args.dataset), "input.raw": raw_marker(params, args.dataset),
+        "train_images": image_root(params, args.dataset, "train"), "test_images": image_root(params, args.dataset, "test"),
+        "caches": cache_args(args.dataset, resolved["train"].get("loader", "pil")), "out": args.out,
+        "code": expect_code(args.method, resolved), "selection": ["--selection", choice] if choice else []})
+    return _run_declared("train", values, args.device, args.evaluate)
 
 
 def _cmd_select_split(args: argparse.Namespace) -> int:
@@ -351,22 +357,18 @@ def _cmd_train_candidate(args: argparse.Namespace) -> int:
     earlier = S.read_choice(S.choice_file(args.dataset, args.method, args.stage - 1)) if args.stage > 1 else {}
     cfg = resolve_run(params, args.dataset, args.method, args.gamma, args.seed, chosen={**earlier, **values[args.tag]},
                       chosen_by="candidate", candidate=True)
-    out = Path(S.candidate_dir(args.dataset, args.method, args.stage, args.gamma, args.seed, args.tag))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "requested_config.json").write_text(json.dumps(cfg, sort_keys=True, indent=1) + "\n")
+    out = S.candidate_dir(args.dataset, args.method, args.stage, args.gamma, args.seed, args.tag)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    run = _run_outputs(out)
+    Path(run["output.requested"]).write_text(json.dumps(cfg, sort_keys=True, indent=1) + "\n")
     caches = []
     if cfg["train"].get("loader", "pil") == "cache":
         caches = ["--train-cache", S.cache_path(args.dataset, "fit"), "--test-cache", S.cache_path(args.dataset, "val")]
-    images = image_root(params, args.dataset, "train")
-    fit, val = (L.fill(L.SELECT_PART, dataset=args.dataset, gamma=args.gamma, seed=args.seed, part=part)
-                for part in ("fit", "val"))
-    split = L.fill(L.CLASS_SPLIT, dataset=args.dataset)
-    return _train_then_evaluate(["train", "--run-config", str(out / "requested_config.json"),
-                                 "--train-labels", fit,
-                                 "--test-labels", val, "--split", split, "--train-images", images,
-                                 "--test-images", images, *caches, "--out", str(out), "--device", args.device,
-                                 "--no-progress", "--keep-stale", *expect_code(args.method)],
-                                out, val, split, args.evaluate)
+    run.update({f"input.{name}": L.fill(L.SELECT_PART, dataset=args.dataset, gamma=args.gamma, seed=args.seed, part=part)
+                for name, part in (("train", "fit"), ("val", "val"))})
+    run.update({"input.split": L.fill(L.CLASS_SPLIT, dataset=args.dataset), "images": image_root(params, args.dataset, "train"),
+                "caches": caches, "out": out, "code": expect_code(args.method, cfg)})
+    return _run_declared("train_candidate", run, args.device, args.evaluate)
 
 
 def _cmd_select_choose(args: argparse.Namespace) -> int:
