@@ -49,12 +49,11 @@ def _stage_body(stage: dict) -> dict:
     return stage.get("do", stage)
 
 
-STEP_COMMANDS = {"asset": "fetch-asset", "raw": "make-toy", "train-images": "fetch-coco-images",  # `step X` runs these
-                 "select-split": "select", "select-choose": "select", "select-cache": "cache-images"}
+STEP_COMMANDS = {"select-choose": "select"}  # `noisymlt step X` runs noisymlt/pipeline/dvc_steps.py and X's command
 
 
 def _commands(cmd: str | list[str]) -> list[str]:
-    """The noisymlt commands a stage's command line(s) run: `step X` runs noisymlt/pipeline/paths.py and X's
+    """The noisymlt commands a stage's command line(s) run: `step X` runs noisymlt/pipeline/dvc_steps.py and X's
     command."""
     if isinstance(cmd, list):
         return [c for line in cmd for c in _commands(line)]
@@ -66,12 +65,31 @@ def _commands(cmd: str | list[str]) -> list[str]:
     return ["step", STEP_COMMANDS.get(step, step)]
 
 
+def _item_args(params_files: list[Path]) -> dict[str, set[str]]:
+    """Stage -> the noisymlt commands its items' computed words (`${item.args}`) run, for these params files."""
+    from noisymlt.config import load_params
+    from noisymlt.pipeline.params import dvc_block
+    from noisymlt.pipeline.steps import STEPS
+
+    block = dvc_block(load_params(*params_files), [str(f) for f in params_files])
+    return {step.name: {item["args"].split()[0] for item in block[step.over[len("${dvc."):-1]].values()}
+            for step in STEPS if step.args is not None}
+
+
 def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_source_file():
     """No hand-kept list of modules: each stage's code dependency is the digest file of the commands it
     runs (data/code/COMMAND.json, training: data/code/train/METHOD.json), written by `code_digests` from
-    the static import closures (noisymlt.core.codedeps), the same digests Snakemake passes its jobs."""
+    the static import closures (noisymlt.core.codedeps), the same digests Snakemake passes its jobs. A stage whose
+    words depend on a dataset's kind (`${item.args}`) depends on the digest of every command its items run, at
+    paper scale and in the demo."""
     from noisymlt.commands import COMMANDS as commands
 
+    run_by_items: dict[str, set[str]] = {}
+    for layers in ([REPO / "params.yaml"], [REPO / "params.yaml", REPO / "workflow/profiles/demo/params.yaml",
+                                             REPO / "workflow/profiles/demo/select_ours.yaml"]):
+        for name, words in _item_args(layers).items():
+            run_by_items.setdefault(name, set()).update(words)
+    assert run_by_items["raw"] == {"make-toy", "download"} and run_by_items["parse_labels"] == {"parse"}
     for name, stage in _dvc_yaml().items():
         body = _stage_body(stage)
         deps = body.get("deps", [])
@@ -84,14 +102,19 @@ def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_sourc
             continue
         assert not [d for d in deps if d.startswith("src/")], name
         code = sorted(d for d in deps if d.startswith("data/code/"))
-        expected = {f"data/code/{c}.json" for c in _commands(body["cmd"])}
+        if body["cmd"].endswith("${item.args}"):
+            expected = {f"data/code/{c}.json" for c in run_by_items.pop(name)}
+            if name == "raw":  # toy data are generated, voc/coco downloaded: one stage runs either
+                assert {"data/code/download.json", "data/code/make-toy.json"} <= set(code)
+                expected = set(code)
+        else:
+            expected = {f"data/code/{c}.json" for c in _commands(body["cmd"])}
         if name in ("train", "train_candidate"):  # the run's training code, then its evaluation (--evaluate)
             assert body["cmd"].endswith(" --evaluate")
             expected = {"data/code/step.json", "data/code/train/${item.method}.json", "data/code/evaluate.json"}
-        if name == "raw":  # toy data are generated, voc/coco downloaded: one stage runs either
-            expected |= {"data/code/download.json"}
         assert set(code) == expected, name
         assert all(c.split("/")[-1].removesuffix(".json") in commands or "/train/" in c for c in code), name
+    assert run_by_items == {}, f"stages with computed words that dvc.yaml does not run: {sorted(run_by_items)}"
 
 
 def test_code_digest_files_change_only_for_the_steps_an_edit_touches(tmp_path):
@@ -137,7 +160,14 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     assert all(key in shards[f"dvc_runs_{shard_of(key)}"]["runs"] for key in runs)
     assert all(shard["runs"] for shard in shards.values())
     assert {shard["preload"] for shard in shards.values()} == {block["preload"]} == {"NOISYMLT_PRELOAD=shared"}
-    assert block["caches"]["toy-test"] == {"dataset": "toy", "part": "test", "images": "data/raw/toy"}
+    # a stage whose words depend on the kind runs the words Snakemake's rule computes (noisymlt.pipeline.steps)
+    assert block["caches"]["toy-test"] == {"dataset": "toy", "part": "test", "images": "data/raw/toy",
+                                           "args": "cache-images --labels data/toy/test_labels.parquet --images "
+                                                   "data/raw/toy/VOCdevkit/TOY --size 40 --out data/toy/cache/test.npy "
+                                                   "--no-progress"}
+    assert block["parse_labels"]["toy-train_source"]["args"] == (
+        "parse --format voc --source data/raw/toy/VOCdevkit/TOY --image-set trainval "
+        "--out data/toy/train_source_labels.parquet")
     marker = "data/raw/toy/VOCdevkit/TOY/toy_manifest.json"  # the raw folder's marker file: a cheap placeholder
     assert runs["toy-0.5-0-erm"] == {"dataset": "toy", "gamma": 0.5, "seed": 0, "method": "erm",
                                               "raw_marker": marker, "images": marker, "raw": marker,  # loader: cache
@@ -173,23 +203,25 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
                                                                         0.5, 0))
     assert block["layer_args"] == "params.yaml demo.yaml"
     assert block["layer_files"] == ["params.yaml", "demo.yaml", "params.yaml", "params.yaml"]
-    assert block["pretrain"] == ["toy_glyphs"] and block["fetch_images"] == []
+    assert list(block["pretrain"]) == ["toy_glyphs"] and block["fetch_images"] == {}
 
     write(["params.yaml"], "paper.yaml")  # ImageNet weights and GloVe vectors: files the assets stages fetch
     paper_file = json.loads(Path("paper.yaml").read_text())
     paper = {**paper_file["dvc"], "runs": _sharded("paper.yaml")}
-    assert paper["pretrain"] == [] and paper["fetch_images"] == ["coco"]
+    assert paper["pretrain"] == {} and list(paper["fetch_images"]) == ["coco"]
+    assert paper["raw"]["coco"]["args"] == "download --dataset coco --root data/raw/coco --retries 5"
     assert paper["preload"] == "NOISYMLT_PRELOAD="  # paper scale: a process per command
     assert paper["runs"]["coco-0.9-4-ours"]["images"] == "data/raw/coco/manifest.json"  # loader: cache
     assert paper["runs"]["voc-0.3-0-erm"]["weights"] == "data/assets/imagenet/resnet50-0676ba61.pth"
     assert paper["runs"]["voc-0.3-0-erm"]["embeddings"] == "data/raw/voc/manifest.json"
     assert paper["runs"]["coco-0.3-0-mlgcn"]["embeddings"] == "data/assets/glove/coco_glove_word2vec-a1215dd1.pkl"
-    assert paper["assets"] == {
+    assert {k: {f: v[f] for f in ("path", "group", "name")} for k, v in paper["assets"].items()} == {
         "imagenet-resnet50": {"path": "data/assets/imagenet/resnet50-0676ba61.pth", "group": "imagenet",
                               "name": "resnet50"},
         "glove-voc": {"path": "data/assets/glove/voc_glove_word2vec-0ca7081a.pkl", "group": "glove", "name": "voc"},
         "glove-coco": {"path": "data/assets/glove/coco_glove_word2vec-a1215dd1.pkl", "group": "glove",
                        "name": "coco"}}
+    assert paper["assets"]["glove-voc"]["args"].startswith("fetch-asset --url https://")
 
     # under train.loader pil a run reads image folders: they are its dependencies
     Path("files.yaml").write_text("train: {loader: pil}\n")

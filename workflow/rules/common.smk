@@ -91,6 +91,12 @@ def image_root(dataset, part):
     return paths.image_root(config, dataset, part)
 
 
+def step_args(step, **fields):
+    """A step's words that depend on a dataset's kind (noisymlt.pipeline.steps: `args`), as the rule's params: the
+    same text DVC's stage runs as ${item.args}."""
+    return argv(STEPS[step].args(config, fields))
+
+
 def argv(args):
     """A step's argument list (from noisymlt.pipeline.paths, shared with dvc.yaml) as shell words."""
     return shlex.join(args)
@@ -148,12 +154,6 @@ def run_files(w):
     return assets.run_files(resolved(w))
 
 
-def asset_args(w, output):
-    return argv(paths.asset_argv(config, output[0]))
-
-
-def pretrain_args(w, output):
-    return argv(paths.pretrain_argv(config, w.name, output.weights))
 
 
 def selected_ablations():

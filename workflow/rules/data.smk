@@ -7,7 +7,7 @@ rule make_toy:
     output:
         "data/raw/toy/VOCdevkit/TOY/toy_manifest.json",
     params:
-        args=lambda w: argv(paths.raw_argv(config, dataset_of_raw("data/raw/toy"))),
+        args=lambda w: step_args("raw", dataset=dataset_of_raw("data/raw/toy")),
         code=code("make-toy"),
     log:
         "logs/data/make_toy.log",
@@ -24,7 +24,7 @@ use rule make_toy as make_voc_toy with:
     output:
         "data/raw/voc_toy/manifest.json",
     params:
-        args=lambda w: argv(paths.raw_argv(config, dataset_of_raw("data/raw/voc_toy"))),
+        args=lambda w: step_args("raw", dataset=dataset_of_raw("data/raw/voc_toy")),
         code=code("make-toy"),
     log:
         "logs/data/make_voc_toy.log",
@@ -52,7 +52,7 @@ rule fetch_asset:
     wildcard_constraints:
         group="imagenet|glove",
     params:
-        args=asset_args,
+        args=lambda w, output: step_args("assets", path=output[0]),
     log:
         "logs/data/fetch_asset_{group}_{file}.log",
     benchmark:
@@ -67,7 +67,7 @@ rule download:
     wildcard_constraints:
         kind="voc|coco",
     params:
-        args=lambda w: argv(paths.raw_argv(config, dataset_of_raw(f"data/raw/{w.kind}"))),
+        args=lambda w: step_args("raw", dataset=dataset_of_raw(f"data/raw/{w.kind}")),
     log:
         "logs/data/download_{kind}.log",
     benchmark:
@@ -84,7 +84,7 @@ rule parse_labels:
     wildcard_constraints:
         part="train_source|test",
     params:
-        args=lambda w, output: argv(paths.parse_argv(config, w.dataset, w.part, output[0])),
+        args=lambda w: step_args("parse_labels", dataset=w.dataset, part=w.part),
         code=code("parse"),
     log:
         "logs/data/parse_{dataset}_{part}.log",
@@ -100,9 +100,7 @@ rule longtail:
     output:
         **STEPS["longtail"].outputs(),
     params:
-        args=lambda w, input, output: argv(
-            paths.longtail_argv(config, w.dataset, input.labels, output.labels, output.split)
-        ),
+        args=lambda w: step_args("longtail", dataset=w.dataset),
         code=code("longtail"),
     log:
         "logs/data/longtail_{dataset}.log",
@@ -119,9 +117,7 @@ rule fetch_coco_train_images:
     output:
         layout.TRAIN_IMAGES_READY,
     params:
-        args=lambda w, input: argv(
-            paths.train_images_argv(config, w.dataset, input.labels, paths.train_images_dir(w.dataset))
-        ),
+        args=lambda w: step_args("train_images", dataset=w.dataset),
     log:
         "logs/data/fetch_images_{dataset}.log",
     benchmark:
@@ -144,7 +140,7 @@ rule cache_train_images:
     wildcard_constraints:
         part="train",
     params:
-        args=lambda w, output: argv(paths.cache_argv(config, w.dataset, w.part, output.array)),
+        args=lambda w: step_args("cache_images", dataset=w.dataset, part=w.part),
         code=code("cache-images"),
     log:
         "logs/data/cache_images_{dataset}_{part}.log",

@@ -19,7 +19,7 @@ rule select_split:
     output:
         **STEPS["select_split"].outputs(),
     params:
-        args=lambda w, output: argv(paths.select_split_argv(config, w.dataset, output[0])),
+        args=lambda w: step_args("select_split", dataset=w.dataset),
         code=code("select"),
     log:
         "logs/select/split_{dataset}.log",
@@ -49,7 +49,7 @@ rule cache_select_images:
     wildcard_constraints:
         part="fit|val",
     params:
-        args=lambda w, output: argv(paths.select_cache_argv(config, w.dataset, w.part, output.array)),
+        args=lambda w: step_args("cache_select_images", dataset=w.dataset, part=w.part),
         code=code("cache-images"),
     log:
         "logs/data/cache_images_{dataset}_select_{part}.log",

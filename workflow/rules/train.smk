@@ -6,7 +6,7 @@ rule pretrain:
     output:
         **STEPS["pretrain"].outputs(),
     params:
-        args=pretrain_args,
+        args=lambda w: step_args("pretrain", name=w.name),
         code=code("pretrain"),
     threads: 2
     log:

@@ -43,7 +43,7 @@ def shard_of(key: str) -> str:
 
 ROOT_FILE = Path("dvc.yaml")
 SHARDS = Path("workflow/dvc/runs")
-PLAIN_LISTS = {"${dvc.grid.datasets}", "${dvc.fetch_images}", "${dvc.pretrain}", "${dvc.select_datasets}"}
+PLAIN_LISTS = {"${dvc.grid.datasets}"}  # a list of names (its stages' one field is ${item}); the others: dicts
 PRELOAD = "${dvc.preload}"  # NOISYMLT_PRELOAD=shared under workflow.preload (the demo), else empty
 
 HEADER = """\
@@ -61,8 +61,9 @@ HEADER = """\
 #   dvc push / dvc pull       share data, runs and reports through a DVC remote (see README)
 # Run it inside the noisymlt environment (`python` must be its interpreter). DVC's templating cannot branch on a
 # dataset's kind, resolve a run's config or nest loops, so dvc-params.json's `dvc` block carries the lists the
-# stages expand over, and steps that depend on a dataset's kind go through `noisymlt step ...`, which resolves
-# the arguments from the params file, prints the explicit command the Snakemake rule runs, and runs it.
+# stages expand over, with the words of a step that depend on a dataset's kind (`${item.args}`: the command the
+# Snakemake rule runs); a run, a candidate, a selection's choice and the aggregate go through `noisymlt step ...`,
+# which resolves their configuration and files from the params file, prints the explicit command and runs it.
 # Raw data live under data/raw/<kind>: DVC stages are keyed by dataset name, so every dataset in grid.datasets
 # must be named after its kind (voc, coco, toy), as in the shipped params files.
 # Covered: the main grid and the ablations' runs (every file under runs/, but the .dvcignore'd logs and timings,

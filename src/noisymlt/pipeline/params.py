@@ -12,9 +12,13 @@ templating loads (``vars: - dvc-params.json:dvc``):
                 LAYER_SLOTS entries: dvc.yaml's `params` stage rewrites this file from them when one
                 changes (`dvc exp run -S params.yaml:...`), and DVC's templating can neither splice a list
                 into `deps` nor vary their number
-  grid          datasets, gammas, seeds of the main grid (DVC's matrix stages expand them)
-  pretrain      the pretrain blocks some run's weights_path names (data/pretrained/NAME.pt)
-  fetch_images  datasets whose train images are fetched after the long-tail step (COCO)
+  grid          datasets, gammas, seeds of the main grid (the report's stages expand its datasets)
+  raw, parse_labels, longtail, pretrain, fetch_images, assets, caches, select_datasets, select_caches
+                the lists of the stages whose words depend on a dataset's kind (each item's `args`: the words
+                the step's Snakemake rule runs, from its declaration, noisymlt.pipeline.steps, with_step_args):
+                the datasets, datasets x parts, the pretrain blocks some run's weights_path names
+                (data/pretrained/NAME.pt), the datasets whose train images are fetched after the long-tail step
+                (COCO), the external files runs read, the image caches and the selection's splits and caches
   runs          the training runs of the main grid and the ablations (paths.all_runs), keyed
                 DATASET-GAMMA-SEED-METHOD: dataset, gamma, seed, method, its raw folder's marker file, the image
                 folders it reads (image_deps), its weights and embeddings files, its selection choice file and
@@ -128,19 +132,24 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
         raise NoisyMLTError(f"noisymlt params: at most {LAYER_SLOTS} layers (dvc.yaml's `params` stage lists "
                             f"{LAYER_SLOTS} files), got {len(layers)}: {' '.join(map(str, layers))}")
     select = selection_block(params, runs)
-    return {
+    datasets = list(grid["datasets"])
+    block = {
         "layers": [{"path": str(f), "sha256": _sha256(Path(f))} for f in layers],
         "layer_args": " ".join(str(f) for f in layers),
         # DVC accepts a path listed twice as a dependency: unused slots repeat the first layer
         "layer_files": [str(f) for f in layers] + [str(layers[0])] * (LAYER_SLOTS - len(layers)),
         "grid": {"datasets": list(grid["datasets"]), "gammas": [float(g) for g in grid["gammas"]],
                  "seeds": [int(s) for s in grid["seeds"]]},
-        "pretrain": list(dict.fromkeys(pretrain)),
+        # the lists of the stages whose words depend on a dataset's kind: each item gets its `args` below
+        "raw": {d: {"dataset": d} for d in datasets},
+        "parse_labels": {f"{d}-{part}": {"dataset": d, "part": part} for d in datasets for part in paths.PARTS},
+        "longtail": {d: {"dataset": d} for d in datasets},
+        "pretrain": {name: {"name": name} for name in dict.fromkeys(pretrain)},
         # the external files the runs read (a candidate reads its run's): GROUP-NAME -> path, group, name
         "assets": {f"{known_assets[f]['group']}-{known_assets[f]['name']}":
                    {"path": f, "group": known_assets[f]["group"], "name": known_assets[f]["name"]}
                    for f in sorted(used_assets)},
-        "fetch_images": [d for d in grid["datasets"] if params["datasets"][d]["kind"] == "coco"],
+        "fetch_images": {d: {"dataset": d} for d in datasets if params["datasets"][d]["kind"] == "coco"},
         # decoded-image caches and the stage output holding each part's images (COCO's train subset is fetched)
         "caches": {f"{d}-{part}": {"dataset": d, "part": part, "images": paths.train_images_dir(d)
                                    if part == "train" and params["datasets"][d]["kind"] == "coco"
@@ -159,6 +168,22 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
             [(d, g, s) for d, g, s, _ in paths.grid_runs(params)]  # the clean column's sets too
             + [(v["dataset"], v["gamma"], v["seed"]) for v in select["select_sets"].values()])},
     }
+    return with_step_args(params, block)
+
+
+def with_step_args(params: dict, block: dict) -> dict:
+    """Each item of a list a stage with computed words runs over (noisymlt.pipeline.steps: `args`) gets them, as
+    one shell text: the stage's command is `python -m noisymlt ${item.args}`, the words Snakemake's rule runs."""
+    import shlex
+
+    from noisymlt.pipeline.steps import STEPS
+
+    for step in STEPS:
+        if step.args is not None and step.over and not step.shard:
+            items = block[step.over[len("${dvc."):-1]]
+            for fields in items.values():
+                fields["args"] = shlex.join(step.args(params, fields))
+    return block
 
 
 def image_deps(params: dict, dataset: str, resolved: dict) -> dict:
@@ -191,13 +216,13 @@ def selection_block(params: dict, runs: dict) -> dict:
     from noisymlt.pipeline import paths
     from noisymlt.core.manifest import run_id
 
-    out = {"select_datasets": [], "select_sets": {}, "select_caches": {}, "candidates": {}, "candidate_configs": {},
+    out = {"select_datasets": {}, "select_sets": {}, "select_caches": {}, "candidates": {}, "candidate_configs": {},
            "selections": {}}
     for dataset in params["grid"]["datasets"]:
         owners = S.selecting_methods(params, [r["method"] for r in runs.values() if r["dataset"] == dataset])
         if not owners:
             continue
-        out["select_datasets"].append(dataset)
+        out["select_datasets"][dataset] = {"dataset": dataset}
         sets = S.selection_sets(params)
         for gamma, seed in sets:
             out["select_sets"][f"{dataset}-{gamma}-{seed}"] = {"dataset": dataset, "gamma": gamma, "seed": seed}

@@ -15,9 +15,13 @@ only input, as Snakemake writes it) and ``{FIELD}``
 (a wildcard for Snakemake, ``${item.FIELD}`` of the stage's list for DVC). A path pattern may be a field alone
 (``{images}``): a value DVC's list holds per item because DVC's templating cannot compute it.
 
-Steps whose DVC stage still runs another command than Snakemake's rule (``dvc_command``: ``noisymlt step NAME``,
-which resolves a dataset kind's arguments from the params file, or a DVC-only step) say so; for the others the
-two routes run the same words.
+A step whose words depend on a dataset's kind declares them as ``{args}`` and the function that computes them
+(``args``, from noisymlt.pipeline.paths): Snakemake's rule computes them as a param, ``noisymlt params`` writes them
+into each item of the DVC stage's list, so both routes run the same explicit command. A step whose DVC stage runs
+another command (``dvc_command``) says so: a run or a selection candidate (``noisymlt step train``: its resolved
+configuration is written first, then the same declared words run), the selection's choice and the aggregate (they
+read lists DVC's templating cannot expand), the code digests and the report's tables (their settings come from the
+params file rather than the command line).
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
+from typing import Callable
 
 from noisymlt.pipeline import layout as L
+from noisymlt.pipeline import paths as P
 
 PARAMS_FILE = "dvc-params.json"  # the merged params DVC reads (noisymlt.pipeline.params)
 
@@ -53,6 +59,8 @@ class Step:
     input: dict = field(default_factory=dict)  # NAME -> path pattern, read by both routes
     output: dict = field(default_factory=dict)  # NAME -> path pattern or Out
     computed: tuple = ()  # placeholders that are values computed from the params (a rule's params; DVC: see dvc_values)
+    args: Callable[[dict, dict], list[str]] | None = None  # the `{args}` of a step whose words depend on a dataset's
+    # kind: (params, the item's fields: a rule's wildcards, a DVC stage's item) -> the words (noisymlt.pipeline.paths)
     then: str | None = None  # a second command of the same job (a run's evaluation after its training)
     over: str | None = None  # DVC: the list in the params' dvc block the stage is repeated over (foreach)
     matrix: dict | None = None  # DVC: a matrix instead (FIELD -> list or `${...}`)
@@ -173,10 +181,10 @@ STEPS: tuple[Step, ...] = (
              "(`methods`). Snakemake's rule writes the same files from its in-memory config (--params-json).",
     ),
     Step(
-        "raw", "{args}", computed=("args",), over="${dvc.grid.datasets}",
-        dvc_command="step raw --params dvc-params.json --dataset {dataset}",
+        "raw", "{args}", computed=("args",), over="${dvc.raw}",
+        args=lambda p, f: P.raw_argv(p, f["dataset"]),
         output={"raw": Out("data/raw/{dataset}", persist=True)},
-        params=("datasets.{dataset}",), code=("step", "make-toy", "download"),
+        params=("datasets.{dataset}",), code=("make-toy", "download"),
         note="Snakemake: make_toy / download, one rule per kind of source, each with its marker file. DVC cannot\n"
              "name keys that only some kinds have (datasets.toy.toy), so the whole block; download.mirror/retries\n"
              "change how bytes arrive, not which (checksums), so not listed. Persistent: a rerun keeps verified\n"
@@ -184,48 +192,46 @@ STEPS: tuple[Step, ...] = (
              "folder in whole (no stale files).",
     ),
     Step(
-        "parse_labels", "{args}", computed=("args",),
-        matrix={"dataset": "${dvc.grid.datasets}", "part": ["train_source", "test"]},
-        dvc_command="step parse --params dvc-params.json --dataset {dataset} --part {part} --out {output.labels}",
+        "parse_labels", "{args}", computed=("args",), over="${dvc.parse_labels}",
+        args=lambda p, f: P.parse_argv(p, f["dataset"], f["part"], L.fill(L.LABELS, **f)),
         dvc_input={"raw": "data/raw/{dataset}"}, output={"labels": L.LABELS},
-        params=("datasets.{dataset}.kind",), code=("step", "parse"),
+        params=("datasets.{dataset}.kind",), code=("parse",),
     ),
     Step(
-        "longtail", "{args}", computed=("args",), over="${dvc.grid.datasets}",
-        dvc_command="step longtail --params dvc-params.json --dataset {dataset} --labels {input.labels} "
-                    "--out {output.labels} --split-out {output.split}",
+        "longtail", "{args}", computed=("args",), over="${dvc.longtail}",
+        args=lambda p, f: P.longtail_argv(p, f["dataset"], *(L.fill(x, **f) for x in (L.SOURCE_LABELS, L.TRAIN_LABELS,
+                                                                                        L.CLASS_SPLIT))),
         input={"labels": L.SOURCE_LABELS}, output={"labels": L.TRAIN_LABELS, "split": L.CLASS_SPLIT},
-        params=("datasets.{dataset}.kind", "datasets.{dataset}.longtail"), code=("step", "longtail"),
+        params=("datasets.{dataset}.kind", "datasets.{dataset}.longtail"), code=("longtail",),
     ),
     Step(
         "train_images", "{args}", computed=("args",), over="${dvc.fetch_images}",
-        dvc_command="step train-images --params dvc-params.json --dataset {dataset} --ids {input.labels} "
-                    "--out {output.images}",
+        args=lambda p, f: P.train_images_argv(p, f["dataset"], L.fill(L.TRAIN_LABELS, **f), L.fill(L.TRAIN_IMAGES, **f)),
         input={"labels": L.TRAIN_LABELS}, dvc_input={"raw": "data/raw/{dataset}"},
         output={"images": Out(L.TRAIN_IMAGES, persist=True)},
-        params=("datasets.{dataset}.kind",), code=("step", "fetch-coco-images"),
+        params=("datasets.{dataset}.kind",), code=("fetch-coco-images",),
         note="Snakemake: fetch_coco_train_images. COCO only: other kinds read theirs from data/raw/KIND. Persistent:\n"
              "fetch-coco-images keeps the images already there, so an interrupted fetch resumes.",
     ),
     Step(
         "pretrain", "{args}", computed=("args",), over="${dvc.pretrain}",
-        dvc_command="step pretrain --params dvc-params.json --name {name} --out {output.weights}",
+        args=lambda p, f: P.pretrain_argv(p, f["name"], L.fill(L.PRETRAINED, **f)),
         output={"weights": L.PRETRAINED, "report": L.PRETRAINED_REPORT, "manifest": L.PRETRAINED_MANIFEST},
-        params=("pretrain.{name}",), code=("step", "pretrain"),
+        params=("pretrain.{name}",), code=("pretrain",),
         note="The backbones runs' weights_path names (the demo's ImageNet); none at paper scale.",
     ),
     Step(
         "assets", "{args}", computed=("args",), over="${dvc.assets}",
-        dvc_command="step asset --params dvc-params.json --out {path}",
-        output={"asset": "{path}"}, params=("assets.{group}.{name}",), code=("step", "fetch-asset"),
+        args=lambda p, f: P.asset_argv(p, f["path"]),
+        output={"asset": "{path}"}, params=("assets.{group}.{name}",), code=("fetch-asset",),
         note="Snakemake: fetch_asset. ImageNet weights, GloVe vectors (params `assets`) the runs read; none in the demo.",
     ),
     Step(
         "cache_images", "{args}", computed=("args",), over="${dvc.caches}",
-        dvc_command="step cache-images --params dvc-params.json --dataset {dataset} --part {part} --out {output.array}",
+        args=lambda p, f: P.cache_argv(p, f["dataset"], f["part"], L.fill(L.CACHE, dataset=f["dataset"], part=f["part"])),
         input={"labels": L.LABELS}, dvc_input={"images": "{images}"},
         output={"array": L.CACHE, "index": L.CACHE_INDEX, "manifest": L.CACHE_MANIFEST},
-        params=("train.cache_size", "datasets.{dataset}"), code=("step", "cache-images"),
+        params=("train.cache_size", "datasets.{dataset}"), code=("cache-images",),
         note="Every image of the train subset / test set decoded once (read by train.loader: cache); `images` is the\n"
              "folder the part's label paths are relative to; the dataset's train block may set cache_size.\n"
              "Snakemake: cache_train_images, cache_test_images (one rule per part: the report's rule graph).",
@@ -238,10 +244,10 @@ STEPS: tuple[Step, ...] = (
     ),
     Step(
         "select_split", "{args}", computed=("args",), over="${dvc.select_datasets}",
-        dvc_command="step select-split --params dvc-params.json --dataset {dataset} --out {output.split}",
+        args=lambda p, f: P.select_split_argv(p, f["dataset"], L.fill(L.SELECT_SPLIT, **f)),
         dvc_input={"noisy": "data/{dataset}/noisy"}, output={"split": L.SELECT_SPLIT},
         params=("selection.held_out", "selection.split_seed", "selection.gammas", "selection.seeds"),
-        code=("step", "select"),
+        code=("select",),
         note="Model selection (params `selection`, noisymlt.pipeline.selection; Snakemake: workflow/rules/select.smk):\n"
              "a held-out split per dataset, fit / val parts of each selection set (noisy labels only), candidate runs\n"
              "on the fit part scored against the val part, one choice per method and stage. A final run depends on\n"
@@ -256,10 +262,11 @@ STEPS: tuple[Step, ...] = (
     ),
     Step(
         "cache_select_images", "{args}", computed=("args",), over="${dvc.select_caches}",
-        dvc_command="step select-cache --params dvc-params.json --dataset {dataset} --part {part} --out {output.array}",
+        args=lambda p, f: P.select_cache_argv(p, f["dataset"], f["part"],
+                                              L.fill(L.SELECT_CACHE, dataset=f["dataset"], part=f["part"])),
         dvc_input={"labels": "{labels}", "images": "{images}"},
         output={"array": L.SELECT_CACHE, "index": L.SELECT_CACHE_INDEX, "manifest": L.SELECT_CACHE_MANIFEST},
-        params=("train.cache_size", "datasets.{dataset}"), code=("step", "cache-images"),
+        params=("train.cache_size", "datasets.{dataset}"), code=("cache-images",),
         note="The fit / val images decoded once (train.loader: cache).",
     ),
     Step(
