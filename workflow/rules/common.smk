@@ -167,7 +167,7 @@ def all_runs(pattern):
 
 
 def method_labels():
-    return json.dumps({m: b.get("label", m) for m, b in config["methods"].items()})
+    return paths.method_labels(config)
 
 
 def sweep_values(w):

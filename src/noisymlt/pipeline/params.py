@@ -63,6 +63,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -158,6 +159,8 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
         # the prefix of every command: with workflow.preload, each runs in a child of one shared preload server
         # (noisymlt.pipeline.preload.SHARED), as Snakemake's jobs run in its own; else in its own process
         "preload": f"NOISYMLT_PRELOAD={'shared' if params.get('workflow', {}).get('preload') else ''}",
+        # the report's tables and figure: their methods and titles, as the words Snakemake's rules pass (quoted)
+        "report": {"labels": shlex.quote(paths.method_labels(params)), "methods": " ".join(grid["methods"])},
         "runs": runs,
         "run_configs": run_configs,
         "train_lr": train_lr,
@@ -174,8 +177,6 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
 def with_step_args(params: dict, block: dict) -> dict:
     """Each item of a list a stage with computed words runs over (noisymlt.pipeline.steps: `args`) gets them, as
     one shell text: the stage's command is `python -m noisymlt ${item.args}`, the words Snakemake's rule runs."""
-    import shlex
-
     from noisymlt.pipeline.steps import STEPS
 
     for step in STEPS:

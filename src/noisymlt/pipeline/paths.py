@@ -215,6 +215,11 @@ def all_runs(params: dict) -> list[tuple[str, float, int, str]]:
     return list(dict.fromkeys(runs))
 
 
+def method_labels(params: dict) -> str:
+    """Every method's title in the tables and figures (methods.*.label), as the JSON their --labels takes."""
+    return json.dumps({m: b.get("label", m) for m, b in params["methods"].items()})
+
+
 def requested_config(params: dict, dataset: str, method: str, gamma: float, seed: int, choice: str | None) -> str:
     """A run's resolved config with its method's chosen values (from the choice file, if any), as the text both
     routes write to OUT/requested_config.json (Snakemake's train job prints it with a final newline, as

@@ -307,7 +307,6 @@ STEPS: tuple[Step, ...] = (
     Step(
         "table_total", "table --results {input} --out {output.tex} --labels {labels:q} --methods {methods}",
         computed=("labels", "methods"), dvc_values="report",
-        dvc_command="table --results {input} --out {output.tex} --params dvc-params.json",
         input={"results": L.RESULTS},
         output=_files(L.TABLE_TOTAL, "tex", "md", "html", "rendered.json"),
         metrics=_files(L.TABLE_TOTAL, "cells.json"),
@@ -320,8 +319,6 @@ STEPS: tuple[Step, ...] = (
         "table_groups", "table --results {input.results} --out {output.tex} --groups {dataset} "
                         "--train-labels {input.labels} --labels {labels:q} --methods {methods}",
         computed=("labels", "methods"), dvc_values="report", over="${dvc.grid.datasets}",
-        dvc_command="table --results {input.results} --out {output.tex} --groups {dataset} "
-                    "--train-labels {input.labels} --params dvc-params.json",
         input={"results": L.RESULTS, "labels": L.TRAIN_LABELS},
         output=_files(L.TABLE_GROUPS, "tex", "md", "cells.json", "html", "rendered.json"),
         params=("grid.methods", "methods"),
@@ -331,7 +328,6 @@ STEPS: tuple[Step, ...] = (
         "table_fit", "fit-table --results {input} --dataset {dataset} --out {output.tex} --methods {methods} "
                      "--labels {labels:q}",
         computed=("labels", "methods"), dvc_values="report", over="${dvc.grid.datasets}",
-        dvc_command="fit-table --results {input} --dataset {dataset} --out {output.tex} --params dvc-params.json",
         input={"results": L.RESULTS},
         output=_files(L.FIT_TABLE, "tex", "md", "csv", "html"),
         params=("grid.methods", "methods"),
@@ -339,7 +335,6 @@ STEPS: tuple[Step, ...] = (
     Step(
         "figure_map_vs_gamma", "figure --results {input} --out {output.png} --methods {methods} --labels {labels:q}",
         computed=("labels", "methods"), dvc_values="report",
-        dvc_command="figure --results {input} --out {output.png} --params dvc-params.json",
         input={"results": L.RESULTS},
         output=_files(L.MAP_FIGURE, "png", "pdf"),
         params=("grid.methods", "methods"),
