@@ -210,7 +210,8 @@ def selection_block(params: dict, runs: dict) -> dict:
       candidates       DATASET-METHOD-STAGE-GAMMA-SEED-TAG -> one candidate run; `previous`: the choice file of the
                        stage before (stage 1: the split file, a dependency anyway); config_key -> its run id in
                        candidate_configs (a later stage's chosen values come in through `previous`)
-      selections       DATASET-METHOD-STAGE -> one select stage over the candidates under `dir`"""
+      selections       DATASET-METHOD-STAGE -> one select stage over the candidates of that stage (their folder:
+                       layout.STAGE_DIR)"""
     from noisymlt.config import resolve_run
     from noisymlt.pipeline import layout as L
     from noisymlt.pipeline import selection as S
@@ -237,8 +238,7 @@ def selection_block(params: dict, runs: dict) -> dict:
                 previous = (S.choice_file(dataset, method, stage - 1) if stage > 1
                             else L.fill(L.SELECT_SPLIT, dataset=dataset))
                 out["selections"][f"{dataset}-{method}-{stage}"] = {
-                    "dataset": dataset, "method": method, "stage": stage, "previous": previous,
-                    "dir": L.fill(L.STAGE_DIR, dataset=dataset, method=method, stage=stage)}
+                    "dataset": dataset, "method": method, "stage": stage, "previous": previous}
                 for tag, values in S.candidates(params, method, stage):
                     for gamma, seed in sets:
                         key = f"{dataset}-{method}-{stage}-{gamma}-{seed}-{tag}"
@@ -247,8 +247,7 @@ def selection_block(params: dict, runs: dict) -> dict:
                                           chosen={**S.placeholders(params, method, stage - 1), **values})
                         out["candidates"][key] = {
                             "dataset": dataset, "method": method, "stage": stage, "gamma": gamma, "seed": seed,
-                            "tag": tag, "dir": S.candidate_dir(dataset, method, stage, gamma, seed, tag),
-                            "previous": previous, "config_key": key.replace(".", "_"),
+                            "tag": tag, "previous": previous, "config_key": key.replace(".", "_"),
                             **image_deps(params, dataset, cfg),
                             "weights": cfg["train"].get("weights_path") or paths.raw_marker(params, dataset),
                             "embeddings": cfg["method_cfg"].get("embeddings_file") or
