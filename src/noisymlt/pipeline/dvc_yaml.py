@@ -1,10 +1,10 @@
 """dvc.yaml and the run stages' shard files, written from the step declarations (noisymlt.pipeline.steps).
 
 DVC reads stages from files; here they are derived, so a step is declared once for both routes. What DVC's
-templating does, it does: a stage over a list of the params' ``dvc`` block (``foreach``), over datasets x parts
-(``matrix``), with the values ``noisymlt params`` computed into dvc-params.json (``vars``). What it cannot do
-(branch on a dataset's kind, resolve a run's configuration, nest loops) stays in Python: the lists themselves
-(noisymlt.pipeline.params) and ``noisymlt step``.
+templating does, it does: a stage repeated over a list of the params' ``dvc`` block (``foreach``), with the values
+``noisymlt params`` computed into dvc-params.json (``vars``). What it cannot do (branch on a dataset's kind, resolve a
+run's configuration, nest loops) stays in Python: the lists themselves, each item with the words a kind's step runs
+(noisymlt.pipeline.params), and ``noisymlt step``.
 
 The run stages (a training run or a selection candidate each: most of the pipeline's stages) are spread over
 DVC_SHARDS files, workflow/dvc/runs/SHARD/dvc.yaml, by a stable hash of their key (shard_of):
@@ -152,8 +152,6 @@ def stage(step: Step) -> dict:
     body["outs"] = outs
     if step.metrics:
         body["metrics"] = [dvc_path(p, plain) for p in step.metrics.values()]
-    if step.matrix:
-        return {"matrix": dict(step.matrix), **body}
     return {"foreach": step.over, "do": body} if step.over else body
 
 

@@ -6,7 +6,7 @@ Both routes are derived from this table:
   (``step.input``, ``step.output``, ``step.shell``) and adds only what is Snakemake's policy (threads, resources,
   priorities, logs, the report's captions);
 - DVC: ``noisymlt dvc-yaml`` (``noisymlt.pipeline.dvc_yaml``) writes ``dvc.yaml`` and the run stages' shard files
-  from it, with DVC's own templating (``foreach``, ``matrix``, ``vars``); the committed files are checked against
+  from it, with DVC's own templating (``foreach``, ``vars``); the committed files are checked against
   what it writes (tests/test_dvc.py).
 
 A command is the ``noisymlt`` words after ``python -m noisymlt``, with placeholders each route renders its way:
@@ -20,8 +20,8 @@ A step whose words depend on a dataset's kind declares them as ``{args}`` and th
 into each item of the DVC stage's list, so both routes run the same explicit command. A step whose DVC stage runs
 another command (``dvc_command``) says so: a run or a selection candidate (``noisymlt step train``: its resolved
 configuration is written first, then the same declared words run), the selection's choice and the aggregate (they
-read lists DVC's templating cannot expand), the code digests and the report's tables (their settings come from the
-params file rather than the command line).
+read lists DVC's templating cannot expand) and the code digests (Snakemake's rule passes its in-memory config, DVC's
+stage the params file).
 """
 
 from __future__ import annotations
@@ -63,7 +63,6 @@ class Step:
     # kind: (params, the item's fields: a rule's wildcards, a DVC stage's item) -> the words (noisymlt.pipeline.paths)
     then: str | None = None  # a second command of the same job (a run's evaluation after its training)
     over: str | None = None  # DVC: the list in the params' dvc block the stage is repeated over (foreach)
-    matrix: dict | None = None  # DVC: a matrix instead (FIELD -> list or `${...}`)
     dvc_input: dict = field(default_factory=dict)  # DVC only: deps where the rule has an input function
     dvc_values: str | None = None  # DVC: the dvc block key holding the computed values (else the stage's items)
     params: tuple = ()  # DVC: keys of dvc-params.json the stage tracks
