@@ -236,7 +236,8 @@ def test_a_choice_enters_the_final_config_and_its_run_id():
     assert S.final_choice_file(params, "toy", "ours_k3") == path
     assert resolve_run(params, "toy", "erm", 0.5, 0, chosen={}) == resolve_run(params, "toy", "erm", 0.5, 0)
     # a candidate: its values, and a warm-up that keeps its share of the run on the fit part
-    cand = resolve_run(params, "toy", "ours", 0.5, 0, chosen={"lr": 0.2}, chosen_by="candidate", candidate=True)
+    cand = resolve_run(params, "toy", "ours", 0.5, 0, chosen={"lr": 0.2}, candidate=True)
+    assert cand["selected"] == {"values": {"lr": 0.2}, "by": "candidate"}
     assert cand["train"]["lr"] == 0.2 and cand["train"]["warmup_iters"] == round(base["train"]["warmup_iters"] * 0.8)
     assert cand["candidate"] == {"held_out": 0.2, "split_seed": 0}
 

@@ -264,8 +264,9 @@ def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int
     global train block < dataset overrides < the method's schedule < the method's own overrides < the values a
     model selection chose (``chosen``: lr, alpha, beta; recorded with ``chosen_by``, the choice file they came
     from, so a changed choice makes another run id).
-    ``candidate``: a selection candidate's run (noisymlt.pipeline.selection), trained on the fit part only, its
-    warm-up scaled to that part's share of the images so that it keeps its share of the shorter run."""
+    ``candidate``: a selection candidate's run (noisymlt.pipeline.selection), its values recorded as the
+    candidate's, trained on the fit part only, its warm-up scaled to that part's share of the images so that it
+    keeps its share of the shorter run."""
     if dataset not in params["datasets"]:
         raise NoisyMLTError(f"unknown dataset {dataset!r}; configured: {', '.join(params['datasets'])}")
     if method not in params["methods"]:
@@ -294,7 +295,7 @@ def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int
         "colearning": ds.get("colearning", {}),
     }
     if chosen:
-        resolved = _with_chosen(params, resolved, chosen, chosen_by)
+        resolved = _with_chosen(params, resolved, chosen, "candidate" if candidate else chosen_by)
     if candidate:
         held_out = float(params["selection"]["held_out"])
         resolved["train"]["warmup_iters"] = max(1, round(resolved["train"]["warmup_iters"] * (1 - held_out)))

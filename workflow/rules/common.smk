@@ -282,19 +282,16 @@ def candidate_values(w):
 
 def candidate_config(w):
     cfg = resolve_run(config, w.dataset, w.method, float(w.gamma), int(w.seed), chosen=candidate_values(w),
-                      chosen_by="candidate", candidate=True)
+                      candidate=True)
     return json.dumps(cfg, sort_keys=True, indent=1)
 
 
 def candidate_caches(w):
-    if resolved(w)["train"].get("loader", "pil") != "cache":
-        return []
-    return [S.cache_path(w.dataset, part) for part in ("fit", "val")]
+    return paths.cache_args(w.dataset, resolved(w)["train"].get("loader", "pil"), candidate=True)[1::2]
 
 
 def candidate_cache_args(w):
-    caches = candidate_caches(w)
-    return f"--train-cache {caches[0]} --test-cache {caches[1]}" if caches else ""
+    return argv(paths.cache_args(w.dataset, resolved(w)["train"].get("loader", "pil"), candidate=True))
 
 
 def stage_candidates(w):

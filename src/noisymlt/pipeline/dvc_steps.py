@@ -16,9 +16,10 @@ from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.pipeline import layout as L
-from noisymlt.pipeline.paths import (CACHE_PARTS, PARTS, all_runs, asset_argv, cache_args, cache_argv, dataset_block,
-                                     image_root, longtail_argv, parse_argv, pretrain_argv, raw_argv, raw_marker, requested_config,
-                                     run_dir, select_cache_argv, select_split_argv, train_images_argv)
+from noisymlt.pipeline.paths import (CACHE_PARTS, PARTS, all_runs, asset_argv, cache_args, cache_argv, config_text,
+                                     dataset_block, final_run, image_root, longtail_argv, parse_argv, pretrain_argv,
+                                     raw_argv, raw_marker, run_dir, select_cache_argv, select_split_argv,
+                                     train_images_argv)
 from noisymlt.pipeline.steps import argv, by_name
 
 
@@ -41,9 +42,9 @@ def _run_declared(name: str, values: dict, device: str, evaluate: bool) -> int:
     return _run(argv(step.then, values))
 
 
-def _run_outputs(out: str) -> dict:
-    return {"output.requested": f"{out}/requested_config.json", "output.predictions": f"{out}/predictions.npz",
-            "output.metrics": f"{out}/metrics.json", "output.map": f"{out}/map.json"}
+def _outputs_in(name: str, out: str) -> dict:
+    """The declared outputs of a run's step (``output.NAME``: its files, metrics included), in the folder ``out``."""
+    return {f"output.{key}": f"{out}/{Path(path).name}" for key, path in by_name()[name].outputs().items()}
 
 
 def _params(args: argparse.Namespace) -> dict:
@@ -108,15 +109,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     params = _params(args)
     choice = final_choice_file(params, args.dataset, args.method)
-    text = requested_config(params, args.dataset, args.method, args.gamma, args.seed, choice)
-    resolved = json.loads(text)
-    values = _run_outputs(args.out)
+    resolved = final_run(params, args.dataset, args.method, args.gamma, args.seed, choice)
+    values = _outputs_in("train", args.out)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    write_text(Path(values["output.requested"]), text + "\n")
+    write_text(Path(values["output.requested"]), config_text(resolved) + "\n")
     values.update({
         "input.train": args.train_labels, "input.test": args.test_labels, "input.split": args.split,
         "input.subset": L.fill(L.TRAIN_LABELS, dataset=args.dataset), "input.raw": raw_marker(params, args.dataset),
-        "train_images": image_root(params, args.dataset, "train"), "test_images": image_root(params, args.dataset, "test"),
+        "train_images": image_root(params, args.dataset, "train"),
+        "test_images": image_root(params, args.dataset, "test"),
         "caches": cache_args(args.dataset, resolved["train"].get("loader", "pil")), "out": args.out,
         "code": expect_code(args.method, resolved), "selection": ["--selection", choice] if choice else []})
     return _run_declared("train", values, args.device, args.evaluate)
@@ -143,18 +144,17 @@ def _cmd_train_candidate(args: argparse.Namespace) -> int:
                             f"(candidates: {', '.join(values)})")
     earlier = S.read_choice(S.choice_file(args.dataset, args.method, args.stage - 1)) if args.stage > 1 else {}
     cfg = resolve_run(params, args.dataset, args.method, args.gamma, args.seed, chosen={**earlier, **values[args.tag]},
-                      chosen_by="candidate", candidate=True)
+                      candidate=True)
     out = S.candidate_dir(args.dataset, args.method, args.stage, args.gamma, args.seed, args.tag)
     Path(out).mkdir(parents=True, exist_ok=True)
-    run = _run_outputs(out)
-    Path(run["output.requested"]).write_text(json.dumps(cfg, sort_keys=True, indent=1) + "\n")
-    caches = []
-    if cfg["train"].get("loader", "pil") == "cache":
-        caches = ["--train-cache", S.cache_path(args.dataset, "fit"), "--test-cache", S.cache_path(args.dataset, "val")]
-    run.update({f"input.{name}": L.fill(L.SELECT_PART, dataset=args.dataset, gamma=args.gamma, seed=args.seed, part=part)
-                for name, part in (("train", "fit"), ("val", "val"))})
-    run.update({"input.split": L.fill(L.CLASS_SPLIT, dataset=args.dataset), "images": image_root(params, args.dataset, "train"),
-                "caches": caches, "out": out, "code": expect_code(args.method, cfg)})
+    run = _outputs_in("train_candidate", out)
+    Path(run["output.requested"]).write_text(config_text(cfg) + "\n")
+    run.update({f"input.{name}": L.fill(L.SELECT_PART, dataset=args.dataset, gamma=args.gamma, seed=args.seed,
+                                        part=part) for name, part in (("train", "fit"), ("val", "val"))})
+    run.update({"input.split": L.fill(L.CLASS_SPLIT, dataset=args.dataset),
+                "images": image_root(params, args.dataset, "train"),
+                "caches": cache_args(args.dataset, cfg["train"].get("loader", "pil"), candidate=True), "out": out,
+                "code": expect_code(args.method, cfg)})
     return _run_declared("train_candidate", run, args.device, args.evaluate)
 
 
@@ -181,10 +181,11 @@ def _cmd_aggregate(args: argparse.Namespace) -> int:
 
 def add_cli(sub) -> None:
     p = sub.add_parser(
-        "step", help="run a pipeline step with its dataset-specific arguments resolved from params files",
-        description="Resolve a step's dataset-dependent arguments (raw data source, folder layout, long-tail "
-                    "settings, image folders, the run grid) from params files, print the explicit `noisymlt` "
-                    "command and run it. dvc.yaml uses this because DVC cannot branch on a dataset's kind.",
+        "step", help="run a pipeline step with its arguments resolved from params files",
+        description="Resolve a step's arguments (a run's configuration and image folders, the run grid, a dataset "
+                    "kind's raw data source, folder layout and long-tail settings) from params files, print the "
+                    "explicit `noisymlt` command and run it. dvc.yaml runs a training run, a selection candidate, a "
+                    "selection's choice and the aggregate through it; the other subcommands are for runs by hand.",
     )
     steps = p.add_subparsers(dest="step", metavar="STEP", required=True)
 

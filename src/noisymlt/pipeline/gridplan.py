@@ -128,8 +128,7 @@ def plan_grid(params: dict, data_root: str | Path = "data") -> list[dict]:
             for stage in range(1, len(selection.stages(params, method)) + 1):
                 for tag, values in selection.candidates(params, method, stage):
                     for (gamma, seed), (noisy, split, source) in zip(sets, tables):
-                        cfg = resolve_run(params, dataset, method, gamma, seed, chosen=values, chosen_by="candidate",
-                                          candidate=True)
+                        cfg = resolve_run(params, dataset, method, gamma, seed, chosen=values, candidate=True)
                         jobs.append({"dataset": dataset, "gamma": gamma, "seed": seed, "method": method,
                                      "candidate": f"stage{stage}/{tag}", "labels": f"{source}, fit part",
                                      "kind": params["datasets"][dataset]["kind"],

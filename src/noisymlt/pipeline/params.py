@@ -243,7 +243,7 @@ def selection_block(params: dict, runs: dict) -> dict:
                     for gamma, seed in sets:
                         key = f"{dataset}-{method}-{stage}-{gamma}-{seed}-{tag}"
                         # earlier stages' values come from `previous`: placeholders here (S.placeholders)
-                        cfg = resolve_run(params, dataset, method, gamma, seed, candidate=True, chosen_by="candidate",
+                        cfg = resolve_run(params, dataset, method, gamma, seed, candidate=True,
                                           chosen={**S.placeholders(params, method, stage - 1), **values})
                         out["candidates"][key] = {
                             "dataset": dataset, "method": method, "stage": stage, "gamma": gamma, "seed": seed,

@@ -153,12 +153,14 @@ def cache_argv(params: dict, name: str, part: str, out: str) -> list[str]:
             "--size", str(cache_size(params, name)), "--out", out, "--no-progress"]
 
 
-def cache_args(name: str, loader: str) -> list[str]:
-    """The train command's cache arguments for a run whose train.loader is ``loader``."""
+def cache_args(name: str, loader: str, candidate: bool = False) -> list[str]:
+    """The train command's cache arguments for a run whose train.loader is ``loader``: its train subset's and test
+    set's caches, or a selection candidate's (``candidate``: the fit and val images')."""
     if loader != "cache":
         return []
-    return ["--train-cache", L.fill(L.CACHE, dataset=name, part="train"),
-            "--test-cache", L.fill(L.CACHE, dataset=name, part="test")]
+    pattern, parts = (L.SELECT_CACHE, ("fit", "val")) if candidate else (L.CACHE, ("train", "test"))
+    return ["--train-cache", L.fill(pattern, dataset=name, part=parts[0]),
+            "--test-cache", L.fill(pattern, dataset=name, part=parts[1])]
 
 
 def select_split_argv(params: dict, dataset: str, out: str) -> list[str]:
@@ -220,13 +222,22 @@ def method_labels(params: dict) -> str:
     return json.dumps({m: b.get("label", m) for m, b in params["methods"].items()})
 
 
-def requested_config(params: dict, dataset: str, method: str, gamma: float, seed: int, choice: str | None) -> str:
-    """A run's resolved config with its method's chosen values (from the choice file, if any), as the text both
-    routes write to OUT/requested_config.json (Snakemake's train job prints it with a final newline, as
-    the DVC train stage writes it): the train job reads it."""
+def final_run(params: dict, dataset: str, method: str, gamma: float, seed: int, choice: str | None) -> dict:
+    """A final run's resolved config, with its method's chosen values read from the choice file (if any) as the
+    configuration's last layer (config.resolve_run)."""
     from noisymlt.config import resolve_run
     from noisymlt.pipeline.selection import read_choice
 
     chosen = read_choice(choice) if choice else None
-    resolved = resolve_run(params, dataset, method, gamma, seed, chosen=chosen, chosen_by=str(choice or ""))
+    return resolve_run(params, dataset, method, gamma, seed, chosen=chosen, chosen_by=str(choice or ""))
+
+
+def config_text(resolved: dict) -> str:
+    """A run's resolved config as the text both routes write to OUT/requested_config.json (Snakemake's train job
+    prints it with a final newline, as the DVC train stage writes it): the train job reads it."""
     return json.dumps(resolved, sort_keys=True, indent=1)
+
+
+def requested_config(params: dict, dataset: str, method: str, gamma: float, seed: int, choice: str | None) -> str:
+    """A final run's requested_config.json text (final_run, config_text)."""
+    return config_text(final_run(params, dataset, method, gamma, seed, choice))

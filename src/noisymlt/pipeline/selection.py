@@ -51,11 +51,6 @@ def tie_rule(block: dict) -> str:
 # ------------------------------------------------------------------------------------------ layout
 # The patterns are noisymlt.pipeline.layout's; these fill the ones the Snakemake rules ask for by name.
 
-def cache_path(dataset: str, part: str) -> str:
-    """Decoded-image cache of the fit or val images (every selection set has the same rows)."""
-    return L.fill(L.SELECT_CACHE, dataset=dataset, part=part)
-
-
 def candidate_dir(dataset: str, method: str, stage: int, gamma: float, seed: int, tag: str) -> str:
     return L.fill(L.CANDIDATE, dataset=dataset, method=method, stage=stage, gamma=gamma, seed=seed, tag=tag)
 

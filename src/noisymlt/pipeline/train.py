@@ -22,22 +22,17 @@ log = logging.getLogger(__name__)
 
 
 def _resolved_from_args(args: argparse.Namespace) -> dict:
-    from noisymlt.config import load_params, resolve_run
+    from noisymlt.config import load_params
     from noisymlt.core.files import json_object_arg
+    from noisymlt.pipeline.paths import final_run
 
     if args.run_config:
         return json_object_arg(args.run_config, "--run-config")
     missing = [o for o in ("dataset", "method", "gamma", "seed") if getattr(args, o) is None]
     if missing:
         raise NoisyMLTError(f"without --run-config, --params needs --{' --'.join(missing)}")
-    params = load_params(*args.params)
-    chosen = None
-    if args.selection:  # the method's model selection: its chosen values (noisymlt.pipeline.selection)
-        from noisymlt.pipeline.selection import read_choice
-
-        chosen = read_choice(args.selection)
-    return resolve_run(params, args.dataset, args.method, args.gamma, args.seed, chosen=chosen,
-                       chosen_by=str(args.selection or ""))
+    # --selection: the method's model selection, whose chosen values the configuration takes (pipeline.selection)
+    return final_run(load_params(*args.params), args.dataset, args.method, args.gamma, args.seed, args.selection)
 
 
 def _check_selection(resolved: dict, path: str) -> None:
