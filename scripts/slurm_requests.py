@@ -50,8 +50,8 @@ CACHE_SIZE = 256  # params.yaml train.cache_size
 # hours.
 MEMORY_HEADROOM = 1.5
 TIME_HEADROOM = 4.0
-# Images the real caches hold (noisymlt.pipeline.gridplan.PUBLISHED_SUBSETS; test sets: VOC2007 test, COCO val2017)
-TEST_IMAGES = {"voc": 4952, "coco": 5000}
+# Images the real caches hold: the published subsets and test sets of the paper's kinds (noisymlt.data.kinds)
+PAPER_KINDS = ("voc", "coco")
 
 
 # ---------------------------------------------------------------------------------------------- measure
@@ -175,6 +175,7 @@ def _run_minutes(job: dict, throughput: dict, loader_rate: float, images: int, t
 
 
 def derive(args: argparse.Namespace) -> dict:
+    from noisymlt.data.kinds import kind_of
     from noisymlt.pipeline import gridplan
     from noisymlt.config import load_params
 
@@ -186,16 +187,16 @@ def derive(args: argparse.Namespace) -> dict:
     jobs = gridplan.plan_grid(params, data_root=REPO / "data")
     longest, per_method = None, {}
     for job in jobs:
-        images = gridplan.PUBLISHED_SUBSETS[job["dataset"]]["images"]
-        cost = _run_minutes(job, throughput, loader_rate, images, TEST_IMAGES[job["dataset"]])
+        images = kind_of(job["dataset"]).published_subset["images"]
+        cost = _run_minutes(job, throughput, loader_rate, images, job["test_images"])
         key = job["method"]
         if key not in per_method or cost["minutes"] > per_method[key]["minutes"]:
             per_method[key] = {"dataset": job["dataset"], "iterations": job["iterations"], **cost}
         if longest is None or cost["minutes"] > longest["minutes"]:
             longest = {"method": key, "dataset": job["dataset"], "candidate": job.get("candidate"),
                        "iterations": job["iterations"], "images_per_step": job["images_per_step"], **cost}
-    caches_mib = {d: (gridplan.PUBLISHED_SUBSETS[d]["images"] + TEST_IMAGES[d]) * CACHE_SIZE ** 2 * 3 / 2**20
-                  for d in TEST_IMAGES}
+    caches_mib = {d: (kind_of(d).published_subset["images"] + kind_of(d).test_images) * CACHE_SIZE ** 2 * 3 / 2**20
+                  for d in PAPER_KINDS}
     peak_method = max(memory["methods"], key=lambda m: memory["methods"][m]["peak_pss_mib"])
     peak = memory["methods"][peak_method]["peak_pss_mib"]
     need_mib = peak + max(caches_mib.values())

@@ -8,7 +8,8 @@ import torch
 
 from noisymlt.data.labels import read_class_split
 from noisymlt.errors import NoisyMLTError
-from noisymlt.methods.pseudo_labels import COLEARNING_DEFAULTS, correction_stats, group_thresholds, pseudo_labels
+from noisymlt.data.kinds import kind_of
+from noisymlt.methods.pseudo_labels import correction_stats, group_thresholds, pseudo_labels
 
 VOC_SPLIT = {  # SPEC 1, expected VOC-MLT split
     "head": [4, 6, 8, 10, 14, 15],
@@ -19,7 +20,7 @@ SMALL_SPLIT = {"head": [0], "medium": [1], "tail": [2, 3]}
 
 
 def test_group_thresholds_voc_defaults():
-    cfg = COLEARNING_DEFAULTS["voc"]["random"]
+    cfg = kind_of("voc").thresholds["random"]
     alpha, beta = group_thresholds(VOC_SPLIT, 20, cfg["alpha"], cfg["beta"])
     assert alpha.shape == beta.shape == (20,)
     assert np.flatnonzero(alpha < 1).tolist() == VOC_SPLIT["head"]
@@ -32,13 +33,13 @@ def test_group_thresholds_voc_defaults():
 
 def test_defaults_match_the_published_runs():
     for branch in ("random", "balanced"):
-        assert COLEARNING_DEFAULTS["voc"][branch] == {"alpha": {"head": 0.7}, "beta": {"tail": 0.1}}
-        assert COLEARNING_DEFAULTS["coco"][branch] == {"alpha": {"head": 0.9}, "beta": {}}
+        assert kind_of("voc").thresholds[branch] == {"alpha": {"head": 0.7}, "beta": {"tail": 0.1}}
+        assert kind_of("coco").thresholds[branch] == {"alpha": {"head": 0.9}, "beta": {}}
 
 
 def test_coco_defaults_on_the_reference_split(reference_dir):
     split = read_class_split(reference_dir / "coco_mlt_class_split.json")
-    cfg = COLEARNING_DEFAULTS["coco"]["balanced"]
+    cfg = kind_of("coco").thresholds["balanced"]
     alpha, beta = group_thresholds(split, 80, cfg["alpha"], cfg["beta"])
     assert np.flatnonzero(alpha == 0.9).tolist() == split["head"]
     assert len(split["head"]) == 22 and np.all(beta == 0.0)

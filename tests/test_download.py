@@ -20,7 +20,7 @@ import pytest
 
 from noisymlt.data import archive, coco_images, download
 from noisymlt.data.archive import safe_extract
-from noisymlt.data.download import DATASETS, RemoteFile, download_dataset, fetch, mirror_url
+from noisymlt.data.download import RemoteFile, dataset_archives, download_dataset, fetch, mirror_url
 from noisymlt.data.labels import LabelTable, write_labels
 from noisymlt.errors import NoisyMLTError
 from noisymlt.core import codedeps
@@ -146,8 +146,8 @@ def test_fetch_gives_up_after_retries_and_names_url(http_server, tmp_path):
 
 
 def test_a_failed_dataset_download_names_the_mirror_and_the_manual_place(http_server, tmp_path, monkeypatch):
-    official = DATASETS["voc"][0]
-    monkeypatch.setitem(DATASETS, "voc", [RemoteFile(f"{http_server.url}/gone/{official.filename}",
+    official = dataset_archives()["voc"][0]
+    monkeypatch.setitem(dataset_archives(), "voc", [RemoteFile(f"{http_server.url}/gone/{official.filename}",
                                                      official.filename, md5=official.md5)])
     root = tmp_path / "raw" / "voc"
     with pytest.raises(NoisyMLTError) as failed:
@@ -356,9 +356,9 @@ def test_download_voc_from_mirror_end_to_end(http_server, tmp_path, monkeypatch)
     for name, members in tars.items():
         data = _tar(tmp_path / name, members).read_bytes()
         _serve(http_server, f"mirror/{name}", data)
-        official = next(f for f in DATASETS["voc"] if f.filename == name)
+        official = next(f for f in dataset_archives()["voc"] if f.filename == name)
         registry.append(RemoteFile(official.url, name, md5=_md5(data)))
-    monkeypatch.setitem(DATASETS, "voc", registry)
+    monkeypatch.setitem(dataset_archives(), "voc", registry)
 
     root = tmp_path / "raw" / "voc"
     argv = ["download", "--dataset", "voc", "--root", str(root), "--mirror", f"{http_server.url}/mirror",
@@ -387,7 +387,7 @@ def test_download_voc_from_mirror_end_to_end(http_server, tmp_path, monkeypatch)
 def test_download_wrong_checksum_via_cli_reports_file(http_server, tmp_path, monkeypatch):
     data = _tar(tmp_path / "x.tar", [_file("VOCdevkit/a", b"a")]).read_bytes()
     _serve(http_server, "VOCtest_06-Nov-2007.tar", data)
-    monkeypatch.setitem(DATASETS, "voc", [RemoteFile("http://x/VOCtest_06-Nov-2007.tar",
+    monkeypatch.setitem(dataset_archives(), "voc", [RemoteFile("http://x/VOCtest_06-Nov-2007.tar",
                                                      "VOCtest_06-Nov-2007.tar", md5="f" * 32)])
     root = tmp_path / "root"
     expected = rf"VOCtest_06-Nov-2007\.tar: checksum mismatch, md5 expected f{{32}}, actual {_md5(data)}"
@@ -399,7 +399,7 @@ def test_download_wrong_checksum_via_cli_reports_file(http_server, tmp_path, mon
 
 
 def test_registry_holds_the_spec_checksums():
-    md5s = {f.filename: f.md5 for files in DATASETS.values() for f in files}
+    md5s = {f.filename: f.md5 for files in dataset_archives().values() for f in files}
     assert md5s == {
         "VOCtrainval_11-May-2012.tar": "6cd6e144f989b92b3379bac3b3de84fd",
         "VOCtest_06-Nov-2007.tar": "b6e924de25625d8de591ea690078ad9f",

@@ -10,6 +10,7 @@ import pytest
 
 from noisymlt.data.labels import LabelTable, write_class_split, write_labels
 from noisymlt.errors import NoisyMLTError
+from noisymlt.data.kinds import kind_of
 from noisymlt.pipeline import gridplan, paths
 from noisymlt.config import load_params, resolve_run
 
@@ -22,7 +23,7 @@ def paper_params() -> dict:
 
 
 def test_synthetic_labels_have_the_published_counts_and_no_empty_image():
-    voc = gridplan.PUBLISHED_SUBSETS["voc"]
+    voc = kind_of("voc").published_subset
     y = gridplan.synthetic_labels(voc["images"], voc["counts"])
     assert y.shape == (1142, 20) and y.sum(0).tolist() == voc["counts"]
     assert y.any(1).all()

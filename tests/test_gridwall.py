@@ -7,13 +7,13 @@ import json
 import pytest
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.gridwall import TEST_IMAGES, grid_wall, planned_run_seconds, read_benchmark_seconds, run_cost
+from noisymlt.pipeline.gridwall import grid_wall, planned_run_seconds, read_benchmark_seconds, run_cost
 
 COST = {"fixed_s": 20.0, "s_per_iteration": 0.05, "predict_images_per_s": 1000.0}
 
 
 def job(method="erm", family="single", **kw):
-    return {"dataset": "voc", "kind": "voc", "method": method, "family": family, "iterations": 280, "epochs": 8,
+    return {"dataset": "voc", "test_images": 4952, "method": method, "family": family, "iterations": 280, "epochs": 8,
             "train_images": 1142, "held_out_images": 0, **kw}
 
 
@@ -26,12 +26,12 @@ def test_a_planned_run_costs_start_up_steps_and_prediction():
 
 
 def test_grid_wall_divides_the_packed_runs_by_k_and_prices_a_method_by_its_family():
-    jobs = [job(), job("focal"), job("ours_k3", "colearning"), job("ours", "colearning", dataset="coco", kind="coco"),
+    jobs = [job(), job("focal"), job("ours_k3", "colearning"), job("ours", "colearning", dataset="coco", test_images=5000),
             job("mystery", "unknown")]
     costs = {"erm": COST, "ours": {**COST, "s_per_iteration": 0.2}}
     one = planned_run_seconds(jobs[0], COST)
     ours_voc = planned_run_seconds(jobs[2], costs["ours"])
-    ours_coco = 20 + 280 * 0.2 + (1142 + TEST_IMAGES["coco"]) / 1000
+    ours_coco = 20 + 280 * 0.2 + (1142 + 5000) / 1000
     out = grid_wall(jobs, costs, 4)
     assert out["hours"] == pytest.approx((2 * one + ours_voc + ours_coco) / 4 / 3600)
     assert out["by_dataset"]["coco"] == pytest.approx(ours_coco / 4 / 3600)

@@ -178,9 +178,9 @@ def test_official_cli(http_server, tmp_path, capsys):
 
 
 def test_official_registry_pins_db_commit():
-    for entry in longtail.OFFICIAL_LISTS.values():
+    for entry in longtail.official_lists().values():
         assert entry.url.startswith(
             "https://raw.githubusercontent.com/wutong16/DistributionBalancedLoss/14460d0acda6a3e77a8a6a5999b9746243cb1535/appendix/"
         )
         assert len(entry.sha256) == 64
-    assert longtail.OFFICIAL_LISTS["coco"].url.endswith("longtail2017/img_id.pkl")
+    assert longtail.official_lists()["coco"].url.endswith("longtail2017/img_id.pkl")

@@ -14,6 +14,7 @@ import torch
 
 from conftest import tiny_params, toy_trainer
 from noisymlt.data import glove
+from noisymlt.data.kinds import kind_of
 from noisymlt.data.classes import VOC_CLASSES
 from noisymlt.errors import NoisyMLTError
 from noisymlt.models.backbones import SmallCNN
@@ -143,7 +144,7 @@ def test_coco_rows_follow_alphabetical_names(tmp_path, monkeypatch):
     published = np.stack([np.full(300, rows[name], np.float32) for name in sorted(rows)])
     path = tmp_path / "coco_glove.pkl"
     path.write_bytes(pickle.dumps(published))
-    monkeypatch.setitem(glove.GLOVE_ROWS, "coco", 3)
+    monkeypatch.setattr(kind_of("coco"), "glove_rows", 3)
     classes = ["person", "bicycle", "airplane"]
     np.testing.assert_array_equal(glove.glove_row_order("coco", classes), [2, 1, 0])
     emb = glove.class_embeddings("coco", classes, "glove", path)

@@ -108,15 +108,13 @@ def validate_params(params: dict, source: str | None = None) -> None:
     """JSON-schema validation (unknown keys, types, ranges) plus the cross-references a schema
     cannot express: grid entries must name configured datasets and registered methods. Errors are
     ParamsError: ``source`` (the file), the dotted key, what is wrong."""
-    check_schema(params, yaml.safe_load(SCHEMA_PATH.read_text()), "", source)
+    check_schema(params, params_schema(), "", source)
 
     for name in params["grid"]["datasets"]:
         if name not in params["datasets"]:
             raise ParamsError(source, "grid.datasets", f"{name!r} has no block under datasets")
     for name, block in params["datasets"].items():
-        if block["kind"] == "coco" and "toy" in block:
-            raise ParamsError(source, f"datasets.{name}.toy", "the toy generator stands in for toy and voc "
-                                                              "datasets only, not coco")
+        check_kind_options(name, block, source)
     gamma_lists = {"grid.gammas": params["grid"]["gammas"],
                    **{f"ablations.{n}.gammas": a["gammas"] for n, a in params.get("ablations", {}).items()}}
     for key, gammas in gamma_lists.items():
@@ -156,17 +154,38 @@ def validate_params(params: dict, source: str | None = None) -> None:
     check_batch_sizes(params, source)
 
 
-# The most training images a dataset kind can give a run: its trainval pool (VOC2012 trainval, COCO 2017 train;
-# the toy's own size), and no more than classes x the long-tail profile's largest class count.
-TRAIN_POOL = {"voc": 11540, "coco": 118287}
-CLASS_COUNT = {"voc": 20, "coco": 80, "toy": 20}
+def params_schema() -> dict:
+    """params.schema.yaml with what the dataset kinds add (noisymlt.data.kinds): the kind names, and each kind's own
+    block (datasets.NAME.toy, datasets.NAME.folder) with its schema."""
+    from noisymlt.data.kinds import all_kinds
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    block = schema["properties"]["datasets"]["additionalProperties"]
+    kinds = all_kinds()
+    block["properties"]["kind"] = {"enum": sorted(kinds), "description": "noisymlt.data.kinds: one module per kind"}
+    for kind in kinds.values():
+        block["properties"].update(kind.options)
+    return schema
 
 
-def training_images_bound(block: dict) -> int:
-    """An upper bound on the training images of the dataset ``block`` (its long-tail subset)."""
-    kind = block["kind"]
-    pool = block["toy"]["n_trainval"] if "toy" in block else TRAIN_POOL[kind]
-    return min(pool, CLASS_COUNT[kind] * block["longtail"]["max"])
+def check_kind_options(name: str, block: dict, source: str | None = None) -> None:
+    """A kind's own block (the schema allows every kind's) only under a dataset of a kind that reads it."""
+    from noisymlt.data.kinds import all_kinds, dataset_kind
+
+    kind = dataset_kind(block)
+    for key in block:
+        owners = sorted(n for n, k in all_kinds().items() if key in k.options)
+        if owners and key not in kind.options:
+            raise ParamsError(source, f"datasets.{name}.{key}", f"kind {kind.name} reads no {key} block (kinds "
+                                                                f"that do: {', '.join(owners)})")
+
+
+def training_images_bound(block: dict) -> int | None:
+    """An upper bound on the training images of the dataset ``block`` (its long-tail subset), None where the kind
+    cannot tell before its data are read."""
+    from noisymlt.data.kinds import dataset_kind
+
+    return dataset_kind(block).training_images_bound(block, block["longtail"].get("max", 800))
 
 
 def check_batch_sizes(params: dict, source: str | None = None) -> None:
@@ -176,7 +195,7 @@ def check_batch_sizes(params: dict, source: str | None = None) -> None:
         bound = training_images_bound(params["datasets"][dataset])
         for method in params["grid"]["methods"]:
             size = resolve_run(params, dataset, method, params["grid"]["gammas"][0], 0)["train"]["batch_size"]
-            if size > bound:
+            if bound is not None and size > bound:
                 key = layer_key(params, dataset, method, "batch_size")
                 raise ParamsError(source, key, f"{size} exceeds the training images of dataset {dataset!r} (at most "
                                                f"{bound}) for method {method!r}: an epoch would have no full batch")

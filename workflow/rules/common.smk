@@ -3,6 +3,7 @@
 import functools
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -69,14 +70,25 @@ GRID = config["grid"]
 from noisymlt.pipeline.layout import gtag  # a noise rate as paths write it
 
 
-def kind(dataset):
-    return config["datasets"][dataset]["kind"]
-
-
 def dataset_of_raw(raw):
-    """Raw files are per kind (and a toy stand-in's own folder): any dataset block stored there tells how to
-    get them."""
-    return next(name for name in config["datasets"] if paths.raw_dir(config, name) == raw)
+    """Raw files are per kind (and a toy stand-in's own folder), in folder RAW (under data/raw): any dataset block
+    stored there tells how to get them."""
+    return next(name for name in config["datasets"] if paths.raw_dir(config, name) == layout.fill(layout.RAW, raw=raw))
+
+
+def raw_command(raw):
+    return paths.raw_argv(config, dataset_of_raw(raw))[0]
+
+
+def raw_targets(field, downloaded):
+    """The raw folders (field "raw") or their marker files (field "marker") of the configured datasets whose raw files
+    a command writes: `download`'s (downloaded: a local rule) or another's, as a wildcard's regular expression."""
+    found = set()
+    for name in config["datasets"]:
+        words = paths.raw_argv(config, name)
+        if words is not None and (words[0] == "download") == downloaded:
+            found.add(layout.raw_parts(paths.raw_marker(config, name))[field])
+    return "|".join(re.escape(f) for f in sorted(found)) or "(?!)"
 
 
 def raw_dir(dataset):
@@ -103,10 +115,14 @@ def argv(args):
 
 
 def train_images_ready(dataset):
-    """COCO train images are fetched one by one for the subset only, after the long-tail step."""
-    if kind(dataset) == "coco":
-        return layout.fill(layout.TRAIN_IMAGES_READY, dataset=dataset)
-    return raw_marker(dataset)
+    """The file a dataset's train images are ready with: some kinds fetch theirs for the subset only, after the
+    long-tail step (COCO's, one by one)."""
+    return paths.train_images_ready(config, dataset)
+
+
+def step_command(step, **fields):
+    """The command a step with computed words runs for these fields (its code param's name)."""
+    return STEPS[step].args(config, fields)[0]
 
 
 def run_dir(w):

@@ -3,33 +3,25 @@
 # that depend on a dataset's kind come from noisymlt.pipeline.paths, which DVC's `noisymlt step` runs too.
 
 
-rule make_toy:
+# Raw files, once a folder under data/raw, written by the command of the dataset's kind (noisymlt.data.kinds:
+# raw_argv); a user's own folder (kind folder) has no rule and is read where it is.
+
+
+rule make_raw:
     output:
-        "data/raw/toy/VOCdevkit/TOY/toy_manifest.json",
+        layout.RAW_MARKER,
+    wildcard_constraints:
+        raw=raw_targets("raw", downloaded=False),
+        marker=raw_targets("marker", downloaded=False),
     params:
-        args=lambda w: step_args("raw", dataset=dataset_of_raw("data/raw/toy")),
-        code=code("make-toy"),
+        args=lambda w: step_args("raw", dataset=dataset_of_raw(w.raw)),
+        code=lambda w: code(raw_command(w.raw)),
     log:
-        "logs/data/make_toy.log",
+        "logs/data/raw/{raw}/{marker}.log",
     benchmark:
-        "benchmarks/data/make_toy.tsv"
+        "benchmarks/data/raw/{raw}/{marker}.tsv"
     shell:
         STEPS["raw"].shell
-
-
-# A VOC stand-in drawn by the toy generator in VOC's layout (kind voc with a toy block: the smoke profile).
-
-
-use rule make_toy as make_voc_toy with:
-    output:
-        "data/raw/voc_toy/manifest.json",
-    params:
-        args=lambda w: step_args("raw", dataset=dataset_of_raw("data/raw/voc_toy")),
-        code=code("make-toy"),
-    log:
-        "logs/data/make_voc_toy.log",
-    benchmark:
-        "benchmarks/data/make_voc_toy.tsv"
 
 
 # Everything fetched from the internet is fetched here, by local rules: under SLURM they run in the snakemake
@@ -38,7 +30,7 @@ use rule make_toy as make_voc_toy with:
 
 localrules:
     download,
-    fetch_coco_train_images,
+    fetch_train_images,
     fetch_asset,
 
 
@@ -61,17 +53,22 @@ rule fetch_asset:
         STEPS["assets"].shell
 
 
+# The same step for the kinds that download theirs, as a local rule (and without make_raw's code param: a change
+# of download's code refetches nothing, the archives are checked against their checksums).
+
+
 rule download:
     output:
-        "data/raw/{kind}/manifest.json",
+        layout.RAW_MARKER,
     wildcard_constraints:
-        kind="voc|coco",
+        raw=raw_targets("raw", downloaded=True),
+        marker=raw_targets("marker", downloaded=True),
     params:
-        args=lambda w: step_args("raw", dataset=dataset_of_raw(f"data/raw/{w.kind}")),
+        args=lambda w: step_args("raw", dataset=dataset_of_raw(w.raw)),
     log:
-        "logs/data/download_{kind}.log",
+        "logs/data/raw/{raw}/{marker}.log",
     benchmark:
-        "benchmarks/data/download_{kind}.tsv"
+        "benchmarks/data/raw/{raw}/{marker}.tsv"
     shell:
         STEPS["raw"].shell
 
@@ -85,7 +82,7 @@ rule parse_labels:
         part="train_source|test",
     params:
         args=lambda w: step_args("parse_labels", dataset=w.dataset, part=w.part),
-        code=code("parse"),
+        code=lambda w: code(step_command("parse_labels", dataset=w.dataset, part=w.part)),
     log:
         "logs/data/parse_{dataset}_{part}.log",
     benchmark:
@@ -110,7 +107,7 @@ rule longtail:
         STEPS["longtail"].shell
 
 
-rule fetch_coco_train_images:
+rule fetch_train_images:
     input:
         **STEPS["train_images"].input,
         raw=lambda w: raw_marker(w.dataset),

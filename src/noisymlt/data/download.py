@@ -43,36 +43,18 @@ class RemoteFile:
     extract: bool = True  # unpack into the dataset root after download
 
 
-DATASETS: dict[str, list[RemoteFile]] = {
-    # md5s as given by the dataset authors (SPEC section 1); the tars unpack into VOCdevkit/VOC20xx/.
-    "voc": [
-        RemoteFile(
-            "http://host.robots.ox.ac.uk/pascal/VOC/voc2012/VOCtrainval_11-May-2012.tar",
-            "VOCtrainval_11-May-2012.tar",
-            md5="6cd6e144f989b92b3379bac3b3de84fd",
-        ),
-        RemoteFile(
-            "http://host.robots.ox.ac.uk/pascal/VOC/voc2007/VOCtest_06-Nov-2007.tar",
-            "VOCtest_06-Nov-2007.tar",
-            md5="b6e924de25625d8de591ea690078ad9f",
-        ),
-    ],
-    # COCO publishes no checksums; these md5s are the values published by torchvision/d2l-style
-    # dataset helpers (and many download scripts) for the 2017 release. The zips unpack into
-    # annotations/ and val2017/. Train images come one by one (download_coco_images).
-    "coco": [
-        RemoteFile(
-            "http://images.cocodataset.org/annotations/annotations_trainval2017.zip",
-            "annotations_trainval2017.zip",
-            md5="f4bbac642086de4f52a3fdda2de5fa2c",
-        ),
-        RemoteFile(
-            "http://images.cocodataset.org/zips/val2017.zip",
-            "val2017.zip",
-            md5="442b8da7639aecaf257c1dceb8ba8c80",
-        ),
-    ],
-}
+_ARCHIVES: dict[str, list[RemoteFile]] = {}
+
+
+def dataset_archives() -> dict[str, list[RemoteFile]]:
+    """Kind -> the archives its raw files come in, for every kind that downloads (noisymlt.data.kinds: archives;
+    the URLs and digests live with the kind). One dict per process, so a test may swap an entry."""
+    if not _ARCHIVES:
+        from noisymlt.data.kinds import all_kinds
+
+        _ARCHIVES.update({name: list(kind.archives) for name, kind in all_kinds().items()
+                          if getattr(kind, "archives", None)})
+    return _ARCHIVES
 
 
 def _local(location: str) -> bool:
@@ -249,13 +231,14 @@ def download_dataset(
     timeout: float = 60,
     progress: bool = True,
 ) -> Path:
-    """Fetch, verify and unpack every file of ``DATASETS[name]`` under ``root`` (archives in
+    """Fetch, verify and unpack every archive of the dataset kind ``name`` under ``root`` (archives in
     ``root/archives``) and return the path of ``root/manifest.json``."""
-    if name not in DATASETS:
-        raise NoisyMLTError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
+    archives = dataset_archives()
+    if name not in archives:
+        raise NoisyMLTError(f"unknown dataset {name!r}; choose one of {sorted(archives)}")
     root = Path(root)
     files = []
-    for item in DATASETS[name]:
+    for item in archives[name]:
         try:
             path = fetch(
                 mirror_url(item.url, mirror),
@@ -348,7 +331,7 @@ def add_cli(subparsers) -> None:
             "from `noisymlt fetch-coco-images`). Files already present and valid are not fetched again."
         ),
     )
-    p.add_argument("--dataset", required=True, choices=sorted(DATASETS), help="which dataset")
+    p.add_argument("--dataset", required=True, choices=sorted(dataset_archives()), help="which dataset kind")
     p.add_argument("--root", required=True, type=Path, metavar="DIR", help="dataset root folder")
     add_retry_args(p)
     p.set_defaults(func=_cmd_download)

@@ -23,15 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from noisymlt.data.classes import VOC_CLASSES
 from noisymlt.errors import NoisyMLTError
 
 log = logging.getLogger(__name__)
 
 EMBEDDING_DIM = 300
-# Rows of ML-GCN's files: VOC in VOC class order (alphabetical); COCO in the order of the class *names*
-# sorted alphabetically (ML-GCN's category.json), not the ids. URLs and digests: params.yaml assets.glove.
-GLOVE_ROWS: dict[str, int] = {"voc": 20, "coco": 80}
+# Rows of ML-GCN's files and their order are the dataset kinds' (noisymlt.data.kinds: glove_rows, glove_order);
+# URLs and digests: params.yaml assets.glove.
 
 
 # ------------------------------------------------------------------ safe unpickling
@@ -74,27 +72,23 @@ def load_array_pickle(data: bytes, source: str = "pickle") -> np.ndarray:
 
 # ------------------------------------------------------------------ GloVe from ML-GCN
 def glove_row_order(kind: str, classes: list[str]) -> np.ndarray:
-    """Row of the published file for each project class. COCO: the file's rows are the class names
-    sorted alphabetically, so project class i (category-id order) is row sorted(classes).index(name)."""
-    if kind == "voc":
-        if list(classes) != list(VOC_CLASSES):
-            raise NoisyMLTError(f"GloVe embeddings for voc expect the 20 VOC classes in VOC order, got {classes}")
-        return np.arange(len(classes))
-    if kind == "coco":
-        if len(set(classes)) != len(classes):
-            raise NoisyMLTError("GloVe embeddings for coco: duplicate class names")
-        alphabetical = {name: row for row, name in enumerate(sorted(classes))}
-        return np.array([alphabetical[name] for name in classes], dtype=np.int64)
-    raise NoisyMLTError(f"no published GloVe embeddings for dataset kind {kind!r} (only voc, coco)")
+    """Row of the published file for each project class (the kind's order: VOC's is the class order, COCO's the
+    class names sorted alphabetically)."""
+    from noisymlt.data.kinds import kind_of
+
+    return kind_of(kind).glove_order(classes)
 
 
 def read_glove(kind: str, classes: list[str], path: str | Path) -> np.ndarray:
     """The vectors of ``path`` (a file fetched by `noisymlt fetch-asset`, which verified its checksum) as a
     float32 (C, 300) array in the project's class order. Only reads the disk: a missing file is an error
     that names the step that fetches it."""
-    if kind not in GLOVE_ROWS:
-        raise NoisyMLTError(f"no published GloVe embeddings for dataset kind {kind!r} (only voc, coco)")
-    rows = GLOVE_ROWS[kind]
+    from noisymlt.data.kinds import all_kinds, kind_of
+
+    rows = kind_of(kind).glove_rows
+    if rows is None:
+        having = ", ".join(name for name, k in all_kinds().items() if k.glove_rows)
+        raise NoisyMLTError(f"no published GloVe embeddings for dataset kind {kind!r} (only {having})")
     if len(classes) != rows:
         raise NoisyMLTError(f"GloVe embeddings for {kind} have {rows} rows, the labels {len(classes)} classes")
     order = glove_row_order(kind, classes)
@@ -125,14 +119,25 @@ def pseudo_embeddings(classes: list[str], dim: int = EMBEDDING_DIM) -> np.ndarra
     return np.asarray(rows, dtype=np.float32).reshape(len(classes), dim)
 
 
+def has_glove(kind: str) -> bool:
+    """Whether ML-GCN's published word vectors exist for the kind's classes."""
+    from noisymlt.data.kinds import kind_of
+
+    return kind_of(kind).glove_rows is not None
+
+
 def class_embeddings(kind: str, classes: list[str], mode: str, path: str | Path | None) -> np.ndarray:
-    """(C, 300) class embeddings: ``mode`` glove (the published vectors in ``path``; the toy dataset has none
-    and always gets pseudo-embeddings) or random (pseudo-embeddings)."""
+    """(C, 300) class embeddings: ``mode`` glove (the published vectors in ``path``; a kind without published
+    vectors, such as the toy's glyph classes or a user's folder, always gets pseudo-embeddings) or random
+    (pseudo-embeddings)."""
+    from noisymlt.data.kinds import kind_of
+
     if mode not in ("glove", "random"):
         raise NoisyMLTError(f"embeddings: unknown mode {mode!r}; choose glove or random")
-    if mode == "random" or kind == "toy":
+    if mode == "random" or not has_glove(kind):
         if mode == "glove":
-            log.info("toy dataset: no GloVe vectors for its glyph classes; using name-seeded pseudo-embeddings")
+            log.info("%s dataset: no published GloVe vectors for its classes; using name-seeded pseudo-embeddings",
+                     kind)
         return pseudo_embeddings(classes)
     if not path:
         raise NoisyMLTError(f"ML-GCN GloVe class embeddings for {kind}: no file; add assets.glove.{kind} (url, "

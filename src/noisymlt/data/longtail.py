@@ -27,7 +27,7 @@ from noisymlt.data.structure import scaled_thresholds
 from noisymlt.errors import NoisyMLTError
 
 DB_COMMIT = "14460d0acda6a3e77a8a6a5999b9746243cb1535"
-_DB_RAW = f"https://raw.githubusercontent.com/wutong16/DistributionBalancedLoss/{DB_COMMIT}"
+DB_RAW = f"https://raw.githubusercontent.com/wutong16/DistributionBalancedLoss/{DB_COMMIT}"
 
 
 @dataclass(frozen=True)
@@ -37,20 +37,16 @@ class OfficialList:
     max_count: int  # the pareto ``max`` [DB] used for this dataset (b=6, min=1 for both)
 
 
-OFFICIAL_LISTS: dict[str, OfficialList] = {
-    # 1,142 VOC2012 ids like ``2008_000023``, one per line (13,704 bytes)
-    "voc": OfficialList(
-        url=f"{_DB_RAW}/appendix/VOCdevkit/longtail2012/img_id.txt",
-        sha256="6e49185d5421236718f7393e952f5790e5c0cfeb1694892b1b971f59725d5ebc",
-        max_count=800,
-    ),
-    # 1,909 COCO 2017 integer image ids, one per line; a text file despite the .pkl name (13,023 bytes)
-    "coco": OfficialList(
-        url=f"{_DB_RAW}/appendix/coco/longtail2017/img_id.pkl",
-        sha256="f31e853d2c7b69512c62b65ff1db067a49b3ab86a62f685c7da86b7c3dd04768",
-        max_count=1200,
-    ),
-}
+# The published lists are the kinds' (noisymlt.data.kinds: official_list); [DB]'s pareto max for VOC2012 is the
+# default when no kind names one.
+PARETO_MAX = 800
+
+
+def official_lists() -> dict[str, OfficialList]:
+    """Kind -> its published subset's id list, for every kind that has one."""
+    from noisymlt.data.kinds import all_kinds
+
+    return {name: kind.official_list for name, kind in all_kinds().items() if kind.official_list is not None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,16 +239,21 @@ def _run(args: argparse.Namespace) -> int:
     table = read_labels(args.labels)
     out = Path(args.out)
     if args.source == "official":
-        if args.dataset is None:
-            raise NoisyMLTError("--source official needs --dataset (voc or coco)")
-        entry = OFFICIAL_LISTS[args.dataset]
+        lists = official_lists()
+        if args.dataset not in lists:
+            raise NoisyMLTError(f"--source official needs --dataset, a kind with a published list ({', '.join(lists)})")
+        entry = lists[args.dataset]
         url = args.ids_url or entry.url
         sha256 = args.ids_sha256 or (entry.sha256 if args.ids_url is None else None)
         cache = Path(args.ids_cache or out.parent / f"official_{args.dataset}_{url.rsplit('/', 1)[-1]}")
         subset = official_subset(table, url, sha256, cache)
         subset.meta = {**subset.meta, "subset": {"source": "official", "url": url, "sha256": sha256}}
+    elif args.source == "all":  # the set as it is (a user's own data that is long-tailed already)
+        subset = table.subset(np.arange(len(table)))
+        subset.meta = {**subset.meta, "subset": {"source": "all"}}
     else:
-        max_count = args.max if args.max is not None else OFFICIAL_LISTS[args.dataset or "voc"].max_count
+        max_count = args.max if args.max is not None else (
+            official_lists()[args.dataset].max_count if args.dataset else PARETO_MAX)
         rows = pareto_subsample(
             table.labels,
             b=args.b,
@@ -286,16 +287,18 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
             "Select the long-tailed training subset of a clean label table (SPEC 1.1) and write it "
             "with the class split (head >= 100 images, medium 20..99, tail < 20). "
             "--source pareto redraws it with the [DB] algorithm (exact for VOC2012 trainval with the "
-            "defaults); --source official downloads the published id list and keeps its order."
+            "defaults); --source official downloads the published id list and keeps its order; --source all keeps "
+            "the table as it is."
         ),
     )
     p.add_argument("--labels", required=True,
                    help="input label table (Parquet, or reference-style CSV), rows in sorted image-id order")
     p.add_argument("--out", required=True, help="output Parquet label table, rows in subset order")
     p.add_argument("--split-out", help="class split JSON (default: <OUT stem>_split.json beside OUT)")
-    p.add_argument("--source", choices=("pareto", "official"), default="pareto",
-                   help="how to pick the subset (default: pareto)")
-    p.add_argument("--dataset", choices=sorted(OFFICIAL_LISTS),
+    p.add_argument("--source", choices=("pareto", "official", "all"), default="pareto",
+                   help="how to pick the subset: pareto redraws it, official reads a kind's published list, all keeps "
+                        "every image (default: pareto)")
+    p.add_argument("--dataset", choices=sorted(official_lists()),
                    help="which published list (official) and default --max (voc 800, coco 1200)")
     p.add_argument("--b", type=float, default=6.0, help="pareto shape (default: 6)")
     p.add_argument("--max", type=int, default=None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from noisymlt.data.glove import class_embeddings
+from noisymlt.data.glove import class_embeddings, has_glove
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.base import Method, register_family
 from noisymlt.methods.single import loss_for
@@ -35,7 +35,7 @@ class MLGCN(Method):
         names = self.ctx.extra.get("classes")
         if names is not None:
             return list(names)
-        if self.opts.get("embeddings", "glove") == "glove" and self.ctx.cfg["kind"] != "toy":
+        if self.opts.get("embeddings", "glove") == "glove" and has_glove(self.ctx.cfg["kind"]):
             raise NoisyMLTError("mlgcn: GloVe embeddings need the class names, which the trainer did not provide")
         # Pseudo-embeddings carry no meaning, so index-based names serve as well as real ones.
         return [f"class_{i}" for i in range(self.ctx.num_classes)]

@@ -23,23 +23,13 @@ if TYPE_CHECKING:
 ALPHA_OFF = 1.0
 BETA_OFF = 0.0
 
-# [CL]'s published runs (README of VamosC/CoLearning-meet-StitchUp), keyed by dataset, then by
-# the source branch whose predictions correct the peer's labels. Groups left out are off.
-COLEARNING_DEFAULTS: dict[str, dict[str, dict[str, dict[str, float]]]] = {
-    "voc": {
-        "random": {"alpha": {"head": 0.7}, "beta": {"tail": 0.1}},
-        "balanced": {"alpha": {"head": 0.7}, "beta": {"tail": 0.1}},
-    },
-    "coco": {
-        "random": {"alpha": {"head": 0.9}, "beta": {}},
-        "balanced": {"alpha": {"head": 0.9}, "beta": {}},
-    },
-}
+# [CL]'s published thresholds are the dataset kinds' (noisymlt.data.kinds: thresholds).
 
 
 def reference_thresholds(cfg: Mapping) -> dict:
     """The per-branch threshold block a resolved run config stands for: its method's pseudo.thresholds, else
-    its dataset's ``colearning.thresholds``, else [CL]'s published values (the toy set uses VOC's)."""
+    its dataset's ``colearning.thresholds``, else its kind's (noisymlt.data.kinds: [CL]'s published values for VOC and
+    COCO; the toy and a user's folder take VOC's)."""
     from noisymlt.methods.options import THRESHOLDS_SCHEMA
     from noisymlt.core.schema import check_schema
 
@@ -54,7 +44,12 @@ def reference_thresholds(cfg: Mapping) -> dict:
         if given is not None:
             check_schema(given, THRESHOLDS_SCHEMA, f"{where}.thresholds")
     if given is None:
-        given = COLEARNING_DEFAULTS["voc" if cfg["kind"] == "toy" else cfg["kind"]]
+        from noisymlt.data.kinds import dataset_kind
+
+        given = dataset_kind(cfg).thresholds
+        if given is None:
+            raise NoisyMLTError(f"datasets.{cfg.get('dataset', '?')}.colearning.thresholds: kind {cfg['kind']} has no "
+                                "published thresholds; set them there")
     return given
 
 

@@ -18,17 +18,8 @@ import numpy as np
 
 from noisymlt.errors import NoisyMLTError
 
-# Clean per-class image counts of the published long-tailed subsets, in the project's class order
-# ([DB] appendix lists: VOC-MLT from VOC2012 trainval, COCO-MLT from COCO 2017 train).
-PUBLISHED_SUBSETS = {
-    "voc": {"images": 1142,
-            "counts": [6, 34, 8, 14, 154, 17, 249, 29, 479, 4, 240, 48, 11, 20, 775, 100, 5, 82, 7, 64]},
-    "coco": {"images": 1909,
-             "counts": [1128, 37, 276, 32, 9, 41, 18, 87, 20, 50, 11, 13, 8, 97, 19, 49, 70, 17, 7, 10, 8, 6, 7, 7,
-                        100, 39, 189, 31, 24, 11, 12, 8, 35, 10, 25, 21, 17, 10, 20, 460, 84, 498, 126, 207, 173,
-                        366, 39, 35, 44, 36, 29, 25, 14, 45, 16, 73, 585, 153, 164, 44, 624, 25, 200, 137, 70, 89,
-                        73, 127, 91, 175, 9, 237, 119, 292, 87, 113, 15, 21, 6, 11]},
-}
+# The clean per-class counts of a published long-tailed subset are the dataset kinds' (noisymlt.data.kinds:
+# published_subset), in the project's class order.
 
 # The measured method whose cost per training image stands for a family's runs. ML-GCN's GCN over
 # 20-80 class nodes is negligible next to the backbone, so its runs cost what ERM's do.
@@ -56,6 +47,7 @@ def synthetic_labels(images: int, counts: list[int], seed: int = 0) -> np.ndarra
 def planned_noisy_labels(params: dict, dataset: str, gamma: float, seed: int, data_root: str | Path = "data"
                          ) -> tuple[np.ndarray, dict, str]:
     """(noisy labels, class split, where they came from) for one (dataset, gamma, seed) of the grid."""
+    from noisymlt.data.kinds import dataset_kind
     from noisymlt.data.labels import read_class_split, read_labels, split_from_counts
     from noisymlt.data.noise import inject_noise
     from noisymlt.pipeline import layout as L
@@ -68,14 +60,32 @@ def planned_noisy_labels(params: dict, dataset: str, gamma: float, seed: int, da
     split_file = under_root(L.fill(L.CLASS_SPLIT, dataset=dataset))
     if noisy_file.is_file() and split_file.is_file():
         return read_labels(noisy_file).labels, read_class_split(split_file), str(noisy_file)
-    kind = dataset_block(params, dataset)["kind"]
-    if kind not in PUBLISHED_SUBSETS:
-        raise NoisyMLTError(f"{noisy_file}: missing, and dataset {dataset!r} (kind {kind}) has no published "
-                            f"class counts to plan from (known: {', '.join(PUBLISHED_SUBSETS)})")
-    subset = PUBLISHED_SUBSETS[kind]
+    kind = dataset_kind(dataset_block(params, dataset))
+    subset = kind.published_subset
+    if subset is None:
+        raise NoisyMLTError(f"{noisy_file}: missing, and dataset {dataset!r} (kind {kind.name}) has no published "
+                            "class counts to plan from: run its data steps first (noise for every gamma and seed)")
     clean = synthetic_labels(subset["images"], subset["counts"])
     noisy, _ = inject_noise(clean, gamma, seed)
-    return noisy, split_from_counts(np.asarray(subset["counts"])), f"synthetic {kind} (published class counts)"
+    return noisy, split_from_counts(np.asarray(subset["counts"])), f"synthetic {kind.name} (published class counts)"
+
+
+def planned_test_images(params: dict, dataset: str, data_root: str | Path = "data") -> int:
+    """The images a final run of ``dataset`` predicts: its kind's test set where the kind fixes it, else the test
+    table's rows."""
+    from noisymlt.data.kinds import dataset_kind
+    from noisymlt.data.labels import read_labels
+    from noisymlt.pipeline import layout as L
+    from noisymlt.pipeline.paths import dataset_block
+
+    known = dataset_kind(dataset_block(params, dataset)).test_images
+    if known is not None:
+        return known
+    test = Path(data_root, *Path(L.fill(L.TEST_LABELS, dataset=dataset)).parts[1:])
+    if not test.is_file():
+        raise NoisyMLTError(f"{test}: missing, and dataset {dataset!r} has no known test size: run its parse step "
+                            "first")
+    return len(read_labels(test))
 
 
 def run_iterations(resolved: dict, noisy: np.ndarray, split: dict) -> dict:
@@ -131,14 +141,14 @@ def plan_grid(params: dict, data_root: str | Path = "data") -> list[dict]:
                         cfg = resolve_run(params, dataset, method, gamma, seed, chosen=values, candidate=True)
                         jobs.append({"dataset": dataset, "gamma": gamma, "seed": seed, "method": method,
                                      "candidate": f"stage{stage}/{tag}", "labels": f"{source}, fit part",
-                                     "kind": params["datasets"][dataset]["kind"],
+                                     "test_images": planned_test_images(params, dataset, data_root),
                                      "train_images": int((~val).sum()), "held_out_images": int(val.sum()),
                                      **run_iterations(cfg, noisy[~val], split)})
     for dataset, gamma, seed, method in runs:
         noisy, split, source = noisy_of(dataset, gamma, seed)
         cfg = resolve_run(params, dataset, method, gamma, seed)
         jobs.append({"dataset": dataset, "gamma": gamma, "seed": seed, "method": method, "labels": source,
-                     "kind": params["datasets"][dataset]["kind"], "train_images": int(len(noisy)),
+                     "test_images": planned_test_images(params, dataset, data_root), "train_images": int(len(noisy)),
                      "held_out_images": 0, **run_iterations(cfg, noisy, split)})
     return jobs
 

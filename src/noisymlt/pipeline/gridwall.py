@@ -20,8 +20,6 @@ from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
 
-# The test sets the planned runs predict (SPEC 1): VOC2007 test, COCO val2017.
-TEST_IMAGES = {"voc": 4952, "coco": 5000}
 # A method the check did not train costs as its family's measured method.
 FAMILY_PROXY = {"single": "erm", "mlgcn": "mlgcn", "bbn": "bbn", "dividemix": "dividemix", "colearning": "ours"}
 
@@ -52,7 +50,7 @@ def planned_run_seconds(job: dict, cost: dict) -> float:
     """The wall seconds of one planned run (a gridplan job) at a measured cost: a final run predicts the test
     set and its training images, a model-selection candidate its fit part and its held-out part."""
     n = job["train_images"]
-    predicted = n + (job["held_out_images"] if "candidate" in job else TEST_IMAGES[job["kind"]])
+    predicted = n + (job["held_out_images"] if "candidate" in job else job["test_images"])
     if job["family"] == "dividemix":  # co-divide: both nets score every training image once an epoch
         predicted += 2 * n * job["epochs"]
     return cost["fixed_s"] + job["iterations"] * cost["s_per_iteration"] + predicted / cost["predict_images_per_s"]

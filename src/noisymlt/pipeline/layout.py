@@ -8,7 +8,8 @@ part, stage, tag, name, command). The same text serves three readers:
   ``dvc()``, which turns each field into DVC's ``${item.FIELD}``;
 - the package fills it with ``fill()``, which writes a noise rate as both tools do (``gtag``).
 
-Only the raw folders depend on a dataset's kind; they stay functions in ``noisymlt.pipeline.paths``.
+Only the raw folders depend on a dataset's kind: the kind names its folder under RAW_ROOT (noisymlt.data.kinds,
+asked by ``noisymlt.pipeline.paths``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import string
 from pathlib import PurePath
 
 # ---------------------------------------------------------------------------------------- data
+RAW_ROOT = "data/raw"  # each kind's raw files in a folder of their own (noisymlt.data.kinds), or the user's folder
+RAW = "data/raw/{raw}"  # raw: the folder's name, the kind's raw_folder
+RAW_MARKER = "data/raw/{raw}/{marker}"  # marker: the file, under the folder, that exists once the files are there
 SOURCE_LABELS = "data/{dataset}/train_source_labels.parquet"  # every labelled train image of the source
 LABELS = "data/{dataset}/{part}_labels.parquet"  # part: train_source, train (the long-tailed subset), test
 TRAIN_LABELS = "data/{dataset}/train_labels.parquet"  # the clean long-tailed subset
@@ -81,6 +85,17 @@ def gtag(gamma: float | str) -> str:
 def stage_file_of(choice: str | PurePath) -> str:
     """The stage file beside a choice file (CHOICE_FILE -> STAGE_FILE of the same stage: the scores behind it)."""
     return str(choice).replace(CHOICE_FILE.rpartition("}")[2], STAGE_FILE.rpartition("}")[2])
+
+
+def raw_parts(marker: str) -> dict[str, str]:
+    """A raw marker file's RAW_MARKER fields: its folder's name under RAW_ROOT and its path in that folder."""
+    root = PurePath(RAW_ROOT)
+    path = PurePath(marker)
+    if root not in path.parents or len(path.relative_to(root).parts) < 2:
+        raise ValueError(f"{marker}: a command writes raw files under {RAW_ROOT}/FOLDER only (noisymlt.data.kinds: "
+                         "raw_folder)")
+    folder, *rest = path.relative_to(root).parts
+    return {"raw": folder, "marker": PurePath(*rest).as_posix()}
 
 
 def fields(pattern: str) -> list[str]:

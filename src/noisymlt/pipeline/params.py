@@ -142,19 +142,21 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
         "grid": {"datasets": list(grid["datasets"]), "gammas": [float(g) for g in grid["gammas"]],
                  "seeds": [int(s) for s in grid["seeds"]]},
         # the lists of the stages whose words depend on a dataset's kind: each item gets its `args` below
-        "raw": {d: {"dataset": d} for d in datasets},
-        "parse_labels": {f"{d}-{part}": {"dataset": d, "part": part} for d in datasets for part in paths.PARTS},
+        # raw files: once per folder, for the kinds that write them (a user's folder is there already)
+        "raw": raw_items(params, datasets),
+        "parse_labels": {f"{d}-{part}": {"dataset": d, "part": part, "raw": paths.raw_dir(params, d)}
+                         for d in datasets for part in paths.PARTS},
         "longtail": {d: {"dataset": d} for d in datasets},
         "pretrain": {name: {"name": name} for name in dict.fromkeys(pretrain)},
         # the external files the runs read (a candidate reads its run's): GROUP-NAME -> path, group, name
         "assets": {f"{known_assets[f]['group']}-{known_assets[f]['name']}":
                    {"path": f, "group": known_assets[f]["group"], "name": known_assets[f]["name"]}
                    for f in sorted(used_assets)},
-        "fetch_images": {d: {"dataset": d} for d in datasets if params["datasets"][d]["kind"] == "coco"},
+        "fetch_images": {d: {"dataset": d, "raw": paths.raw_dir(params, d)} for d in datasets
+                         if paths.fetches_train_images(params, d)},
         # decoded-image caches and the stage output holding each part's images (COCO's train subset is fetched)
-        "caches": {f"{d}-{part}": {"dataset": d, "part": part, "images": paths.train_images_dir(d)
-                                   if part == "train" and params["datasets"][d]["kind"] == "coco"
-                                   else paths.raw_dir(params, d)}
+        "caches": {f"{d}-{part}": {"dataset": d, "part": part, "images": paths.train_images_folder(params, d)
+                                   if part == "train" else paths.raw_dir(params, d)}
                    for d in grid["datasets"] for part in ("train", "test")},
         # the prefix of every command: with workflow.preload, each runs in a child of one shared preload server
         # (noisymlt.pipeline.preload.SHARED), as Snakemake's jobs run in its own; else in its own process
@@ -174,6 +176,19 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
     return with_step_args(params, block)
 
 
+def raw_items(params: dict, datasets: list[str]) -> dict:
+    """The raw stage's list: one item a raw folder (datasets of a kind share theirs), for the kinds whose raw files
+    a command writes (a user's folder is there already)."""
+    from noisymlt.pipeline import paths
+
+    items: dict[str, dict] = {}
+    for d in datasets:
+        raw = paths.raw_dir(params, d)
+        if paths.raw_argv(params, d) is not None and all(item["raw"] != raw for item in items.values()):
+            items[d] = {"dataset": d, "raw": raw}
+    return items
+
+
 def with_step_args(params: dict, block: dict) -> dict:
     """Each item of a list a stage with computed words runs over (noisymlt.pipeline.steps: `args`) gets them, as
     one shell text: the stage's command is `python -m noisymlt ${item.args}`, the words Snakemake's rule runs."""
@@ -183,7 +198,8 @@ def with_step_args(params: dict, block: dict) -> dict:
         if step.args is not None and step.over and not step.shard:
             items = block[step.over[len("${dvc."):-1]]
             for fields in items.values():
-                fields["args"] = shlex.join(step.args(params, fields))
+                words = step.args(params, fields)
+                fields["args"], fields["command"] = shlex.join(words), words[0]  # command: its code digest's name
     return block
 
 
@@ -197,9 +213,7 @@ def image_deps(params: dict, dataset: str, resolved: dict) -> dict:
     if resolved["train"].get("loader", "pil") == "cache":
         marker = paths.raw_marker(params, dataset)
         return {"images": marker, "raw": marker}
-    raw = paths.raw_dir(params, dataset)
-    coco = params["datasets"][dataset]["kind"] == "coco"
-    return {"images": paths.train_images_dir(dataset) if coco else raw, "raw": raw}
+    return {"images": paths.train_images_folder(params, dataset), "raw": paths.raw_dir(params, dataset)}
 
 
 def selection_block(params: dict, runs: dict) -> dict:

@@ -1,21 +1,21 @@
 """params.yaml -> the explicit arguments of the steps that depend on a dataset's kind, and the run grid.
 
-Toy data are generated and VOC/COCO downloaded, each kind has its own folder layout, and a run's image folders and
-caches follow its dataset and loader: these functions compute a step's arguments from the params, for both routes
+Each dataset kind (noisymlt.data.kinds) says how its raw files arrive and how its parts become label tables, and a
+run's image folders and caches follow its dataset and loader: these functions ask the kind and compute a step's
+arguments from the params, for both routes
 (the step declarations, noisymlt.pipeline.steps, name them; Snakemake's rules call them as params, DVC's stages
 get their values through dvc-params.json, and ``noisymlt step``, noisymlt.pipeline.dvc_steps, runs them by hand).
-The path patterns are ``noisymlt.pipeline.layout``'s; only the raw folders, which depend on a dataset's kind, are
-spelled here.
+The path patterns are ``noisymlt.pipeline.layout``'s; the raw folders under ``layout.RAW_ROOT`` are the kinds'.
 """
 
 from __future__ import annotations
 
 import json
 
+from noisymlt.data.kinds.base import PARTS
 from noisymlt.errors import NoisyMLTError
 from noisymlt.pipeline import layout as L
 
-PARTS = ("train_source", "test")
 CACHE_PARTS = ("train", "test")
 
 
@@ -27,33 +27,48 @@ def dataset_block(params: dict, name: str) -> dict:
         raise NoisyMLTError(f"params: no block datasets.{name} (configured: {known})") from None
 
 
+def kind(params: dict, name: str):
+    """The dataset kind (noisymlt.data.kinds) of block datasets.NAME."""
+    from noisymlt.data.kinds import dataset_kind
+
+    return dataset_kind(dataset_block(params, name))
+
+
 def raw_dir(params: dict, name: str) -> str:
-    """Raw files of a dataset: one folder per kind, shared by datasets of the same kind; a VOC stand-in drawn
-    by the toy generator (kind voc with a toy block: smoke runs) has its own, so it never takes VOC's place."""
-    block = dataset_block(params, name)
-    return f"data/raw/{block['kind']}_toy" if block["kind"] == "voc" and "toy" in block else f"data/raw/{block['kind']}"
+    """Raw files of a dataset: a folder under data/raw per kind (shared by datasets of the kind; a VOC stand-in drawn
+    by the toy generator has its own, so it never takes VOC's place), or the user's own folder."""
+    return kind(params, name).raw_dir(dataset_block(params, name), L.RAW_ROOT)
 
 
 def raw_marker(params: dict, name: str) -> str:
     """File that exists once a dataset's raw files are in place."""
-    kind, raw = dataset_block(params, name)["kind"], raw_dir(params, name)
-    return f"{raw}/VOCdevkit/TOY/toy_manifest.json" if kind == "toy" else f"{raw}/manifest.json"
+    return kind(params, name).raw_marker(dataset_block(params, name), raw_dir(params, name))
 
 
 def train_images_dir(name: str) -> str:
-    """COCO train images of a dataset's subset (fetched one by one after the long-tail step). They
-    live beside the dataset, not in the raw folder, so that every folder has exactly one writer."""
+    """Train images fetched for a dataset's subset after the long-tail step (COCO's). They live beside the
+    dataset, not in the raw folder, so that every folder has exactly one writer."""
     return L.fill(L.TRAIN_IMAGES, dataset=name)
+
+
+def fetches_train_images(params: dict, name: str) -> bool:
+    return kind(params, name).fetches_train_images
+
+
+def train_images_ready(params: dict, name: str) -> str:
+    """The file a dataset's train images are ready with: the fetch step's, or the raw files' marker."""
+    return L.fill(L.TRAIN_IMAGES_READY, dataset=name) if fetches_train_images(params, name) else raw_marker(params, name)
+
+
+def train_images_folder(params: dict, name: str) -> str:
+    """The folder holding a dataset's train images: the fetched ones, or the raw folder."""
+    return train_images_dir(name) if fetches_train_images(params, name) else raw_dir(params, name)
 
 
 def image_root(params: dict, name: str, part: str) -> str:
     """Folder the ``path`` column of a dataset's train ('train') or test ('test') table is relative to."""
-    kind, raw = dataset_block(params, name)["kind"], raw_dir(params, name)
-    if kind == "toy":
-        return f"{raw}/VOCdevkit/TOY"
-    if kind == "voc":
-        return f"{raw}/VOCdevkit/{'VOC2012' if part == 'train' else 'VOC2007'}"
-    return train_images_dir(name) if part == "train" else raw
+    return kind(params, name).image_root(dataset_block(params, name), raw_dir(params, name), part,
+                                          train_images_dir(name))
 
 
 def _download_args(params: dict) -> list[str]:
@@ -61,16 +76,10 @@ def _download_args(params: dict) -> list[str]:
     return (["--mirror", dl["mirror"]] if dl.get("mirror") else []) + ["--retries", str(dl.get("retries", 5))]
 
 
-def raw_argv(params: dict, name: str) -> list[str]:
-    """`noisymlt make-toy` (toy) or `noisymlt download` (voc, coco) into raw_dir."""
-    block = dataset_block(params, name)
-    kind, raw = block["kind"], raw_dir(params, name)
-    if "toy" in block or kind == "toy":
-        opts = block.get("toy", {})
-        layout = ["--layout", "voc"] if kind == "voc" else []
-        return ["make-toy", "--out", raw, *layout] + [a for k, v in opts.items()
-                                                     for a in (f"--{k.replace('_', '-')}", str(v))]
-    return ["download", "--dataset", kind, "--root", raw] + _download_args(params)
+def raw_argv(params: dict, name: str) -> list[str] | None:
+    """The command that writes a dataset's raw files into raw_dir (`noisymlt make-toy`, `noisymlt download`); None
+    when they are the user's own, already in place."""
+    return kind(params, name).raw_argv(dataset_block(params, name), raw_dir(params, name), _download_args(params))
 
 
 def asset_argv(params: dict, path: str) -> list[str]:
@@ -87,43 +96,33 @@ def asset_argv(params: dict, path: str) -> list[str]:
 
 
 def parse_argv(params: dict, name: str, part: str, out: str) -> list[str]:
-    """`noisymlt parse` of the train source pool ('train_source') or the test set ('test')."""
+    """The command that writes the label table of the train source pool ('train_source') or the test set ('test')."""
     if part not in PARTS:
         raise NoisyMLTError(f"--part must be one of {', '.join(PARTS)}, got {part!r}")
-    kind, raw = dataset_block(params, name)["kind"], raw_dir(params, name)
-    train = part == "train_source"
-    if kind == "toy":
-        src = ["--format", "voc", "--source", f"{raw}/VOCdevkit/TOY", "--image-set", "trainval" if train else "test"]
-    elif kind == "voc":
-        year, image_set = ("VOC2012", "trainval") if train else ("VOC2007", "test")
-        src = ["--format", "voc", "--source", f"{raw}/VOCdevkit/{year}", "--image-set", image_set]
-    else:
-        split = "train2017" if train else "val2017"
-        src = ["--format", "coco", "--source", f"{raw}/annotations/instances_{split}.json", "--image-dir", split]
-    return ["parse", *src, "--out", out]
+    return kind(params, name).parse_argv(dataset_block(params, name), raw_dir(params, name), part, out)
 
 
 def longtail_argv(params: dict, name: str, labels: str, out: str, split_out: str) -> list[str]:
     block = dataset_block(params, name)
     lt = block["longtail"]
-    argv = ["longtail", "--labels", labels, "--out", out, "--split-out", split_out, "--source", lt["source"],
-            "--b", str(lt.get("b", 6)), "--max", str(lt.get("max", 800)), "--min", str(lt.get("min", 1)),
-            "--seed", str(lt.get("seed", 0))]
+    argv = ["longtail", "--labels", labels, "--out", out, "--split-out", split_out, "--source", lt["source"]]
+    if lt["source"] != "all":  # the set as it is: no draw, no settings
+        argv += ["--b", str(lt.get("b", 6)), "--max", str(lt.get("max", 800)), "--min", str(lt.get("min", 1)),
+                 "--seed", str(lt.get("seed", 0))]
     if lt.get("cap_to_available"):
         argv.append("--cap-to-available")
     if lt.get("groups", "fixed") != "fixed":
         argv += ["--groups", lt["groups"]]
     if lt["source"] == "official":
-        argv += ["--dataset", block["kind"]]
+        argv += ["--dataset", block["kind"]]  # the kind's published list (noisymlt.data.kinds: official_list)
     return argv
 
 
 def train_images_argv(params: dict, name: str, ids: str, out: str) -> list[str] | None:
-    """`noisymlt fetch-coco-images` for COCO; None for kinds whose train images are in the raw folder."""
-    if dataset_block(params, name)["kind"] != "coco":
-        return None
-    return ["fetch-coco-images", "--annotations", f"{raw_dir(params, name)}/annotations/instances_train2017.json",
-            "--ids", ids, "--out", f"{out}/train2017"] + _download_args(params)
+    """The command that fetches a dataset's train images for its subset (`noisymlt fetch-coco-images`); None for
+    kinds whose train images are in the raw folder."""
+    return kind(params, name).train_images_argv(dataset_block(params, name), raw_dir(params, name), ids, out,
+                                                _download_args(params))
 
 
 def pretrain_argv(params: dict, name: str, out: str) -> list[str]:

@@ -182,10 +182,11 @@ STEPS: tuple[Step, ...] = (
     Step(
         "raw", "{args}", computed=("args",), over="${dvc.raw}",
         args=lambda p, f: P.raw_argv(p, f["dataset"]),
-        output={"raw": Out("data/raw/{dataset}", persist=True)},
-        params=("datasets.{dataset}",), code=("make-toy", "download"),
-        note="Snakemake: make_toy / download, one rule per kind of source, each with its marker file. DVC cannot\n"
-             "name keys that only some kinds have (datasets.toy.toy), so the whole block; download.mirror/retries\n"
+        output={"raw": Out("{raw}", persist=True)}, params=("datasets.{dataset}",), code=("{command}",),
+        note="The kind's command (noisymlt.data.kinds: raw_argv), once a raw folder; none for a user's own folder.\n"
+             "Snakemake: make_raw (a command that makes the files) and download (a local rule: compute nodes often\n"
+             "have no internet), each over the markers of its datasets. DVC cannot name keys that only some kinds\n"
+             "have (datasets.toy.toy), so the whole block; download.mirror/retries\n"
              "change how bytes arrive, not which (checksums), so not listed. Persistent: a rerun keeps verified\n"
              "archives and finished extractions instead of DVC deleting gigabytes first; the toy generator swaps its\n"
              "folder in whole (no stale files).",
@@ -193,8 +194,9 @@ STEPS: tuple[Step, ...] = (
     Step(
         "parse_labels", "{args}", computed=("args",), over="${dvc.parse_labels}",
         args=lambda p, f: P.parse_argv(p, f["dataset"], f["part"], L.fill(L.LABELS, **f)),
-        dvc_input={"raw": "data/raw/{dataset}"}, output={"labels": L.LABELS},
-        params=("datasets.{dataset}.kind",), code=("parse",),
+        dvc_input={"raw": "{raw}"}, output={"labels": L.LABELS},
+        params=("datasets.{dataset}.kind",), code=("{command}",),
+        note="The kind's command (noisymlt.data.kinds: parse_argv), which reads the raw folder (a user's own too).",
     ),
     Step(
         "longtail", "{args}", computed=("args",), over="${dvc.longtail}",
@@ -206,11 +208,12 @@ STEPS: tuple[Step, ...] = (
     Step(
         "train_images", "{args}", computed=("args",), over="${dvc.fetch_images}",
         args=lambda p, f: P.train_images_argv(p, f["dataset"], L.fill(L.TRAIN_LABELS, **f), L.fill(L.TRAIN_IMAGES, **f)),
-        input={"labels": L.TRAIN_LABELS}, dvc_input={"raw": "data/raw/{dataset}"},
+        input={"labels": L.TRAIN_LABELS}, dvc_input={"raw": "{raw}"},
         output={"images": Out(L.TRAIN_IMAGES, persist=True)},
-        params=("datasets.{dataset}.kind",), code=("fetch-coco-images",),
-        note="Snakemake: fetch_coco_train_images. COCO only: other kinds read theirs from data/raw/KIND. Persistent:\n"
-             "fetch-coco-images keeps the images already there, so an interrupted fetch resumes.",
+        params=("datasets.{dataset}.kind",), code=("{command}",),
+        note="Snakemake: fetch_train_images. Kinds that fetch their train images for the subset only (COCO's\n"
+             "fetch-coco-images); the others read theirs from the raw folder. Persistent: the fetch keeps the images\n"
+             "already there, so an interrupted fetch resumes.",
     ),
     Step(
         "pretrain", "{args}", computed=("args",), over="${dvc.pretrain}",
