@@ -14,6 +14,7 @@ COMMANDS = {
     "fetch-asset": "noisymlt.data.download",
     "fetch-coco-images": "noisymlt.data.coco_images",
     "parse": "noisymlt.data.parse",
+    "parse-folder": "noisymlt.data.folder",
     "longtail": "noisymlt.data.longtail",
     "noise": "noisymlt.data.noise",
     "cache-images": "noisymlt.data.imagecache",
