@@ -1,0 +1,141 @@
+"""The manual's "Add your own data" page (docs/own-data.md), followed in copies of the project: a folder of images
+and a CSV runs through the structure report and one training run in both routes, and the page's example kind
+module is all a new kind takes.
+
+The images are written here, as the page describes them (a folder and a labels table); every other file the runs
+need comes from the page's blocks: the params layer, the commands, the kind module and its dataset block.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from test_dvc import BIN, DVC, SNAKEMAKE, _env
+from test_extension import blocks, page, project_copy
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "own-data.md"
+CLASSES = ["cat", "dog", "bird", "fish"]
+COLOURS = np.array([[220, 40, 40], [40, 200, 40], [40, 40, 220], [200, 200, 40]], np.uint8)
+
+
+def write_folder(root: Path, images: int = 400, seed: int = 0) -> None:
+    """The page's example set: 32 px grey images with a coloured square a label, labels.csv in the wide form."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    (root / "images").mkdir(parents=True)
+    with open(root / "labels.csv", "w", newline="") as f:
+        rows = csv.writer(f)
+        rows.writerow(["image", *CLASSES])
+        for i in range(images):
+            y = (rng.random(len(CLASSES)) < [0.6, 0.35, 0.2, 0.1]).astype(int)
+            if not y.any():
+                y[rng.integers(len(CLASSES))] = 1
+            pixels = np.full((32, 32, 3), 128, np.uint8)
+            for c in np.flatnonzero(y):
+                x0, y0 = rng.integers(0, 20, 2)
+                pixels[y0:y0 + 12, x0:x0 + 12] = COLOURS[c]
+            Image.fromarray(pixels).save(root / "images" / f"{i:03d}.png")
+            rows.writerow([f"{i:03d}.png", *y])
+
+
+def commands(text: str) -> list[str]:
+    return [line for b in blocks(text, "bash") for line in b.splitlines() if line.strip()]
+
+
+def run(line: str, root: Path, timeout: float = 900) -> str:
+    """One of the page's command lines, in the copy, with this interpreter's tools first on PATH."""
+    done = subprocess.run(line, shell=True, cwd=root, env=_env(root), capture_output=True, text=True, timeout=timeout,
+                          executable="/bin/bash")
+    assert done.returncode == 0, f"{line}\n{done.stdout[-3000:]}{done.stderr[-5000:]}"
+    return done.stdout + done.stderr
+
+
+def folder_project(root: Path, text: str) -> Path:
+    project_copy(root)
+    layer = blocks(text, "yaml")[0]
+    name = layer.splitlines()[0].removeprefix("# ").strip()
+    (root / name).write_text(layer)
+    block = yaml.safe_load(layer)["datasets"]["mydata"]["folder"]
+    write_folder(root / block["root"])
+    return root
+
+
+@pytest.mark.slow
+def test_a_folder_dataset_runs_through_both_routes_as_the_page_says(tmp_path):
+    if not (SNAKEMAKE.exists() and DVC.exists()):
+        pytest.skip(f"snakemake and dvc are not installed next to {sys.executable}")
+    text = page(PAGE, "Add your own data")
+    smk, params, repro = commands(text)
+    assert smk.startswith("snakemake ") and "dvc repro" in repro, "the page's commands changed"
+
+    # Snakemake: the page's command
+    root = folder_project(tmp_path / "smk", text)
+    run(smk, root)  # the demo profile sets two cores
+    md = (root / "reports/structure_mydata.md").read_text()
+    assert "300 images, 4 classes" in md and "(100 images)" in md, md[:600]
+    split = json.loads((root / "data/mydata/class_split.json").read_text())
+    assert sorted(i for g in split.values() for i in g) == [0, 1, 2, 3]
+    metrics = json.loads((root / "runs/mydata/g0.5/s0/erm/metrics.json").read_text())
+    assert metrics["classes"] == CLASSES and metrics["num_test_images"] == 100
+    assert 0.0 < metrics["heads"]["main"]["map"]["total"] <= 1.0
+    noisy = root / "data/mydata/noisy/g0.5_s0.parquet"
+    assert noisy.is_file()
+
+    # DVC: a fresh copy, the page's two commands
+    other = folder_project(tmp_path / "dvc", text)
+    subprocess.run([str(DVC), "init", "--no-scm", "--quiet"], cwd=other, env=_env(other), check=True)
+    run(params, other)
+    run(repro, other)
+    assert (other / "reports/structure_mydata.md").read_text() == md
+    again = json.loads((other / "runs/mydata/g0.5/s0/erm/metrics.json").read_text())
+    assert again["heads"]["main"]["map"] == metrics["heads"]["main"]["map"]  # the same command on the same bytes
+    assert noisy.read_bytes() == (other / "data/mydata/noisy/g0.5_s0.parquet").read_bytes()
+
+
+@pytest.mark.slow
+def test_the_pages_kind_module_is_all_a_new_kind_takes(tmp_path):
+    if not SNAKEMAKE.exists():
+        pytest.skip(f"snakemake is not installed next to {sys.executable}")
+    text = page(PAGE, "Add your own data")
+    (module,) = blocks(text, "python")
+    block = yaml.safe_load(blocks(text, "yaml")[1])["datasets"]
+    (name, dataset), = block.items()
+    root = project_copy(tmp_path / "project")
+    path = module.splitlines()[0].removeprefix("# ").strip()
+    assert path.startswith("src/noisymlt/data/kinds/") and not (root / path).exists()
+    (root / path).write_text(module)
+
+    # images annotated in VOC's XML layout: the toy generator writes that layout
+    python = [str(BIN / "python"), "-m", "noisymlt"]
+    subprocess.run([*python, "make-toy", "--out", "build", "--n-trainval", "240", "--n-test", "60"], cwd=root,
+                   env=_env(root), check=True, capture_output=True)
+    (root / "build/VOCdevkit/TOY").rename(root / dataset[dataset["kind"]]["root"])
+    layer = {"grid": {"datasets": [name], "gammas": [0.5], "seeds": [0], "methods": ["erm"], "clean_methods": [],
+                      "ablations": []}, "datasets": block}
+    (root / "labelled.yaml").write_text(yaml.safe_dump(layer))
+    run(f"{SNAKEMAKE} --profile workflow/profiles/demo --configfile workflow/profiles/demo/params.yaml labelled.yaml "
+        f"--cores 2 -- reports/structure_{name}.md", root)
+    md = (root / f"reports/structure_{name}.md").read_text()
+    assert "20 classes" in md
+    log = (root / f"logs/data/parse_{name}_train_source.log").read_text()
+    assert "240 images" in log, log  # the module's parse command read the folder in place
+
+    # the registry found it; the params check reads its block (a wrong key is refused, naming it)
+    check = ("from noisymlt.data.kinds import KIND_MODULES; print(KIND_MODULES[" + repr(dataset["kind"]) + "])")
+    out = subprocess.run([*python[:1], "-c", check], cwd=root, env=_env(root), capture_output=True, text=True)
+    assert out.stdout.strip() == "noisymlt.data.kinds." + Path(path).stem, out.stderr
+    bad = {**layer, "datasets": {name: {**dataset, dataset["kind"]: {"root": "labelled", "rooot": 1}}}}
+    (root / "bad.yaml").write_text(yaml.safe_dump(bad))
+    done = subprocess.run([*python, "params", "params.yaml", "bad.yaml", "--out", "x.json"], cwd=root, env=_env(root),
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and f"datasets.{name}.{dataset['kind']}.rooot" in done.stderr, done.stderr[-800:]
