@@ -114,7 +114,7 @@ def test_paper_dry_run_plans_the_full_grid(tmp_path):
     assert counts["train"] == len(runs) and "evaluate" not in counts  # a train job evaluates its predictions
     assert counts["table_ablation"] == len(grid["ablations"])
     assert counts["noise"] == len(grid["datasets"]) * len(grid["gammas"]) * len(grid["seeds"])
-    assert counts["download"] == 2 and counts["fetch_coco_train_images"] == 1
+    assert counts["download"] == 2 and counts["fetch_train_images"] == 1
     # ImageNet weights of ResNet-50 and the GloVe vectors of both datasets, each fetched once by its own rule
     assert counts["fetch_asset"] == 3
     assert counts["parse_labels"] == 4 and counts["longtail"] == 2

@@ -130,8 +130,6 @@ def class_embeddings(kind: str, classes: list[str], mode: str, path: str | Path 
     """(C, 300) class embeddings: ``mode`` glove (the published vectors in ``path``; a kind without published
     vectors, such as the toy's glyph classes or a user's folder, always gets pseudo-embeddings) or random
     (pseudo-embeddings)."""
-    from noisymlt.data.kinds import kind_of
-
     if mode not in ("glove", "random"):
         raise NoisyMLTError(f"embeddings: unknown mode {mode!r}; choose glove or random")
     if mode == "random" or not has_glove(kind):
