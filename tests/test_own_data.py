@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
+from noisymlt.data.labels import read_labels
 from test_dvc import BIN, DVC, SNAKEMAKE, _env
 from test_extension import blocks, page, project_copy
 
@@ -82,11 +83,13 @@ def test_a_folder_dataset_runs_through_both_routes_as_the_page_says(tmp_path):
     root = folder_project(tmp_path / "smk", text)
     run(smk, root)  # the demo profile sets two cores
     md = (root / "reports/structure_mydata.md").read_text()
-    assert "300 images, 4 classes" in md and "(100 images)" in md, md[:600]
+    train, test = (read_labels(root / f"data/mydata/{part}_labels.parquet") for part in ("train", "test"))
+    assert len(train) + len(test) == 400 and len(test) / 400 == pytest.approx(0.25, abs=0.02)  # test_fraction
+    assert f"({len(train)} images, 4 classes)" in md and f"({len(test)} images)" in md, md[:600]
     split = json.loads((root / "data/mydata/class_split.json").read_text())
     assert sorted(i for g in split.values() for i in g) == [0, 1, 2, 3]
     metrics = json.loads((root / "runs/mydata/g0.5/s0/erm/metrics.json").read_text())
-    assert metrics["classes"] == CLASSES and metrics["num_test_images"] == 100
+    assert metrics["classes"] == CLASSES and metrics["num_test_images"] == len(test)
     assert 0.0 < metrics["heads"]["main"]["map"]["total"] <= 1.0
     noisy = root / "data/mydata/noisy/g0.5_s0.parquet"
     assert noisy.is_file()

@@ -283,11 +283,12 @@ def _fail(problems: list[str], sheets: list[Sheet]) -> None:
 
 
 def _drawn_split(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
-    """The test rows: noisymlt.data.splits.stratified_split's held-out rows, then, for a class left with no training
-    image (its one image, or rarer classes took the rest), its first test image goes back to training."""
-    from noisymlt.data.splits import stratified_split
+    """The test rows: noisymlt.data.splits.iterative_stratification's held-out rows (each class's test share near
+    the fraction), then, for a class left with no training image (a class of one image), its first test image goes
+    back to training."""
+    from noisymlt.data.splits import iterative_stratification
 
-    test, _ = stratified_split([labels], fraction, seed)
+    test = iterative_stratification(labels, fraction, seed)
     for c in range(labels.shape[1]):
         if labels[:, c].any() and not labels[~test, c].any():
             test[np.flatnonzero(labels[:, c])[0]] = False

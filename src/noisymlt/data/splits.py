@@ -35,3 +35,40 @@ def stratified_split(label_sets: list[np.ndarray], fraction: float, seed: int) -
             if not (y[~val, c].any() and y[val, c].any()):
                 unsplit[s].append(c)
     return val, [sorted(u) for u in unsplit]
+
+
+def iterative_stratification(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """Boolean mask of the held-out rows: Sechidis, Tsoumakas and Vlahavas' iterative stratification (ECML PKDD
+    2011), two subsets. The rarest label still unassigned goes first: each of its rows goes to the subset that most
+    lacks that label (then the one that most lacks rows, then a seeded coin), and every label of the row counts
+    against that subset's wants. Each class's held-out share comes out near ``fraction``, where the top-up rule of
+    ``stratified_split`` (which only guarantees both sides) overshoots on rare classes; rows without a label fill
+    whichever subset lacks rows. Deterministic for a seed."""
+    labels = np.asarray(labels, dtype=bool)
+    n, classes = labels.shape
+    rng = np.random.default_rng(seed)
+    share = np.array([fraction, 1.0 - fraction])  # subset 0: held out, subset 1: kept
+    wants_rows = share * n
+    wants = share[:, None] * labels.sum(0)[None, :].astype(float)
+    held = np.zeros(n, bool)
+    left = np.ones(n, bool)
+    while True:
+        counts = np.where(labels[left].any(0), labels[left].sum(0), n + 1)
+        if counts.min() > n:
+            break
+        rarest = np.flatnonzero(counts == counts.min())
+        c = rarest[rng.integers(len(rarest))]
+        for i in rng.permutation(np.flatnonzero(left & labels[:, c])):
+            best = np.flatnonzero(wants[:, c] == wants[:, c].max())
+            if len(best) > 1:
+                best = best[wants_rows[best] == wants_rows[best].max()]
+            s = best[rng.integers(len(best))]
+            held[i] = s == 0
+            wants[s, labels[i]] -= 1
+            wants_rows[s] -= 1
+            left[i] = False
+    for i in rng.permutation(np.flatnonzero(left)):  # rows without a label
+        s = int(wants_rows[1] > wants_rows[0])
+        held[i] = s == 0
+        wants_rows[s] -= 1
+    return held
