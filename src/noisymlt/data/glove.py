@@ -3,8 +3,8 @@
 ML-GCN (Chen et al., CVPR 2019) feeds 300-d GloVe vectors of the class names to its GCN. Its
 repository ships them as pickled float32 arrays; the pipeline fetches them from a fixed commit as
 assets (noisymlt.data.assets, checked against the SHA-256 given in SPEC 4), and a run unpickles its
-file with a restricted unpickler that can only rebuild numpy arrays (a pickle can otherwise run
-arbitrary code).
+file with a restricted unpickler that can only rebuild numpy arrays (noisymlt.data.safepickle: a pickle
+can otherwise run arbitrary code).
 
 Offline fallback (``embeddings: random``, and always for the embedded toy dataset, whose glyph
 classes have no words): deterministic pseudo-embeddings, one seeded unit-norm Gaussian vector per
@@ -15,14 +15,12 @@ semantic word prior is lost: the GCN inputs carry no similarity between related 
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
-import pickle
-from functools import cache
 from pathlib import Path
 
 import numpy as np
 
+from noisymlt.data.safepickle import load_array_pickle  # noqa: F401 (also this module's API)
 from noisymlt.errors import NoisyMLTError
 
 log = logging.getLogger(__name__)
@@ -30,44 +28,6 @@ log = logging.getLogger(__name__)
 EMBEDDING_DIM = 300
 # Rows of ML-GCN's files and their order are the dataset kinds' (noisymlt.data.kinds: glove_rows, glove_order);
 # URLs and digests: params.yaml assets.glove.
-
-
-# ------------------------------------------------------------------ safe unpickling
-@cache
-def _allowed_globals() -> dict[tuple[str, str], object]:
-    """The only callables an ndarray pickle needs (numpy 1.x and 2.x module names)."""
-    import codecs
-
-    try:
-        from numpy._core import multiarray, numeric
-    except ImportError:  # numpy < 2
-        from numpy.core import multiarray, numeric  # type: ignore[no-redef]
-    allowed: dict[tuple[str, str], object] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
-                                              ("_codecs", "encode"): codecs.encode}
-    for mod in ("numpy.core", "numpy._core"):
-        allowed[(f"{mod}.multiarray", "_reconstruct")] = multiarray._reconstruct
-        allowed[(f"{mod}.numeric", "_frombuffer")] = numeric._frombuffer
-    return allowed
-
-
-class _ArrayUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> object:
-        allowed = _allowed_globals()
-        if (module, name) not in allowed:
-            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed (only numpy arrays are)")
-        return allowed[(module, name)]
-
-
-def load_array_pickle(data: bytes, source: str = "pickle") -> np.ndarray:
-    """Unpickle ``data`` that must hold one numpy array, refusing any other global (no code runs)."""
-    try:
-        # latin1: numpy arrays pickled under Python 2 keep their raw bytes in str objects
-        obj = _ArrayUnpickler(io.BytesIO(data), encoding="latin1").load()
-    except Exception as exc:  # UnpicklingError, EOFError, ValueError, ... on bad or hostile bytes
-        raise NoisyMLTError(f"{source}: not a plain pickled numpy array ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(obj, np.ndarray):
-        raise NoisyMLTError(f"{source}: pickle holds {type(obj).__name__}, expected a numpy array")
-    return obj
 
 
 # ------------------------------------------------------------------ GloVe from ML-GCN
