@@ -172,9 +172,9 @@ def check_kind_options(name: str, block: dict, source: str | None = None) -> Non
     """A kind's own block (the schema allows every kind's) only under a dataset of a kind that reads it."""
     from noisymlt.data.kinds import all_kinds, dataset_kind
 
-    kind = dataset_kind(block)
+    kind, kinds = dataset_kind(block), all_kinds()
     for key in block:
-        owners = sorted(n for n, k in all_kinds().items() if key in k.options)
+        owners = sorted(n for n, k in kinds.items() if key in k.options)
         if owners and key not in kind.options:
             raise ParamsError(source, f"datasets.{name}.{key}", f"kind {kind.name} reads no {key} block (kinds "
                                                                 f"that do: {', '.join(owners)})")

@@ -15,6 +15,7 @@ from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import run_digest
 from noisymlt.methods.options import stitchup_option
 from noisymlt.pipeline import layout, paths, step_code
+from noisymlt.pipeline.params import raw_items
 from noisymlt.pipeline.steps import by_name as steps_by_name
 from noisymlt.pipeline import selection as S
 from noisymlt.report.style import dataset_title
@@ -76,18 +77,13 @@ def dataset_of_raw(raw):
     return next(name for name in config["datasets"] if paths.raw_dir(config, name) == layout.fill(layout.RAW, raw=raw))
 
 
-def raw_command(raw):
-    return paths.raw_argv(config, dataset_of_raw(raw))[0]
-
-
 def raw_targets(field, downloaded):
     """The raw folders (field "raw") or their marker files (field "marker") of the configured datasets whose raw files
     a command writes: `download`'s (downloaded: a local rule) or another's, as a wildcard's regular expression."""
     found = set()
-    for name in config["datasets"]:
-        words = paths.raw_argv(config, name)
-        if words is not None and (words[0] == "download") == downloaded:
-            found.add(layout.raw_parts(paths.raw_marker(config, name))[field])
+    for item in raw_items(config, list(config["datasets"])).values():  # DVC's raw stage's list: the same folders
+        if (step_command("raw", **item) == "download") == downloaded:
+            found.add(layout.raw_parts(paths.raw_marker(config, item["dataset"]))[field])
     return "|".join(re.escape(f) for f in sorted(found)) or "(?!)"
 
 

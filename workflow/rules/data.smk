@@ -15,7 +15,7 @@ rule make_raw:
         marker=raw_targets("marker", downloaded=False),
     params:
         args=lambda w: step_args("raw", dataset=dataset_of_raw(w.raw)),
-        code=lambda w: code(raw_command(w.raw)),
+        code=lambda w: code(step_command("raw", dataset=dataset_of_raw(w.raw))),
     log:
         "logs/data/raw/{raw}/{marker}.log",
     benchmark:

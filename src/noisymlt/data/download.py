@@ -53,7 +53,7 @@ def dataset_archives() -> dict[str, list[RemoteFile]]:
         from noisymlt.data.kinds import all_kinds
 
         _ARCHIVES.update({name: list(kind.archives) for name, kind in all_kinds().items()
-                          if getattr(kind, "archives", None)})
+                          if kind.archives})
     return _ARCHIVES
 
 

@@ -124,6 +124,13 @@ def plan_grid(params: dict, data_root: str | Path = "data") -> list[dict]:
             labels[dataset, gamma, seed] = planned_noisy_labels(params, dataset, gamma, seed, data_root)
         return labels[dataset, gamma, seed]
 
+    test_sizes: dict[str, int] = {}  # a dataset's test table is read once, not once a run
+
+    def test_of(dataset):
+        if dataset not in test_sizes:
+            test_sizes[dataset] = planned_test_images(params, dataset, data_root)
+        return test_sizes[dataset]
+
     runs = all_runs(params)
     jobs = []
     for dataset in dict.fromkeys(r[0] for r in runs):
@@ -141,14 +148,14 @@ def plan_grid(params: dict, data_root: str | Path = "data") -> list[dict]:
                         cfg = resolve_run(params, dataset, method, gamma, seed, chosen=values, candidate=True)
                         jobs.append({"dataset": dataset, "gamma": gamma, "seed": seed, "method": method,
                                      "candidate": f"stage{stage}/{tag}", "labels": f"{source}, fit part",
-                                     "test_images": planned_test_images(params, dataset, data_root),
+                                     "test_images": test_of(dataset),
                                      "train_images": int((~val).sum()), "held_out_images": int(val.sum()),
                                      **run_iterations(cfg, noisy[~val], split)})
     for dataset, gamma, seed, method in runs:
         noisy, split, source = noisy_of(dataset, gamma, seed)
         cfg = resolve_run(params, dataset, method, gamma, seed)
         jobs.append({"dataset": dataset, "gamma": gamma, "seed": seed, "method": method, "labels": source,
-                     "test_images": planned_test_images(params, dataset, data_root), "train_images": int(len(noisy)),
+                     "test_images": test_of(dataset), "train_images": int(len(noisy)),
                      "held_out_images": 0, **run_iterations(cfg, noisy, split)})
     return jobs
 

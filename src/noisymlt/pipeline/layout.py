@@ -20,8 +20,8 @@ from pathlib import PurePath
 
 # ---------------------------------------------------------------------------------------- data
 RAW_ROOT = "data/raw"  # each kind's raw files in a folder of their own (noisymlt.data.kinds), or the user's folder
-RAW = "data/raw/{raw}"  # raw: the folder's name, the kind's raw_folder
-RAW_MARKER = "data/raw/{raw}/{marker}"  # marker: the file, under the folder, that exists once the files are there
+RAW = RAW_ROOT + "/{raw}"  # raw: the folder's name, the kind's raw_folder
+RAW_MARKER = RAW + "/{marker}"  # marker: the file, under the folder, that exists once the files are there
 SOURCE_LABELS = "data/{dataset}/train_source_labels.parquet"  # every labelled train image of the source
 LABELS = "data/{dataset}/{part}_labels.parquet"  # part: train_source, train (the long-tailed subset), test
 TRAIN_LABELS = "data/{dataset}/train_labels.parquet"  # the clean long-tailed subset
