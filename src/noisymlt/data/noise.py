@@ -1,10 +1,9 @@
-"""Class-dependent label noise for multi-label training sets (SPEC 2; paper Sec. 4.1.1).
+"""Label noise for multi-label training sets: a noisy copy of the clean subset per noise model, rate and seed.
 
-Every clean positive label i of every image is kept with probability ``1 - gamma``; otherwise it
-is replaced by a class j != i drawn in proportion to how often i and j co-occur in the clean set,
-so noise moves labels towards classes that plausibly share a scene. The noisy label set of an
-image is the union of kept and replacement labels. No public code exists for this step: this
-module is the specification.
+The model (noisymlt.data.noise_models; default: the paper's co-occurrence model, SPEC 2 and paper Sec. 4.1.1)
+draws the fate of every clean positive label: kept (probability 1 - gamma for every model here), replaced by
+another class, or dropped. This module applies the draws the same way for every model, writes the noisy table and
+measures what happened. No public code exists for the paper's step: its model module is the specification.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import numpy as np
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.core.files import write_json
+from noisymlt.data.noise_models import DROP, KEEP, NOISE_MODULES, PAPER, noise_model
 
 
 def _check_gamma(gamma: float, what: str = "gamma") -> float:
@@ -57,78 +57,53 @@ def _check_labels(clean_Y: np.ndarray, what: str = "labels") -> np.ndarray:
     return Y
 
 
-def _replacement_rows(N: np.ndarray) -> np.ndarray:
-    """Row i = distribution of the replacement for class i: co-occurrence row, or uniform off-diagonal."""
-    C = N.shape[0]
-    R = N.astype(np.float64)
-    totals = R.sum(axis=1)
-    lonely = totals == 0
-    R[lonely] = 1.0
-    np.fill_diagonal(R, 0.0)
-    return R / R.sum(axis=1, keepdims=True) if C > 1 else R
-
-
-def transition_matrix(clean_Y: np.ndarray, gamma: float) -> tuple[np.ndarray, np.ndarray]:
-    """Noise transition matrix T (C x C, rows sum to 1) and co-occurrence counts N (diagonal 0).
-
-    T[i, i] = 1 - gamma; T[i, j] = gamma * N[i, j] / sum_{k != i} N[i, k]. A class that co-occurs
-    with nothing spreads gamma uniformly over the other classes.
-    """
+def transition_matrix(clean_Y: np.ndarray, gamma: float, model: str = PAPER, prepared: object = None
+                      ) -> np.ndarray:
+    """The model's definition as a matrix: T[i, j] = probability that a clean positive of class i ends as class j
+    (column C: dropped), rows summing to 1 (noisymlt.data.noise_models, ``NoiseModel.transition``)."""
     gamma = _check_gamma(gamma)
-    Y = np.asarray(clean_Y).astype(np.int64)
-    N = Y.T @ Y
-    np.fill_diagonal(N, 0)
-    T = gamma * _replacement_rows(N)
-    np.fill_diagonal(T, 1.0 - gamma)
-    return T, N
+    return noise_model(model).transition(_check_labels(clean_Y), gamma, prepared)
 
 
-def inject_noise(clean_Y: np.ndarray, gamma: float, seed: int) -> tuple[np.ndarray, dict]:
-    """Noisy copy of ``clean_Y`` (n x C, 0/1) and what happened.
+def inject_noise(clean_Y: np.ndarray, gamma: float, seed: int, model: str = PAPER, prepared: object = None
+                 ) -> tuple[np.ndarray, dict]:
+    """Noisy copy of ``clean_Y`` (n x C, 0/1) under a noise model, and what happened.
 
-    Draws, from ``numpy.random.default_rng(seed)``: one uniform per clean positive (row-major order)
-    deciding keep (>= gamma) or flip, then one uniform per flipped positive choosing the replacement
-    by inverse CDF over its co-occurrence row. ``info`` holds ``gamma``, ``seed``, ``T``, ``N``,
-    ``flipped`` (n x C bool: clean positives that were replaced), ``replacement`` (n x C int: target
-    class of a flipped positive, -1 elsewhere) and ``transitions`` (C x C counts of i -> j replacements).
+    The model draws, from ``numpy.random.default_rng(seed)``, the fate of every clean positive in row-major order
+    (``NoiseModel.draw``: kept, dropped or replaced); the noisy label set of an image is the union of its kept labels
+    and its replacements. ``prepared``: the model's inputs (``NoiseModel.prepare``: a matrix). ``info`` holds
+    ``gamma``, ``seed``, ``model``, ``flipped`` (n x C bool: clean positives that left, replaced or dropped),
+    ``replacement`` (n x C int: target class of a replaced positive, -1 elsewhere), ``transitions`` (C x C counts
+    of i -> j replacements) and ``dropped`` (C counts of positives lost without replacement).
     """
     gamma = _check_gamma(gamma)
     seed = _check_seed(seed)
     Y = _check_labels(clean_Y)
     n, C = Y.shape
-    T, N = transition_matrix(Y, gamma)
-    cdf = np.cumsum(_replacement_rows(N), axis=1)
-    cdf /= cdf[:, -1:]  # last entry exactly 1.0, so a uniform in [0, 1) never runs past the end
-
-    rng = np.random.default_rng(seed)
+    chosen = noise_model(model)
     rows, cols = np.nonzero(Y)
-    flip = rng.random(rows.size) < gamma
-    src_rows, src_cols = rows[flip], cols[flip]
-    u = rng.random(src_cols.size)
-    # index of the first cdf entry > u; zero-probability entries (the diagonal included) are skipped
-    targets = (cdf[src_cols] <= u[:, None]).sum(axis=1)
+    fate = chosen.draw(Y, rows, cols, gamma, np.random.default_rng(seed), prepared)
+    if fate.shape != cols.shape or ((fate < DROP) | (fate >= C)).any():
+        raise NoisyMLTError(f"noise model {model}: draw must give one outcome per clean positive, KEEP, DROP or a "
+                            f"class in 0..{C - 1}")
+    kept, gone = fate == KEEP, fate != KEEP
+    moved = fate >= 0
 
     noisy = np.zeros_like(Y)
-    noisy[rows[~flip], cols[~flip]] = 1
-    noisy[src_rows, targets] = 1
-    # each clean positive leaves either itself or its replacement, so no image can end up empty
-    assert noisy.any(axis=1).all(), "an image lost all its labels"
+    noisy[rows[kept], cols[kept]] = 1
+    noisy[rows[moved], fate[moved]] = 1
+    # each clean positive leaves either itself or its replacement, so only a dropping model can empty an image
+    assert not chosen.keeps_every_image_labelled or noisy.any(axis=1).all(), "an image lost all its labels"
 
     flipped = np.zeros((n, C), dtype=bool)
-    flipped[src_rows, src_cols] = True
+    flipped[rows[gone], cols[gone]] = True
     replacement = np.full((n, C), -1, dtype=np.int64)
-    replacement[src_rows, src_cols] = targets
+    replacement[rows[moved], cols[moved]] = fate[moved]
     transitions = np.zeros((C, C), dtype=np.int64)
-    np.add.at(transitions, (src_cols, targets), 1)
-    info = {
-        "gamma": gamma,
-        "seed": seed,
-        "T": T,
-        "N": N,
-        "flipped": flipped,
-        "replacement": replacement,
-        "transitions": transitions,
-    }
+    np.add.at(transitions, (cols[moved], fate[moved]), 1)
+    dropped = np.bincount(cols[fate == DROP], minlength=C).astype(np.int64)
+    info = {"gamma": gamma, "seed": seed, "model": chosen.name, "flipped": flipped, "replacement": replacement,
+            "transitions": transitions, "dropped": dropped}
     return noisy, info
 
 
@@ -144,12 +119,16 @@ def noise_stats(
     *,
     gamma: float | None = None,
     seed: int | None = None,
+    model: str = PAPER,
+    dropped: np.ndarray | None = None,
 ) -> dict:
     """JSON-able summary of one noisy copy; rates with a zero denominator are ``None``.
 
     ``flip_rate`` counts replaced clean positives (what gamma controls); ``missing_rate`` counts
     clean positives absent from the noisy set (lower: a replacement from another label may
-    restore one); ``wrong_fraction`` is the share of noisy positives that are not clean positives.
+    restore one); ``wrong_fraction`` is the share of noisy positives that are not clean positives. Another model
+    than the paper's adds its name, the positives it dropped and the labels per image, clean and noisy (the paper's
+    model's files keep the bytes finished results were made from).
     """
     clean = np.asarray(clean).astype(np.int64)
     noisy = np.asarray(noisy).astype(np.int64)
@@ -160,7 +139,7 @@ def noise_stats(
     wrong = (noisy & (1 - clean)).sum(axis=0)
     missing = (clean & (1 - noisy)).sum(axis=0)
     empty = [str(classes[j]) for j in np.flatnonzero(noisy_counts == 0)]
-    return {
+    stats = {
         "gamma": gamma,
         "seed": seed,
         "num_images": int(clean.shape[0]),
@@ -179,27 +158,54 @@ def noise_stats(
         "classes_without_noisy_positives": len(empty),
         "empty_classes": empty,
     }
+    if model != PAPER:
+        drops = np.zeros(clean.shape[1], dtype=np.int64) if dropped is None else np.asarray(dropped)
+        per_image = {"clean": clean.sum(axis=1), "noisy": noisy.sum(axis=1)}
+        top = int(max(v.max() for v in per_image.values()))
+        stats.update({
+            "model": model,
+            "dropped_positives": int(drops.sum()),
+            "drop_rate": _rate(drops.sum(), clean_counts.sum()),
+            "dropped_per_class": [int(v) for v in drops],
+            "images_without_noisy_labels": int((per_image["noisy"] == 0).sum()),
+            # images holding k labels, k = 0..max
+            "labels_per_image": {k: np.bincount(v, minlength=top + 1).tolist() for k, v in per_image.items()},
+        })
+    return stats
 
 
 def make_noisy_table(
-    labels_path: str | Path, gamma: float, seed: int, out: str | Path, stats_out: str | Path | None = None
+    labels_path: str | Path, gamma: float, seed: int, out: str | Path, stats_out: str | Path | None = None,
+    model: str = PAPER, options: dict | None = None,
 ) -> dict:
-    """Read a clean label table, write its noisy copy (Parquet, clean_* columns alongside) and stats JSON."""
+    """Read a clean label table, write its noisy copy (Parquet, clean_* columns alongside) and stats JSON.
+
+    ``options``: the model's settings (params ``noise.MODEL``). The table's metadata names the model and its
+    settings, unless it is the paper's (whose files keep their bytes)."""
     from noisymlt.data.labels import LabelTable, read_labels, write_labels
 
     labels_path, out = Path(labels_path), Path(out)
     gamma = _check_gamma(gamma, "--gamma")
     seed = _check_seed(seed, "--seed")
+    chosen, options = noise_model(model), dict(options or {})
+    unknown = sorted(set(options) - set(chosen.options))
+    if unknown:
+        raise NoisyMLTError(f"noise model {model}: unknown option(s) {', '.join(unknown)}; it reads "
+                            f"{', '.join(chosen.options) or 'none'}")
     table = read_labels(labels_path)
     if table.clean is not None:
         raise NoisyMLTError(
             f"{labels_path}: already a noisy table (has clean_* columns); pass the clean labels"
         )
     _check_labels(table.labels, str(labels_path))  # so a refusal names the file
-    noisy, info = inject_noise(table.labels, gamma, seed)
-    stats = noise_stats(table.labels, noisy, table.classes, info["transitions"], gamma=gamma, seed=seed)
+    prepared = chosen.prepare(options, list(table.classes), f"noise model {model}")
+    noisy, info = inject_noise(table.labels, gamma, seed, model, prepared)
+    stats = noise_stats(table.labels, noisy, table.classes, info["transitions"], gamma=gamma, seed=seed,
+                        model=chosen.name, dropped=info["dropped"])
     stats["source"] = labels_path.name
     meta = {**table.meta, "gamma": gamma, "seed": seed, "noise_source": labels_path.name}
+    if chosen.name != PAPER:
+        meta["noise"] = {"model": chosen.name, **options}
     write_labels(
         LabelTable(
             image_ids=table.image_ids,
@@ -215,10 +221,21 @@ def make_noisy_table(
     return stats
 
 
+def _options(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise NoisyMLTError(f"--option {pair!r}: write KEY=VALUE (e.g. matrix=data/voc/transitions.csv)")
+        out[key] = value
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
-    stats = make_noisy_table(args.labels, args.gamma, args.seed, args.out, args.stats)
+    stats = make_noisy_table(args.labels, args.gamma, args.seed, args.out, args.stats, args.model,
+                             _options(args.option))
     print(
-        f"{args.out}: {stats['num_images']} images, gamma {stats['gamma']}, seed {stats['seed']}: "
+        f"{args.out}: {stats['num_images']} images, {args.model} noise, gamma {stats['gamma']}, seed {stats['seed']}: "
         f"flip rate {stats['flip_rate']:.3f}, {stats['wrong_fraction']:.3f} of noisy labels wrong, "
         f"{stats['classes_without_noisy_positives']} class(es) without noisy positives"
     )
@@ -228,12 +245,13 @@ def _run(args: argparse.Namespace) -> int:
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "noise",
-        help="inject co-occurrence label noise into a clean training label table",
+        help="inject label noise (the paper's co-occurrence model or another) into a clean training label table",
         description=(
-            "Write a noisy copy of a clean multi-label table (SPEC 2): each clean positive is kept "
-            "with probability 1-gamma, else replaced by a class drawn from its co-occurrence row. "
-            "The output holds the noisy labels in the class columns and the clean ones in clean_* "
-            "columns (analysis only). Deterministic for a given (labels, gamma, seed)."
+            "Write a noisy copy of a clean multi-label table: each clean positive is kept with probability "
+            "1-gamma, else the noise model replaces or drops it (default: the paper's, SPEC 2: a class drawn from "
+            "its co-occurrence row; docs/noise-models.md defines the others). The output holds the noisy labels in "
+            "the class columns and the clean ones in clean_* columns (analysis only). Deterministic for a given "
+            "(labels, model, options, gamma, seed)."
         ),
     )
     p.add_argument(
@@ -244,6 +262,10 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         "--seed", required=True, type=int, help="non-negative seed; seeds 0..4 give five noisy copies"
     )
     p.add_argument("--out", required=True, type=Path, help="output Parquet table")
+    p.add_argument("--model", default=PAPER, choices=sorted(NOISE_MODULES),
+                   help=f"noise model (default: {PAPER}, the paper's)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of the model, e.g. matrix=FILE for class_conditional (repeatable)")
     p.add_argument(
         "--stats", type=Path, default=None, help="statistics JSON (default: OUT with .json suffix)"
     )

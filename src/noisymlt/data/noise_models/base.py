@@ -1,0 +1,115 @@
+"""What a noise model declares: the fate of every clean positive label, drawn from one random stream.
+
+``draw`` returns one outcome per clean positive, in row-major order (image by image, class by class): ``KEEP``,
+``DROP`` (the label is lost, nothing replaces it) or the class that replaces it. ``noisymlt.data.noise`` turns the
+outcomes into the noisy table (kept labels and replacements, united per image) and the statistics, the same way for
+every model, so a model is its draws and nothing else. ``transition`` is the model's definition as a matrix, for
+the statistics tests and the manual: the probability that a clean positive of class i ends as class j (column C:
+dropped); the draws must follow it, which tests/test_noise_models.py checks against an independent simulation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from noisymlt.errors import NoisyMLTError
+
+KEEP = -1  # the outcome of a kept positive
+DROP = -2  # the outcome of a positive dropped without replacement
+
+
+class NoiseModel:
+    name: str = ""  # set by register_noise_model
+    label: str = ""  # how tables and figures name it ("uniform"); the manual gives the formula and the citation
+    # keys of the model's own settings (noise.NAME.KEY in the params) -> their JSON schema, checked with the params
+    options: dict[str, dict] = {}
+    # False: a model that may leave an image without any positive label (missing labels); the others never do
+    keeps_every_image_labelled: bool = True
+
+    def prepare(self, options: dict, classes: list[str], source: str) -> object:
+        """What ``draw`` needs beyond the labels, read and checked once (a matrix file); ``source`` names where the
+        options come from, for errors."""
+        return None
+
+    def files(self, options: dict) -> list[str]:
+        """Files the options name, which the noise step reads (a dependency of both routes)."""
+        return []
+
+    def draw(self, clean: np.ndarray, rows: np.ndarray, cols: np.ndarray, gamma: float, rng: np.random.Generator,
+             prepared: object) -> np.ndarray:
+        """Outcome of each clean positive (``rows``, ``cols``: np.nonzero(clean), row-major): KEEP, DROP or the
+        replacing class."""
+        raise NotImplementedError(f"noise model {self.name}: draw")
+
+    def transition(self, clean: np.ndarray, gamma: float, prepared: object) -> np.ndarray:
+        """C x (C + 1): row i = where a clean positive of class i ends (column C: dropped) when its image holds the
+        typical label set; models whose draw depends on the image (uniform) give the average over ``clean``."""
+        raise NotImplementedError(f"noise model {self.name}: transition")
+
+
+def register_noise_model(name: str):
+    """Class decorator: one instance of the class serves as the model ``name``."""
+    def wrap(cls):
+        if name in register_noise_model.MODELS:
+            raise NoisyMLTError(f"noise model {name!r} registered twice")
+        model = cls()
+        model.name = name
+        model.label = model.label or name
+        register_noise_model.MODELS[name] = model
+        return cls
+    return wrap
+
+
+register_noise_model.MODELS = {}
+
+
+def flips(n: int, gamma: float, rng: np.random.Generator) -> np.ndarray:
+    """Which of ``n`` positives leave (probability gamma each): the first draw of every model, one uniform each."""
+    return rng.random(n) < gamma
+
+
+def inverse_cdf(rows: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Index drawn from each row's distribution (``rows``: one probability row per draw) by its uniform ``u``:
+    the first cumulative entry above u. Zero-probability entries are never drawn."""
+    cdf = np.cumsum(rows, axis=1)
+    cdf /= cdf[:, -1:]  # last entry exactly 1.0, so a uniform in [0, 1) never runs past the end
+    return (cdf <= u[:, None]).sum(axis=1)
+
+
+def read_matrix(path: str | Path, classes: list[str], what: str) -> np.ndarray:
+    """A C x C row-stochastic matrix from a CSV file (a header row of class names, then one row per class, its
+    first cell the class name) or a .npy array, checked: shape, class order, values in [0, 1], rows summing to 1."""
+    path = Path(path)
+    if not path.is_file():
+        raise NoisyMLTError(f"{what}: {path}: no such file")
+    C = len(classes)
+    if path.suffix == ".npy":
+        try:
+            M = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as exc:
+            raise NoisyMLTError(f"{what}: {path}: not a readable .npy array ({exc})") from exc
+    else:
+        lines = [line.split(",") for line in path.read_text().splitlines() if line.strip()]
+        if not lines:
+            raise NoisyMLTError(f"{what}: {path}: empty file")
+        header = [c.strip() for c in lines[0][1:]]
+        names = [row[0].strip() for row in lines[1:]]
+        if header != list(classes) or names != list(classes):
+            raise NoisyMLTError(f"{what}: {path}: the header row and the first column must name the dataset's {C} "
+                                f"classes in its order ({', '.join(classes[:4])}{', ...' if C > 4 else ''})")
+        try:
+            M = np.array([[float(v) for v in row[1:]] for row in lines[1:]])
+        except ValueError as exc:
+            raise NoisyMLTError(f"{what}: {path}: a cell is not a number ({exc})") from exc
+    if M.shape != (C, C):
+        raise NoisyMLTError(f"{what}: {path}: shape {M.shape}, the dataset has {C} classes: need {C} x {C}")
+    if not np.isfinite(M).all() or (M < 0).any() or (M > 1).any():
+        raise NoisyMLTError(f"{what}: {path}: entries must be probabilities in [0, 1]")
+    sums = M.sum(axis=1)
+    bad = np.flatnonzero(np.abs(sums - 1.0) > 1e-6)
+    if bad.size:
+        raise NoisyMLTError(f"{what}: {path}: row {classes[bad[0]]!r} sums to {sums[bad[0]]:.6g}, not 1 "
+                            f"({bad.size} row(s) off)")
+    return M.astype(np.float64)
