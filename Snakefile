@@ -24,6 +24,7 @@ include: "workflow/rules/common.smk"
 wildcard_constraints:
     dataset="[a-z0-9_]+",
     gamma="[0-9.]+",
+    noise="(-[a-z0-9_]+)?",  # the noise model after the rate, none for the paper's (layout.noise_tag)
     seed="[0-9]+",
     method="[A-Za-z0-9_]+",
 

@@ -382,8 +382,9 @@ def smoke_in(ctx: dict, work: Path) -> dict:
 
     params = load_params(work / "params.yaml", work / "workflow/profiles/smoke/params.yaml")
     maps, devices = {}, set()
-    for dataset, gamma, seed, method in paths.all_runs(params):
-        run = work / paths.run_dir(dataset, gamma, seed, method)
+    for run_key in paths.all_runs(params):
+        run = work / paths.run_dir(*run_key)
+        method = run_key.method
         maps[method] = next(iter(json.loads((run / "map.json").read_text()).values()))["total"]  # reported head
         devices.add(json.loads((run / "manifest.json").read_text())["environment"]["device"])
     return {"device": sorted(devices), "runs": len(maps), "methods": sorted(maps), "map_min": min(maps.values()),

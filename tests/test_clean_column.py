@@ -36,12 +36,12 @@ def test_clean_runs_follow_the_grid_at_every_seed_and_nowhere_else(demo):
     runs = paths.grid_runs(params)
     assert runs[:len(paths.grid_runs(noisy))] == paths.grid_runs(noisy)  # the noisy grid first, unchanged
     clean = [r for r in runs if r[1] == 0.0]
-    assert clean == [("toy", 0.0, s, m) for s in demo["grid"]["seeds"] for m in ("erm", "db_focal")]
+    assert clean == [("toy", 0.0, s, m, "cooccurrence") for s in demo["grid"]["seeds"] for m in ("erm", "db_focal")]
     assert paths.run_dir(*clean[0]) == "runs/toy/g0.0/s0/erm"
     assert set(paths.all_runs(params)) - set(paths.all_runs(noisy)) == set(clean)
     assert not [r for r in paths.grid_runs(noisy) if r[1] == 0.0]  # absent key: no clean run
     # the demo trains the clean column of issue 37
-    assert {m for _, g, _, m in paths.grid_runs(demo) if g == 0.0} == {"erm", "rs", "db_focal", "ldam", "ours"}
+    assert {r.method for r in paths.grid_runs(demo) if r.gamma == 0.0} == {"erm", "rs", "db_focal", "ldam", "ours"}
 
 
 def test_dvc_plans_the_clean_noisy_sets(demo):
@@ -50,7 +50,11 @@ def test_dvc_plans_the_clean_noisy_sets(demo):
     layers = [str(REPO / "params.yaml"), str(REPO / "workflow/profiles/demo/params.yaml")]
     sets = dvc_block(with_clean(demo, ["erm"]), layers)["noisy_sets"]
     assert {k: v for k, v in sets.items() if v["gamma"] == 0.0} == {
-        f"toy-0.0-{s}": {"dataset": "toy", "gamma": 0.0, "seed": s} for s in demo["grid"]["seeds"]}
+        f"toy-0.0-{s}": {"dataset": "toy", "gamma": 0.0, "seed": s, "noise": "",
+                         "model_file": "data/toy/train_labels.parquet", "command": "noise",
+                         "args": f"noise --labels data/toy/train_labels.parquet --gamma 0.0 --seed {s} --out "
+                                 f"data/toy/noisy/g0.0_s{s}.parquet --stats data/toy/noisy/g0.0_s{s}.json"}
+        for s in demo["grid"]["seeds"]}
     noisy = copy.deepcopy(demo)
     noisy["grid"].pop("clean_methods", None)
     assert not [v for v in dvc_block(noisy, layers)["noisy_sets"].values() if v["gamma"] == 0.0]

@@ -39,7 +39,7 @@ def test_all_runs_are_the_main_grid_then_each_ablation_once(paper_params):
     for name in paper_params["grid"]["ablations"]:
         assert set(paths.ablation_runs(paper_params, name)) <= set(runs)
     # ours at gamma 0.5 is in the main grid and in ab_components: planned once
-    assert runs.count(("voc", 0.5, 0, "ours")) == 1
+    assert runs.count(("voc", 0.5, 0, "ours", "cooccurrence")) == 1
 
 
 def small_model(params: dict) -> dict:

@@ -27,6 +27,14 @@ def test_fill_writes_a_noise_rate_as_both_tools_do():
     assert L.stage_file_of(Path(choice)) == L.fill(L.STAGE_FILE, dataset="voc", method="ours", stage=2)
     with pytest.raises(KeyError):
         L.fill(L.NOISY, dataset="voc", gamma=0.5)  # every field must be given
+    # the noise model follows the rate, unless it is the paper's (its paths are every finished result's)
+    assert L.fill(L.NOISY, dataset="voc", gamma=0.5, seed=3, noise="cooccurrence") == "data/voc/noisy/g0.5_s3.parquet"
+    assert L.fill(L.RUN, dataset="toy", gamma=0.5, seed=0, method="erm", noise="uniform") == "runs/toy/g0.5-uniform/s0/erm"
+    assert L.noise_level(0.5, "missing") == "0.5-missing" and L.noise_level("0.50") == "0.5"
+    assert L.parse_noise_level("0.5-class_conditional") == (0.5, "class_conditional")
+    assert L.parse_noise_level("0.3") == (0.3, "cooccurrence")
+    assert L.noise_name(L.noise_tag("uniform")) == "uniform" and L.noise_name(L.noise_tag("cooccurrence")) == "cooccurrence"
+    assert L.with_noise(L.NOISY, "cooccurrence") == "data/{dataset}/noisy/g{gamma}_s{seed}.parquet"
 
 
 def test_fields_and_part():
@@ -38,8 +46,8 @@ def test_fields_and_part():
 
 
 def test_dvc_writes_each_field_as_an_interpolation():
-    assert L.dvc(L.NOISY) == "data/${item.dataset}/noisy/g${item.gamma}_s${item.seed}.parquet"
-    assert L.dvc(L.RUN, item="run") == "runs/${run.dataset}/g${run.gamma}/s${run.seed}/${run.method}"
+    assert L.dvc(L.NOISY) == "data/${item.dataset}/noisy/g${item.gamma}${item.noise}_s${item.seed}.parquet"
+    assert L.dvc(L.RUN, item="run") == "runs/${run.dataset}/g${run.gamma}${run.noise}/s${run.seed}/${run.method}"
     assert L.dvc(L.TRAIN_LABELS, item=None) == "data/${item}/train_labels.parquet"
     assert L.dvc(L.RESULTS) == L.RESULTS
     assert L.dvc(L.dvc(L.NOISY)) == L.dvc(L.NOISY)  # an interpolation already there is left alone

@@ -68,7 +68,11 @@ def test_image_folders_and_coco_train_images():
 
 def test_grid_runs_follow_snakemakes_order_and_paths():
     runs = grid_runs(PARAMS)
-    assert len(runs) == 2 * 2 * 1 * 2 and runs[0] == ("voc", 0.3, 0, "erm") and runs[-1] == ("coco", 0.5, 0, "ours")
+    assert len(runs) == 2 * 2 * 1 * 2
+    assert runs[0] == ("voc", 0.3, 0, "erm", "cooccurrence") and runs[-1] == ("coco", 0.5, 0, "ours", "cooccurrence")
+    two = grid_runs({**PARAMS, "grid": {**PARAMS["grid"], "noise_models": ["cooccurrence", "uniform"]}})
+    assert two[:2] == runs[:2] and two[4] == ("voc", 0.3, 0, "erm", "uniform")  # dataset, model, rate, seed, method
+    assert run_dir(*two[4]) == "runs/voc/g0.3-uniform/s0/erm"
     assert run_dir(*runs[1]) == "runs/voc/g0.3/s0/ours"
     assert run_dir("voc", 0.50, 0, "erm") == "runs/voc/g0.5/s0/erm"
 

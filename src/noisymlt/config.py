@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from noisymlt.data.assets import with_asset_files
+from noisymlt.data.noise_models import PAPER
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.options import check_options, method_options
 from noisymlt.core.schema import ParamsError, check_schema
@@ -152,12 +153,29 @@ def validate_params(params: dict, source: str | None = None) -> None:
         check_options(block["family"], method_options(block), f"methods.{name}", source)
     validate_selection(params, source)
     check_batch_sizes(params, source)
+    check_noise_models(params, source)
+
+
+def check_noise_models(params: dict, source: str | None = None) -> None:
+    """A listed model's required settings are given (class_conditional's matrix), and its files exist."""
+    from noisymlt.data.noise_models import noise_model
+
+    for name in params["grid"].get("noise_models", []):
+        model, options = noise_model(name), params.get("noise", {}).get(name) or {}
+        for key in model.options:
+            if options.get(key) is None:
+                raise ParamsError(source, f"noise.{name}.{key}", f"noise model {name} (grid.noise_models) needs it")
+        for path in model.files(options):
+            if not Path(path).is_file():
+                raise ParamsError(source, f"noise.{name}", f"{path}: no such file")
 
 
 def params_schema() -> dict:
     """params.schema.yaml with what the dataset kinds add (noisymlt.data.kinds): the kind names, and each kind's own
-    block (datasets.NAME.toy, datasets.NAME.folder) with its schema."""
+    block (datasets.NAME.toy, datasets.NAME.folder) with its schema; and what the noise models add
+    (noisymlt.data.noise_models): their names (grid.noise_models) and their settings' blocks (noise.MODEL)."""
     from noisymlt.data.kinds import all_kinds
+    from noisymlt.data.noise_models import all_noise_models
 
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
     block = schema["properties"]["datasets"]["additionalProperties"]
@@ -165,6 +183,11 @@ def params_schema() -> dict:
     block["properties"]["kind"] = {"enum": sorted(kinds), "description": "noisymlt.data.kinds: one module per kind"}
     for kind in kinds.values():
         block["properties"].update(kind.options)
+    models = all_noise_models()
+    schema["properties"]["grid"]["properties"]["noise_models"]["items"] = {"enum": sorted(models)}
+    schema["properties"]["noise"]["properties"] = {
+        name: {"type": "object", "additionalProperties": False, "properties": model.options}
+        for name, model in models.items() if model.options}
     return schema
 
 
@@ -278,14 +301,16 @@ def threshold_groups(params: dict) -> dict[str, list[str]]:
 
 
 def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int, chosen: dict | None = None,
-                chosen_by: str = "", candidate: bool = False) -> dict:
+                chosen_by: str = "", candidate: bool = False, noise: str = PAPER) -> dict:
     """Everything one (dataset, gamma, seed, method) run depends on, with defaults layered:
     global train block < dataset overrides < the method's schedule < the method's own overrides < the values a
     model selection chose (``chosen``: lr, alpha, beta; recorded with ``chosen_by``, the choice file they came
     from, so a changed choice makes another run id).
     ``candidate``: a selection candidate's run (noisymlt.pipeline.selection), its values recorded as the
     candidate's, trained on the fit part only, its warm-up scaled to that part's share of the images so that it
-    keeps its share of the shorter run."""
+    keeps its share of the shorter run.
+    ``noise``: the noise model of its labels; another than the paper's adds a ``noise`` block (its name and
+    settings, params noise.MODEL), so its run id differs, and the paper's runs keep theirs."""
     if dataset not in params["datasets"]:
         raise NoisyMLTError(f"unknown dataset {dataset!r}; configured: {', '.join(params['datasets'])}")
     if method not in params["methods"]:
@@ -313,6 +338,8 @@ def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int
         "db_loss": ds["db_loss"],
         "colearning": ds.get("colearning", {}),
     }
+    if noise != PAPER:
+        resolved["noise"] = {"model": noise, **(params.get("noise", {}).get(noise) or {})}
     if chosen:
         resolved = _with_chosen(params, resolved, chosen, "candidate" if candidate else chosen_by)
     if candidate:

@@ -121,23 +121,30 @@ def step_command(step, **fields):
     return STEPS[step].args(config, fields)[0]
 
 
+def noise_of(w):
+    """A job's noise model: its `noise` wildcard's (layout.noise_tag), the paper's for a job without one (a
+    selection candidate)."""
+    return layout.noise_name(getattr(w, "noise", ""))
+
+
 def run_dir(w):
-    return layout.fill(layout.RUN, dataset=w.dataset, gamma=w.gamma, seed=w.seed, method=w.method)
+    return layout.fill(layout.RUN, dataset=w.dataset, gamma=w.gamma, seed=w.seed, method=w.method, noise=noise_of(w))
 
 
 def resolved(w):
-    return _resolved(w.dataset, w.method, float(w.gamma), int(w.seed))
+    return _resolved(w.dataset, w.method, float(w.gamma), int(w.seed), noise_of(w))
 
 
 @functools.lru_cache(maxsize=None)  # four params of every train job read it; the config is fixed for the run
-def _resolved(dataset, method, gamma, seed):
-    return resolve_run(config, dataset, method, gamma, seed)
+def _resolved(dataset, method, gamma, seed, noise):
+    return resolve_run(config, dataset, method, gamma, seed, noise=noise)
 
 
 def final_run_config(w):
     """A run's resolved config, with its method's selected values once the selection has chosen them."""
     choice = final_choice(w)  # select.smk
-    return paths.requested_config(config, w.dataset, w.method, float(w.gamma), int(w.seed), str(choice) if choice else None)
+    return paths.requested_config(config, w.dataset, w.method, float(w.gamma), int(w.seed), str(choice) if choice else None,
+                                  noise_of(w))
 
 
 def train_threads(w):
@@ -173,8 +180,10 @@ def selected_ablations():
 
 
 def all_runs(pattern):
-    """Main grid and selected ablations (noisymlt.pipeline.paths.all_runs); a run shared by both is trained once."""
-    runs = (pattern.format(dataset=d, gamma=gtag(g), seed=s, method=m) for d, g, s, m in paths.all_runs(config))
+    """Main grid and selected ablations (noisymlt.pipeline.paths.all_runs); a run shared by both is trained once.
+    ``pattern``'s fields: dataset, gamma, seed, method and noise (the model's path tag, layout.noise_tag)."""
+    runs = (pattern.format(dataset=d, gamma=gtag(g), seed=s, method=m, noise=layout.noise_tag(n))
+            for d, g, s, m, n in paths.all_runs(config))
     return list(dict.fromkeys(runs))
 
 
@@ -194,7 +203,8 @@ def sweep_values(w):
 def timing_runs(pattern):
     """The runs the running-time table times (params `timing`), as files of one dataset's wildcard."""
     block = config.get("timing") or {}
-    return [pattern.format(gamma=gtag(block["gamma"]), seed=block["seed"], method=m) for m in block.get("methods", [])]
+    return [pattern.format(gamma=gtag(block["gamma"]), noise="", seed=block["seed"], method=m)  # the paper's noise
+            for m in block.get("methods", [])]
 
 
 # The paper's training-dynamics figures (noise level during training, pseudo labels) show Ours at gamma 0.5.
@@ -205,7 +215,7 @@ FIGURE_GAMMA = 0.5
 def figure_seeds(dataset):
     """Seeds of the FIGURE_METHOD runs at FIGURE_GAMMA on ``dataset`` that the workflow trains anyway
     (main grid or a selected ablation): the figures add no training job."""
-    runs = (r.split("|") for r in all_runs("{dataset}|{gamma}|{seed}|{method}"))
+    runs = (r.split("|") for r in all_runs("{dataset}|{gamma}{noise}|{seed}|{method}"))
     return sorted({int(s) for d, g, s, m in runs if (d, g, m) == (dataset, gtag(FIGURE_GAMMA), FIGURE_METHOD)})
 
 
@@ -259,11 +269,12 @@ def finished_work():
     were still up to date, so their predictions and manifests stayed missing once the input was fixed.
     Asking for them here makes a plain rerun restore them (tests/test_workflow.py)."""
     files = []
-    for run in all_runs("{dataset}|{gamma}|{seed}|{method}"):
-        dataset, gamma, seed, method = run.split("|")
-        w = SimpleNamespace(dataset=dataset, gamma=gamma, seed=seed, method=method)
+    for run in all_runs("{dataset}|{gamma}|{seed}|{method}|{noise}"):
+        dataset, gamma, seed, method, noise = run.split("|")
+        w = SimpleNamespace(dataset=dataset, gamma=gamma, seed=seed, method=method, noise=noise)
         files += [f"{run_dir(w)}/{name}" for name in layout.RUN_FILES]  # checkpoint.pt is not Snakemake's (train.smk)
-        files += [layout.fill(p, dataset=dataset, gamma=gamma, seed=seed) for p in (layout.NOISY, layout.NOISY_STATS)]
+        files += [layout.fill(p, dataset=dataset, gamma=gamma, seed=seed, noise=noise_of(w))
+                  for p in (layout.NOISY, layout.NOISY_STATS)]
         files += [layout.fill(p, dataset=dataset) for p in (layout.SOURCE_LABELS, layout.TEST_LABELS,
                                                             layout.TRAIN_LABELS, layout.CLASS_SPLIT)]
         files += [f"{array[:-len('.npy')]}.{ext}" for array in run_caches(w) for ext in ("npy", "json")]

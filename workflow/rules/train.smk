@@ -57,8 +57,8 @@ rule train:
         gpu=1,
         runs_per_gpu=1,  # a packing profile raises it (and the gpu total) with set-resources
     log:
-        "logs/train/{dataset}_g{gamma}_s{seed}_{method}.log",
+        "logs/train/{dataset}_g{gamma}{noise}_s{seed}_{method}.log",
     benchmark:
-        "benchmarks/train/{dataset}_g{gamma}_s{seed}_{method}.tsv"
+        "benchmarks/train/{dataset}_g{gamma}{noise}_s{seed}_{method}.tsv"
     shell:
         STEPS["train"].shell

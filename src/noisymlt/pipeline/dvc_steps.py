@@ -109,7 +109,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     params = _params(args)
     choice = final_choice_file(params, args.dataset, args.method)
-    resolved = final_run(params, args.dataset, args.method, args.gamma, args.seed, choice)
+    gamma, noise = L.parse_noise_level(args.gamma)
+    resolved = final_run(params, args.dataset, args.method, gamma, args.seed, choice, noise)
     values = _outputs_in("train", args.out)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     write_text(Path(values["output.requested"]), config_text(resolved) + "\n")
@@ -221,7 +222,8 @@ def add_cli(sub) -> None:
     q.add_argument("--out", required=True, help="cache array to write (data/NAME/cache/PART.npy)")
     q = step("train", "train one run, with the dataset's image folders filled in", _cmd_train)
     q.add_argument("--method", required=True)
-    q.add_argument("--gamma", required=True, type=float)
+    q.add_argument("--gamma", required=True,
+                   help="the noise rate, then the noise model after a dash unless it is the paper's (0.5, 0.5-uniform)")
     q.add_argument("--seed", required=True, type=int)
     for opt in ("--train-labels", "--test-labels", "--split", "--out"):
         q.add_argument(opt, required=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from noisymlt.errors import NoisyMLTError
+from noisymlt.data.noise_models import PAPER
 
 # The clean per-class counts of a published long-tailed subset are the dataset kinds' (noisymlt.data.kinds:
 # published_subset), in the project's class order.
@@ -44,19 +45,22 @@ def synthetic_labels(images: int, counts: list[int], seed: int = 0) -> np.ndarra
     return y
 
 
-def planned_noisy_labels(params: dict, dataset: str, gamma: float, seed: int, data_root: str | Path = "data"
-                         ) -> tuple[np.ndarray, dict, str]:
-    """(noisy labels, class split, where they came from) for one (dataset, gamma, seed) of the grid."""
+def planned_noisy_labels(params: dict, dataset: str, gamma: float, seed: int, data_root: str | Path = "data",
+                         noise: str = PAPER) -> tuple[np.ndarray, dict, str]:
+    """(noisy labels, class split, where they came from) for one (dataset, gamma, seed, noise model) of the grid.
+    Without the file, a model that reads settings of its own (a matrix) is planned with the paper's model: only the
+    noisy class counts matter here (the class-aware epoch), and the source says so."""
     from noisymlt.data.kinds import dataset_kind
     from noisymlt.data.labels import read_class_split, read_labels, split_from_counts
     from noisymlt.data.noise import inject_noise
+    from noisymlt.data.noise_models import noise_model
     from noisymlt.pipeline import layout as L
     from noisymlt.pipeline.paths import dataset_block
 
     def under_root(path: str) -> Path:  # a file of the layout's data folder, under data_root instead
         return Path(data_root, *Path(path).parts[1:])
 
-    noisy_file = under_root(L.fill(L.NOISY, dataset=dataset, gamma=gamma, seed=seed))
+    noisy_file = under_root(L.fill(L.NOISY, dataset=dataset, gamma=gamma, seed=seed, noise=noise))
     split_file = under_root(L.fill(L.CLASS_SPLIT, dataset=dataset))
     if noisy_file.is_file() and split_file.is_file():
         return read_labels(noisy_file).labels, read_class_split(split_file), str(noisy_file)
@@ -66,8 +70,10 @@ def planned_noisy_labels(params: dict, dataset: str, gamma: float, seed: int, da
         raise NoisyMLTError(f"{noisy_file}: missing, and dataset {dataset!r} (kind {kind.name}) has no published "
                             "class counts to plan from: run its data steps first (noise for every gamma and seed)")
     clean = synthetic_labels(subset["images"], subset["counts"])
-    noisy, _ = inject_noise(clean, gamma, seed)
-    return noisy, split_from_counts(np.asarray(subset["counts"])), f"synthetic {kind.name} (published class counts)"
+    drawn = PAPER if noise_model(noise).options else noise
+    noisy, _ = inject_noise(clean, gamma, seed, drawn)
+    return noisy, split_from_counts(np.asarray(subset["counts"])), (
+        f"synthetic {kind.name} (published class counts{'' if drawn == noise else ', the paper noise model'})")
 
 
 def planned_test_images(params: dict, dataset: str, data_root: str | Path = "data") -> int:
@@ -119,10 +125,10 @@ def plan_grid(params: dict, data_root: str | Path = "data") -> list[dict]:
 
     labels: dict[tuple, tuple] = {}
 
-    def noisy_of(dataset, gamma, seed):
-        if (dataset, gamma, seed) not in labels:
-            labels[dataset, gamma, seed] = planned_noisy_labels(params, dataset, gamma, seed, data_root)
-        return labels[dataset, gamma, seed]
+    def noisy_of(dataset, gamma, seed, noise=PAPER):
+        if (dataset, gamma, seed, noise) not in labels:
+            labels[dataset, gamma, seed, noise] = planned_noisy_labels(params, dataset, gamma, seed, data_root, noise)
+        return labels[dataset, gamma, seed, noise]
 
     test_sizes: dict[str, int] = {}  # a dataset's test table is read once, not once a run
 
@@ -134,7 +140,7 @@ def plan_grid(params: dict, data_root: str | Path = "data") -> list[dict]:
     runs = all_runs(params)
     jobs = []
     for dataset in dict.fromkeys(r[0] for r in runs):
-        owners = selection.selecting_methods(params, [m for d, _, _, m in runs if d == dataset])
+        owners = selection.selecting_methods(params, [r.method for r in runs if r.dataset == dataset])
         if not owners:
             continue
         sets = selection.selection_sets(params)
@@ -151,10 +157,11 @@ def plan_grid(params: dict, data_root: str | Path = "data") -> list[dict]:
                                      "test_images": test_of(dataset),
                                      "train_images": int((~val).sum()), "held_out_images": int(val.sum()),
                                      **run_iterations(cfg, noisy[~val], split)})
-    for dataset, gamma, seed, method in runs:
-        noisy, split, source = noisy_of(dataset, gamma, seed)
-        cfg = resolve_run(params, dataset, method, gamma, seed)
-        jobs.append({"dataset": dataset, "gamma": gamma, "seed": seed, "method": method, "labels": source,
+    for dataset, gamma, seed, method, noise in runs:
+        noisy, split, source = noisy_of(dataset, gamma, seed, noise)
+        cfg = resolve_run(params, dataset, method, gamma, seed, noise=noise)
+        extra = {} if noise == PAPER else {"noise": noise}  # the paper grid's records keep their keys
+        jobs.append({"dataset": dataset, "gamma": gamma, "seed": seed, "method": method, **extra, "labels": source,
                      "test_images": test_of(dataset), "train_images": int(len(noisy)),
                      "held_out_images": 0, **run_iterations(cfg, noisy, split)})
     return jobs

@@ -1,7 +1,8 @@
 """Where every file of the pipeline lives: each path pattern spelled once.
 
-A pattern is a ``str.format`` template whose fields are the pipeline's wildcards (dataset, gamma, seed, method,
-part, stage, tag, name, command). The same text serves three readers:
+A pattern is a ``str.format`` template whose fields are the pipeline's wildcards (dataset, gamma, noise, seed,
+method, part, stage, tag, name, command). ``noise`` follows the rate in a noisy set's and a run's name: empty for
+the paper's noise model (its paths are those of every finished result), ``-MODEL`` for another (``g0.5-uniform``). The same text serves three readers:
 
 - Snakemake rules use a pattern as it is (its fields are the rule's wildcards);
 - the DVC stages (written by ``noisymlt.pipeline.dvc_yaml`` from ``noisymlt.pipeline.steps``) get it through
@@ -18,6 +19,8 @@ import re
 import string
 from pathlib import PurePath
 
+from noisymlt.data.noise_models import PAPER
+
 # ---------------------------------------------------------------------------------------- data
 RAW_ROOT = "data/raw"  # each kind's raw files in a folder of their own (noisymlt.data.kinds), or the user's folder
 RAW = RAW_ROOT + "/{raw}"  # raw: the folder's name, the kind's raw_folder
@@ -29,8 +32,8 @@ TEST_LABELS = "data/{dataset}/test_labels.parquet"
 CLASS_SPLIT = "data/{dataset}/class_split.json"  # head / medium / tail
 TRAIN_IMAGES = "data/{dataset}/train_images"  # fetched train images (COCO), one writer per folder
 TRAIN_IMAGES_READY = "data/{dataset}/train_images/train2017/manifest.json"  # written once every image is there
-NOISY = "data/{dataset}/noisy/g{gamma}_s{seed}.parquet"  # one noisy copy of the subset per noise rate and seed
-NOISY_STATS = "data/{dataset}/noisy/g{gamma}_s{seed}.json"  # its measured noise
+NOISY = "data/{dataset}/noisy/g{gamma}{noise}_s{seed}.parquet"  # a noisy copy of the subset per model, rate and seed
+NOISY_STATS = "data/{dataset}/noisy/g{gamma}{noise}_s{seed}.json"  # its measured noise
 CACHE = "data/{dataset}/cache/{part}.npy"  # decoded images of the train subset or the test set
 CACHE_INDEX = "data/{dataset}/cache/{part}.json"
 CACHE_MANIFEST = "data/{dataset}/cache/{part}.manifest.json"
@@ -53,7 +56,7 @@ CHOICE_FILE = "runs/{dataset}/select/{method}/stage{stage}.choice.json"  # the v
 CANDIDATE = "runs/{dataset}/select/{method}/stage{stage}/g{gamma}/s{seed}/{tag}"
 
 # ---------------------------------------------------------------------------------------- runs
-RUN = "runs/{dataset}/g{gamma}/s{seed}/{method}"
+RUN = "runs/{dataset}/g{gamma}{noise}/s{seed}/{method}"
 # what a run's job writes (train, then evaluate); checkpoint.pt too, which Snakemake must not own (train.smk)
 RUN_FILES = ("requested_config.json", "predictions.npz", "manifest.json", "run_config.json", "noise_level.jsonl",
              "metrics.json", "metrics.manifest.json")
@@ -82,6 +85,33 @@ def gtag(gamma: float | str) -> str:
     return str(float(gamma))
 
 
+def noise_tag(model: str) -> str:
+    """A noise model as paths write it after the rate: nothing for the paper's, ``-MODEL`` for another."""
+    return "" if model == PAPER else f"-{model}"
+
+
+def noise_name(tag: str) -> str:
+    """The noise model of a ``noise`` wildcard's value (noise_tag's inverse)."""
+    return tag[1:] if tag else PAPER
+
+
+def noise_level(gamma: float | str, model: str = PAPER) -> str:
+    """A noisy set's name without its seed: the rate, then the model unless it is the paper's (0.5, 0.5-uniform):
+    how paths, run keys and the step commands' --gamma name it."""
+    return gtag(gamma) + noise_tag(model)
+
+
+def parse_noise_level(text: str) -> tuple[float, str]:
+    """(rate, model) of a noise_level text."""
+    rate, _, model = str(text).partition("-")
+    return float(rate), model or PAPER
+
+
+def with_noise(pattern: str, model: str) -> str:
+    """A pattern with its ``noise`` field fixed (the selection reads the paper model's noisy sets)."""
+    return pattern.replace("{noise}", noise_tag(model))
+
+
 def stage_file_of(choice: str | PurePath) -> str:
     """The stage file beside a choice file (CHOICE_FILE -> STAGE_FILE of the same stage: the scores behind it)."""
     return str(choice).replace(CHOICE_FILE.rpartition("}")[2], STAGE_FILE.rpartition("}")[2])
@@ -104,7 +134,10 @@ def fields(pattern: str) -> list[str]:
 
 
 def fill(pattern: str, **values) -> str:
-    """The path of one file: a pattern with its fields filled (a gamma written as ``gtag``, a seed as an int)."""
+    """The path of one file: a pattern with its fields filled (a gamma written as ``gtag``, a seed as an int, the
+    noise model, default the paper's, as ``noise_tag``)."""
+    if "{noise}" in pattern:
+        values["noise"] = noise_tag(values.get("noise", PAPER))
     if "gamma" in values:
         values["gamma"] = gtag(values["gamma"])
     if "seed" in values:

@@ -20,7 +20,8 @@ templating loads (``vars: - dvc-params.json:dvc``):
                 (data/pretrained/NAME.pt), the datasets whose train images are fetched after the long-tail step
                 (COCO), the external files runs read, the image caches and the selection's splits and caches
   runs          the training runs of the main grid and the ablations (paths.all_runs), keyed
-                DATASET-GAMMA-SEED-METHOD: dataset, gamma, seed, method, its raw folder's marker file, the image
+                DATASET-LEVEL-SEED-METHOD (LEVEL: the rate, and a noise model other than the paper's after a dash:
+                layout.noise_level): dataset, gamma, noise (layout.noise_tag), seed, method, its raw folder's marker file, the image
                 folders it reads (image_deps), its weights and embeddings files, its selection choice file and
                 config_key. Not in this file but split by shard into files of their own, beside it (runs_file):
                 dvc-params-runs/SHARD.json holds, as `dvc_runs_SHARD`, the runs and the selection's candidates
@@ -70,6 +71,7 @@ from pathlib import Path
 from noisymlt.errors import NoisyMLTError
 from noisymlt.config import SHARD_BLOCK  # + SHARD: the key of a shard's file (runs_file)
 from noisymlt.core.files import write_json, write_text
+from noisymlt.data.noise_models import PAPER
 from noisymlt.pipeline.dvc_yaml import DVC_SHARDS, shard_of
 
 LAYER_SLOTS = 4  # dvc.yaml's `params` stage lists this many layer files (dvc.layer_files[0..3])
@@ -103,7 +105,7 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
     grid = params["grid"]
     runs, run_configs, pretrain, train_lr = {}, {}, [], {}
     known_assets, used_assets = assets.entries(params), set()
-    for dataset, gamma, seed, method in paths.all_runs(params):  # the ablations' runs too: every file in runs/ is
+    for dataset, gamma, seed, method, noise in paths.all_runs(params):  # the ablations' runs too: every file in runs/ is
         # an output of some stage, so a pulled clone's `runs` folder (the aggregate's dependency) is whole
         # the choice file a final run reads (fixed values: the raw marker, below); its values are the choice's to
         # set, so the tracked hash holds placeholders for them (selection.placeholders)
@@ -112,16 +114,17 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
         if choice:
             who = selection.owner(params, method)
             chosen = selection.placeholders(params, who, len(selection.stages(params, who)))
-        resolved = resolve_run(params, dataset, method, gamma, seed, chosen=chosen, chosen_by=choice or "")
+        resolved = resolve_run(params, dataset, method, gamma, seed, chosen=chosen, chosen_by=choice or "", noise=noise)
         weights = resolved["train"].get("weights_path")
         name = Path(weights).stem if weights else None
         if weights and weights == L.fill(L.PRETRAINED, name=name) and name in params.get("pretrain", {}):
             pretrain.append(name)
         marker = paths.raw_marker(params, dataset)
-        key = f"{dataset}-{L.gtag(gamma)}-{seed}-{method}"
+        key = f"{dataset}-{L.noise_level(gamma, noise)}-{seed}-{method}"
         embeddings = resolved["method_cfg"].get("embeddings_file")
         runs[key] = {
-            "dataset": dataset, "gamma": gamma, "seed": seed, "method": method, "raw_marker": marker,
+            "dataset": dataset, "gamma": gamma, "noise": L.noise_tag(noise), "seed": seed, "method": method,
+            "raw_marker": marker,
             **image_deps(params, dataset, resolved), "weights": weights or marker,
             "embeddings": embeddings or marker, "config_key": key.replace(".", "_"),
         }
@@ -167,11 +170,15 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
         "run_configs": run_configs,
         "train_lr": train_lr,
         **select,
-        # DATASET-GAMMA-SEED -> one noisy label set: the grid's and the selection's (a selection set may lie
-        # outside the grid, e.g. a second seed when the grid has one)
-        "noisy_sets": {f"{d}-{g}-{s}": {"dataset": d, "gamma": g, "seed": s} for d, g, s in dict.fromkeys(
-            [(d, g, s) for d, g, s, _ in paths.grid_runs(params)]  # the clean column's sets too
-            + [(v["dataset"], v["gamma"], v["seed"]) for v in select["select_sets"].values()])},
+        # DATASET-LEVEL-SEED -> one noisy label set (LEVEL: layout.noise_level, the rate and a model other than the
+        # paper's): the grid's and the selection's (a selection set may lie outside the grid, e.g. a second seed
+        # when the grid has one; the selection reads the paper's model)
+        "noisy_sets": {f"{d}-{L.noise_level(g, n)}-{s}": {"dataset": d, "gamma": g, "seed": s,
+                                                          "noise": L.noise_tag(n),
+                                                          "model_file": paths.noise_file(params, d, n)}
+                       for d, g, s, n in dict.fromkeys(
+                           [(r.dataset, r.gamma, r.seed, r.noise) for r in paths.grid_runs(params)]  # clean column too
+                           + [(v["dataset"], v["gamma"], v["seed"], PAPER) for v in select["select_sets"].values()])},
     }
     return with_step_args(params, block)
 

@@ -11,8 +11,10 @@ The path patterns are ``noisymlt.pipeline.layout``'s; the raw folders under ``la
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 from noisymlt.data.kinds.base import PARTS
+from noisymlt.data.noise_models import PAPER
 from noisymlt.errors import NoisyMLTError
 from noisymlt.pipeline import layout as L
 
@@ -182,32 +184,47 @@ def select_cache_argv(params: dict, dataset: str, part: str, out: str) -> list[s
             "--out", out, "--no-progress"]
 
 
-def run_dir(dataset: str, gamma: float, seed: int, method: str, root: str = "runs") -> str:
+class Run(NamedTuple):
+    """One training run of the workflow; ``noise``: its noise model (the paper's unless the grid lists others)."""
+
+    dataset: str
+    gamma: float
+    seed: int
+    method: str
+    noise: str = PAPER
+
+
+def run_dir(dataset: str, gamma: float, seed: int, method: str, noise: str = PAPER, root: str = "runs") -> str:
     """A run's folder (layout.RUN), with ``root`` in place of its first component, the runs folder."""
-    path = L.fill(L.RUN, dataset=dataset, gamma=gamma, seed=seed, method=method)
+    path = L.fill(L.RUN, dataset=dataset, gamma=gamma, seed=seed, method=method, noise=noise)
     return root + path[path.index("/"):]
 
 
 CLEAN = 0.0  # the noise rate of the clean column: the noise step copies the clean labels
 
 
-def grid_runs(params: dict) -> list[tuple[str, float, int, str]]:
-    """(dataset, gamma, seed, method) of every run in the grid, in Snakemake's expansion order, then the clean
-    column's (gamma 0, grid.clean_methods) at every dataset and seed."""
+def noise_models(params: dict) -> list[str]:
+    """The noise models the grid's noisy columns expand over (grid.noise_models; default: the paper's alone)."""
+    return list(params["grid"].get("noise_models", [PAPER]))
+
+
+def grid_runs(params: dict) -> list[Run]:
+    """Every run in the grid, in Snakemake's expansion order (dataset, noise model, rate, seed, method), then the
+    clean column's (gamma 0, grid.clean_methods; no noise model) at every dataset and seed."""
     g = params["grid"]
-    return ([(d, float(gm), int(s), m) for d in g["datasets"] for gm in g["gammas"] for s in g["seeds"]
-             for m in g["methods"]]
-            + [(d, CLEAN, int(s), m) for d in g["datasets"] for s in g["seeds"] for m in g.get("clean_methods", [])])
+    return ([Run(d, float(gm), int(s), m, n) for d in g["datasets"] for n in noise_models(params)
+             for gm in g["gammas"] for s in g["seeds"] for m in g["methods"]]
+            + [Run(d, CLEAN, int(s), m) for d in g["datasets"] for s in g["seeds"] for m in g.get("clean_methods", [])])
 
 
-def ablation_runs(params: dict, name: str) -> list[tuple[str, float, int, str]]:
-    """(dataset, gamma, seed, method) of every run of the ablation block ``name``."""
+def ablation_runs(params: dict, name: str) -> list[Run]:
+    """Every run of the ablation block ``name`` (the paper's noise model, as the paper's ablations)."""
     block = params["ablations"][name]
-    return [(block["dataset"], float(gm), int(s), m) for gm in block["gammas"] for s in block["seeds"]
+    return [Run(block["dataset"], float(gm), int(s), m) for gm in block["gammas"] for s in block["seeds"]
             for m in block["methods"]]
 
 
-def all_runs(params: dict) -> list[tuple[str, float, int, str]]:
+def all_runs(params: dict) -> list[Run]:
     """Every run the workflow trains: the main grid, then each ablation in grid.ablations; a run in
     both is trained once (the Snakemake rules and the paper grid's cost plan read this list)."""
     runs = grid_runs(params)
@@ -216,19 +233,40 @@ def all_runs(params: dict) -> list[tuple[str, float, int, str]]:
     return list(dict.fromkeys(runs))
 
 
+def noise_argv(params: dict, dataset: str, gamma: float, seed: int, noise: str) -> list[str]:
+    """`noisymlt noise` of one noisy set: the model and its settings (params noise.MODEL) after the paper's words."""
+    where = {"dataset": dataset, "gamma": gamma, "seed": seed, "noise": noise}
+    argv = ["noise", "--labels", L.fill(L.TRAIN_LABELS, dataset=dataset), "--gamma", L.gtag(gamma),
+            "--seed", str(int(seed)), "--out", L.fill(L.NOISY, **where), "--stats", L.fill(L.NOISY_STATS, **where)]
+    if noise != PAPER:
+        options = params.get("noise", {}).get(noise) or {}
+        argv += ["--model", noise, *[w for k, v in options.items() if v is not None for w in ("--option", f"{k}={v}")]]
+    return argv
+
+
+def noise_file(params: dict, dataset: str, noise: str) -> str:
+    """The file a noise model's settings name (class_conditional's matrix), else the train labels (read anyway):
+    DVC's noise stage lists one such dependency per set (its templating cannot vary their number)."""
+    from noisymlt.data.noise_models import noise_model
+
+    files = noise_model(noise).files(params.get("noise", {}).get(noise) or {})
+    return files[0] if files else L.fill(L.TRAIN_LABELS, dataset=dataset)
+
+
 def method_labels(params: dict) -> str:
     """Every method's title in the tables and figures (methods.*.label), as the JSON their --labels takes."""
     return json.dumps({m: b.get("label", m) for m, b in params["methods"].items()})
 
 
-def final_run(params: dict, dataset: str, method: str, gamma: float, seed: int, choice: str | None) -> dict:
+def final_run(params: dict, dataset: str, method: str, gamma: float, seed: int, choice: str | None,
+              noise: str = PAPER) -> dict:
     """A final run's resolved config, with its method's chosen values read from the choice file (if any) as the
     configuration's last layer (config.resolve_run)."""
     from noisymlt.config import resolve_run
     from noisymlt.pipeline.selection import read_choice
 
     chosen = read_choice(choice) if choice else None
-    return resolve_run(params, dataset, method, gamma, seed, chosen=chosen, chosen_by=str(choice or ""))
+    return resolve_run(params, dataset, method, gamma, seed, chosen=chosen, chosen_by=str(choice or ""), noise=noise)
 
 
 def config_text(resolved: dict) -> str:
@@ -237,6 +275,7 @@ def config_text(resolved: dict) -> str:
     return json.dumps(resolved, sort_keys=True, indent=1)
 
 
-def requested_config(params: dict, dataset: str, method: str, gamma: float, seed: int, choice: str | None) -> str:
+def requested_config(params: dict, dataset: str, method: str, gamma: float, seed: int, choice: str | None,
+                     noise: str = PAPER) -> str:
     """A final run's requested_config.json text (final_run, config_text)."""
-    return config_text(final_run(params, dataset, method, gamma, seed, choice))
+    return config_text(final_run(params, dataset, method, gamma, seed, choice, noise))

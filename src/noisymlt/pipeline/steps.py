@@ -31,6 +31,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
+from noisymlt.data.noise_models import PAPER
 from noisymlt.pipeline import layout as L
 from noisymlt.pipeline import paths as P
 
@@ -239,10 +240,13 @@ STEPS: tuple[Step, ...] = (
              "Snakemake: cache_train_images, cache_test_images (one rule per part: the report's rule graph).",
     ),
     Step(
-        "noise", "noise --labels {input} --gamma {gamma} --seed {seed} --out {output.labels} --stats {output.stats}",
-        over="${dvc.noisy_sets}", input={"labels": L.TRAIN_LABELS},
+        "noise", "{args}", computed=("args",), over="${dvc.noisy_sets}",
+        args=lambda p, f: P.noise_argv(p, f["dataset"], f["gamma"], f["seed"], L.noise_name(f["noise"])),
+        input={"labels": L.TRAIN_LABELS}, dvc_input={"model_file": "{model_file}"}, code=("noise",),
         output={"labels": L.NOISY, "stats": L.NOISY_STATS},
-        note="The grid's noisy sets and the selection's (dvc.noisy_sets).",
+        note="The grid's noisy sets and the selection's (dvc.noisy_sets), one a noise model, rate and seed; the\n"
+             "paper's model's words are `noise --labels ... --gamma ... --seed ... --out ... --stats ...`, another's\n"
+             "add --model and its settings (params noise.MODEL); model_file: the file those name, if any.",
     ),
     Step(
         "select_split", "{args}", computed=("args",), over="${dvc.select_datasets}",
@@ -259,7 +263,7 @@ STEPS: tuple[Step, ...] = (
     ),
     Step(
         "select_parts", "select parts --noisy {input.noisy} --split {input.split} --fit {output.fit} --val {output.val}",
-        over="${dvc.select_sets}", input={"noisy": L.NOISY, "split": L.SELECT_SPLIT},
+        over="${dvc.select_sets}", input={"noisy": L.with_noise(L.NOISY, PAPER), "split": L.SELECT_SPLIT},
         output={"fit": L.part(L.SELECT_PART, "fit"), "val": L.part(L.SELECT_PART, "val")},
     ),
     Step(
@@ -370,7 +374,7 @@ STEPS: tuple[Step, ...] = (
         "{selection}",
         then=EVALUATE % "test", computed=("train_images", "test_images", "caches", "out", "code", "selection"),
         config_first=True, scheduling=SCHEDULING, over="${shard.runs}", shard=True,
-        dvc_command="step train --params dvc-params.json --dataset {dataset} --method {method} --gamma {gamma} "
+        dvc_command="step train --params dvc-params.json --dataset {dataset} --method {method} --gamma {gamma}{noise} "
                     "--seed {seed} --train-labels {input.train} --test-labels {input.test} --split {input.split} "
                     "--out " + L.RUN + " --evaluate",
         input={"train": L.NOISY, "test": L.TEST_LABELS, "split": L.CLASS_SPLIT, "subset": L.TRAIN_LABELS},

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from noisymlt.core.manifest import file_sha256
+from noisymlt.data.noise_models import PAPER
 from noisymlt.pipeline import layout as L
 
 GROUPS_AND_TOTAL = ("total", "head", "medium", "tail")
@@ -28,8 +29,8 @@ def check_file(record: dict) -> str:
 
 
 def _cell_metric(key: str) -> tuple[str, str]:
-    """(head, mAP group) of a sidecar key: METHOD/HEAD/DATASET/GAMMA (total table) or
-    METHOD/HEAD/GAMMA/GROUP (ablation tables)."""
+    """(head, mAP group) of a sidecar key: METHOD/HEAD/DATASET/GAMMA (total table; METHOD/HEAD/DATASET/MODEL/GAMMA
+    with several noise models) or METHOD/HEAD/GAMMA/GROUP (ablation tables)."""
     parts = key.split("/")
     return parts[1], parts[3] if len(parts) > 3 and parts[3] in GROUPS_AND_TOTAL else "total"
 
@@ -243,7 +244,9 @@ def _cmd_trace(args: argparse.Namespace) -> int:
             print(f"run {run['run_id']}  seed={run['seed']}  MISSING (the table used {run['manifest']})")
         else:
             cfg = m.get("run", {})
-            print(f"run {run['run_id']}  {cfg.get('method')}  gamma={cfg.get('gamma')} seed={cfg.get('seed')}  "
+            noise = (cfg.get("noise") or {}).get("model", PAPER)
+            print(f"run {run['run_id']}  {cfg.get('method')}  noise={noise} gamma={cfg.get('gamma')} "
+                  f"seed={cfg.get('seed')}  "
                   f"git={m.get('git', {}).get('commit')}{' (dirty)' if m.get('git', {}).get('dirty') else ''}  "
                   f"manifest {run['manifest']}")
             print(f"    code {m.get('code_digest')}  ({len(m.get('code_modules', []))} package modules)"

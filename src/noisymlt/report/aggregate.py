@@ -22,15 +22,22 @@ from pathlib import Path
 import pandas as pd
 
 from noisymlt.data.labels import GROUPS
+from noisymlt.data.noise_models import PAPER
 from noisymlt.errors import NoisyMLTError
 from noisymlt.core.files import replacing, write_json
 
 COLUMNS = {
-    "run_id": "string", "dataset": "string", "method": "string", "gamma": "float64", "seed": "int64",
+    "run_id": "string", "dataset": "string", "method": "string", "gamma": "float64", "noise_model": "string",
+    "seed": "int64",
     "head": "string", "group": "string", "class_name": "string", "metric": "string", "value": "float64",
     "git_commit": "string", "git_dirty": "boolean", "code_digest": "string", "noisy_labels_sha256": "string",
     "manifest": "string", "epoch": "Int64", "numerics": "string",
 }  # no time column: results.parquet is a tracked output (the run's times are in manifest.timing.json)
+
+
+def run_noise_model(run: dict) -> str:
+    """The noise model of a run's labels: its resolved config's ``noise`` block names one other than the paper's."""
+    return (run.get("noise") or {}).get("model", PAPER)
 
 
 def rows_for_run(metrics_path: Path) -> list[dict]:
@@ -47,7 +54,7 @@ def rows_for_run(metrics_path: Path) -> list[dict]:
     run = manifest["run"]
     base = {
         "run_id": manifest["run_id"], "dataset": run["dataset"], "method": run["method"], "gamma": run["gamma"],
-        "seed": run["seed"], "git_commit": manifest["git"].get("commit"), "git_dirty": manifest["git"].get("dirty"),
+        "noise_model": run_noise_model(run), "seed": run["seed"], "git_commit": manifest["git"].get("commit"), "git_dirty": manifest["git"].get("dirty"),
         "code_digest": manifest["code_digest"],
         "noisy_labels_sha256": manifest["inputs"]["train_labels"]["sha256"],
         "manifest": str(manifest_path),
@@ -96,7 +103,9 @@ PSEUDO_LABEL_COUNTS = {"pl_added_": "added", "pl_removed_": "removed"}  # histor
 def curve_rows(manifest: dict) -> tuple[list[dict], list[dict]]:
     """One training manifest's history -> (epoch rows, pseudo-label rows), each row naming its run."""
     run = manifest["run"]
-    who = {"run": f"{run['dataset']} g{run['gamma']} s{run['seed']} {run['method']}", "dataset": run["dataset"],
+    model = run_noise_model(run)
+    level = f"{run['gamma']}{'' if model == PAPER else '-' + model}"  # as the run's folder names it
+    who = {"run": f"{run['dataset']} g{level} s{run['seed']} {run['method']}", "dataset": run["dataset"],
            "method": run["method"], "gamma": run["gamma"], "seed": run["seed"]}
     epochs, pseudo = [], []
     for record in manifest.get("history", []):

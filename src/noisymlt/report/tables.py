@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from noisymlt.data.labels import GROUPS
+from noisymlt.data.noise_models import PAPER
 from noisymlt.errors import NoisyMLTError
 from noisymlt.report.style import dataset_title
 
@@ -42,12 +43,56 @@ class Cell:
     runs: list[dict]
 
 
-def read_results(path: str | Path) -> pd.DataFrame:
-    """results.parquet, or an error naming the file (every report command reads it through this)."""
+def read_results(path: str | Path, every_noise_model: bool = False) -> pd.DataFrame:
+    """results.parquet, or an error naming the file (every report command reads it through this).
+
+    The main table compares noise models side by side (``every_noise_model``); every other table and figure shows
+    one: the paper's when the results hold it, else the only one they hold (one_noise_model)."""
     try:
-        return pd.read_parquet(path, page_checksum_verification=True)  # written with page checksums (aggregate)
+        results = pd.read_parquet(path, page_checksum_verification=True)  # written with page checksums (aggregate)
     except Exception as exc:
         raise NoisyMLTError(f"{path}: cannot read results ({exc})") from exc
+    results = with_noise_model(results)
+    return results if every_noise_model else one_noise_model(results, str(path))
+
+
+def with_noise_model(results: pd.DataFrame) -> pd.DataFrame:
+    """Results aggregated before noise models had a column hold the paper's model's runs."""
+    return results if "noise_model" in results else results.assign(noise_model=PAPER)
+
+
+def one_noise_model(results: pd.DataFrame, source: str) -> pd.DataFrame:
+    """The rows of one noise model: the paper's if present, else the only one (several without the paper's:
+    refused, naming them, rather than mixing their runs in one cell)."""
+    models = list(dict.fromkeys(results["noise_model"]))
+    if len(models) <= 1:
+        return results
+    if PAPER not in models:
+        raise NoisyMLTError(f"{source}: results of noise models {', '.join(models)}; this table shows one (the "
+                            "paper's, cooccurrence, when present): list it in grid.noise_models")
+    return results[results["noise_model"] == PAPER]
+
+
+def noise_columns(results: pd.DataFrame) -> list[str]:
+    """The column keys that tell noise models apart: none while the results hold one."""
+    return ["noise_model"] if results["noise_model"].nunique() > 1 else []
+
+
+def noise_title(model: str) -> str:
+    """A noise model as tables name it: its label, the paper's marked so."""
+    from noisymlt.data.noise_models import noise_model
+
+    label = noise_model(model).label
+    return f"{label} (paper)" if model == PAPER else label
+
+
+def noise_caption(results: pd.DataFrame) -> str:
+    """What a caption adds about the noise: nothing for the paper's model alone (the tables as they always were),
+    else the models' names."""
+    models = list(dict.fromkeys(results["noise_model"]))
+    if models == [PAPER]:
+        return ""
+    return ("; noise model" + ("s " if len(models) > 1 else " ") + ", ".join(noise_title(m) for m in models))
 
 
 def mean_ci(values: np.ndarray) -> tuple[float, float | None]:
@@ -210,21 +255,32 @@ def rendered_path(table: str | Path) -> Path:
 
 def write_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, str], group: str = "total",
                 methods: list[str] | None = None) -> dict:
-    """Main comparison: columns = dataset x noise rate. Cell keys: METHOD/HEAD/DATASET/GAMMA."""
+    """Main comparison: columns = dataset x noise rate. Cell keys: METHOD/HEAD/DATASET/GAMMA. Results of several
+    noise models: columns = dataset x model x rate, keys METHOD/HEAD/DATASET/MODEL/GAMMA, a header row names the
+    models (grid.noise_models)."""
+    results = with_noise_model(results)
     sel = results[results["group"] == group]
-    cells = collect_cells(sel, ["dataset", "gamma"])
+    by_noise = noise_columns(sel)
+    cells = collect_cells(sel, ["dataset", *by_noise, "gamma"])
     methods = methods or list(dict.fromkeys(sel["method"]))
-    cols = sorted({k[2:] for k in cells}, key=lambda c: (c[0] != "voc", c[0] != "coco", c[0], c[1]))
+    order = {m: k for k, m in enumerate(dict.fromkeys([PAPER, *sel["noise_model"]]))}
+    cols = sorted({k[2:] for k in cells}, key=lambda c: (c[0] != "voc", c[0] != "coco", c[0],
+                                                         *([order[c[1]]] if by_noise else []), c[-1]))
     datasets = list(dict.fromkeys(c[0] for c in cols))
     per_ds = {d: [c for c in cols if c[0] == d] for d in datasets}
-    header = [
-        "Dataset & " + " & ".join(f"\\multicolumn{{{len(per_ds[d])}}}{{c}}{{{dataset_title(d)}}}"
-                                   for d in datasets) + " \\\\", "\\midrule",
-        "Noise rate~$\\gamma$ & " + " & ".join(gamma_text(g) for d in datasets for _, g in per_ds[d]) + " \\\\",
-    ]
-    header_md = "| Method | " + " | ".join(f"{dataset_title(d)} {gamma_text(g)}" for d, g in cols) + " |"
+    header = ["Dataset & " + " & ".join(f"\\multicolumn{{{len(per_ds[d])}}}{{c}}{{{dataset_title(d)}}}"
+                                        for d in datasets) + " \\\\", "\\midrule"]
+    if by_noise:
+        runs_of = [(c[0], c[1]) for c in cols]
+        spans = list(dict.fromkeys(runs_of))
+        header += ["Noise model & " + " & ".join(f"\\multicolumn{{{runs_of.count(s)}}}{{c}}{{{tex_text(noise_title(s[1]))}}}"
+                                                 for s in spans) + " \\\\"]
+    header += ["Noise rate~$\\gamma$ & " + " & ".join(gamma_text(c[-1]) for c in cols) + " \\\\"]
+    header_md = "| Method | " + " | ".join(f"{dataset_title(c[0])}{f' {noise_title(c[1])}' if by_noise else ''} "
+                                           f"{gamma_text(c[-1])}" for c in cols) + " |"
     spec = "l|" + "||".join("|".join("c" for _ in per_ds[d]) for d in datasets)
-    return render(results, cells, methods, cols, labels, header, header_md, spec, out_tex, f"{group} mAP")
+    return render(results, cells, methods, cols, labels, header, header_md, spec, out_tex,
+                  f"{group} mAP{noise_caption(sel)}")
 
 
 def write_groups_table(results: pd.DataFrame, out_tex: Path, labels: dict[str, str], dataset: str,
@@ -321,7 +377,8 @@ def method_choice(args: argparse.Namespace) -> tuple[dict[str, str], list[str] |
 
 
 def _cmd_table(args: argparse.Namespace) -> int:
-    results = read_results(args.results)
+    main_table = not (args.ablation or args.ablation_spec or args.groups)
+    results = read_results(args.results, every_noise_model=main_table)
     labels, methods, params = method_choice(args)
     if args.ablation:
         if params is None or args.ablation not in params.get("ablations", {}):
