@@ -99,6 +99,10 @@ def read_matrix(path: str | Path, classes: list[str], what: str) -> np.ndarray:
         if header != list(classes) or names != list(classes):
             raise NoisyMLTError(f"{what}: {path}: the header row and the first column must name the dataset's {C} "
                                 f"classes in its order ({', '.join(classes[:4])}{', ...' if C > 4 else ''})")
+        ragged = [row for row in lines[1:] if len(row) - 1 != C]  # else numpy's error reads "not a number"
+        if ragged:
+            raise NoisyMLTError(f"{what}: {path}: row {ragged[0][0].strip()!r} has {len(ragged[0]) - 1} values, "
+                                f"need {C} (one per class)")
         try:
             M = np.array([[float(v) for v in row[1:]] for row in lines[1:]])
         except ValueError as exc:
