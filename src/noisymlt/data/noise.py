@@ -238,6 +238,7 @@ def _run(args: argparse.Namespace) -> int:
         f"{args.out}: {stats['num_images']} images, {args.model} noise, gamma {stats['gamma']}, seed {stats['seed']}: "
         f"flip rate {stats['flip_rate']:.3f}, {stats['wrong_fraction']:.3f} of noisy labels wrong, "
         f"{stats['classes_without_noisy_positives']} class(es) without noisy positives"
+        + (f", drop rate {stats['drop_rate']:.3f}" if stats.get("dropped_positives") else "")
     )
     return 0
 

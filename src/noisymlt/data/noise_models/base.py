@@ -112,7 +112,7 @@ def read_matrix(path: str | Path, classes: list[str], what: str) -> np.ndarray:
     if not np.isfinite(M).all() or (M < 0).any() or (M > 1).any():
         raise NoisyMLTError(f"{what}: {path}: entries must be probabilities in [0, 1]")
     sums = M.sum(axis=1)
-    bad = np.flatnonzero(np.abs(sums - 1.0) > 1e-6)
+    bad = np.flatnonzero(np.abs(sums - 1.0) > 1e-4)  # six written decimals (0.333333 x 3) pass
     if bad.size:
         raise NoisyMLTError(f"{what}: {path}: row {classes[bad[0]]!r} sums to {sums[bad[0]]:.6g}, not 1 "
                             f"({bad.size} row(s) off)")

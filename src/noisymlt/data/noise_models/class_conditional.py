@@ -31,12 +31,16 @@ class ClassConditional(NoiseModel):
         return [options["matrix"]] if options.get("matrix") else []
 
     def draw(self, clean, rows, cols, gamma, rng, prepared):
+        if prepared is None:
+            raise NoisyMLTError("noise model class_conditional: no matrix (prepare it from noise.class_conditional)")
         out = np.full(cols.size, KEEP, dtype=np.int64)
         flip = flips(cols.size, gamma, rng)
         out[flip] = inverse_cdf(prepared[cols[flip]], rng.random(int(flip.sum())))
         return out
 
     def transition(self, clean, gamma, prepared):
+        if prepared is None:
+            raise NoisyMLTError("noise model class_conditional: no matrix (prepare it from noise.class_conditional)")
         C = prepared.shape[0]
         T = np.zeros((C, C + 1))
         T[:, :C] = gamma * prepared + (1.0 - gamma) * np.eye(C)
