@@ -50,7 +50,7 @@ def test_dvc_plans_the_clean_noisy_sets(demo):
     layers = [str(REPO / "params.yaml"), str(REPO / "workflow/profiles/demo/params.yaml")]
     sets = dvc_block(with_clean(demo, ["erm"]), layers)["noisy_sets"]
     assert {k: v for k, v in sets.items() if v["gamma"] == 0.0} == {
-        f"toy-0.0-{s}": {"dataset": "toy", "gamma": 0.0, "seed": s, "noise": "",
+        f"toy-0.0-{s}": {"dataset": "toy", "gamma": 0.0, "seed": s, "noise": "", "model": "cooccurrence",
                          "model_file": "data/toy/train_labels.parquet", "command": "noise",
                          "args": f"noise --labels data/toy/train_labels.parquet --gamma 0.0 --seed {s} --out "
                                  f"data/toy/noisy/g0.0_s{s}.parquet --stats data/toy/noisy/g0.0_s{s}.json"}

@@ -84,7 +84,8 @@ def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_sourc
     runs (data/code/COMMAND.json, training: data/code/train/METHOD.json), written by `code_digests` from
     the static import closures (noisymlt.core.codedeps), the same digests Snakemake passes its jobs. A stage whose
     words depend on a dataset's kind (`${item.args}`) depends on the digest of its item's own command
-    (`${item.command}`), a command of the table, at paper scale and in the demo."""
+    (`${item.command}`), a command of the table, at paper scale and in the demo; a noisy set on the digest of its
+    noise model (data/code/noise/MODEL.json: its command and the model's module)."""
     from noisymlt.commands import COMMANDS as commands
 
     run_by_items: dict[str, set[str]] = {}
@@ -112,12 +113,15 @@ def test_every_stage_depends_on_the_code_digests_of_what_it_runs_and_on_no_sourc
                 "data/code/${item.command}.json"} else {f"data/code/{c}.json" for c in run}
         else:
             expected = {f"data/code/{c}.json" for c in _commands(body["cmd"])}
+        if name == "noise":  # a noisy set's command and its noise model's module (step_code.noise_entries)
+            assert run <= {"noise", "authors-noise"}, run
+            expected = {"data/code/noise/${item.model}.json"}
         if name in ("train", "train_candidate"):  # the run's training code, then its evaluation (--evaluate)
             assert body["cmd"].endswith(" --evaluate")
             expected = {"data/code/step.json", "data/code/train/${item.method}.json", "data/code/evaluate.json"}
         assert set(code) == expected, name
         assert all(c.split("/")[-1].removesuffix(".json") in commands or "/train/" in c or "${item.command}" in c
-                   for c in code), name
+                   or "/noise/" in c for c in code), name
     assert run_by_items == {}, f"stages with computed words that dvc.yaml does not run: {sorted(run_by_items)}"
 
 
@@ -174,7 +178,7 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
         "parse --format voc --source data/raw/toy/VOCdevkit/TOY --image-set trainval "
         "--out data/toy/train_source_labels.parquet")
     marker = "data/raw/toy/VOCdevkit/TOY/toy_manifest.json"  # the raw folder's marker file: a cheap placeholder
-    assert runs["toy-0.5-0-erm"] == {"dataset": "toy", "gamma": 0.5, "seed": 0, "method": "erm",
+    assert runs["toy-0.5-0-erm"] == {"dataset": "toy", "gamma": 0.5, "noise": "", "seed": 0, "method": "erm",
                                               "raw_marker": marker, "images": marker, "raw": marker,  # loader: cache
                                               "weights": "data/pretrained/toy_glyphs.pt",
                                               "embeddings": marker,  # no asset file
@@ -201,8 +205,9 @@ def test_params_file_for_dvc_is_the_layered_params_and_refuses_a_stale_merge(tmp
     Path("one_seed.yaml").write_text(yaml.safe_dump(one_seed))
     write(["params.yaml", "one_seed.yaml", "select_ours.yaml"], "one_seed_dvc.yaml")
     narrow = yaml.safe_load(Path("one_seed_dvc.yaml").read_text())["dvc"]
-    assert narrow["noisy_sets"] == {"toy-0.5-0": {"dataset": "toy", "gamma": 0.5, "seed": 0},
-                                    "toy-0.5-1": {"dataset": "toy", "gamma": 0.5, "seed": 1}}
+    assert {k: {f: v[f] for f in ("dataset", "gamma", "seed", "noise", "model")} for k, v in narrow["noisy_sets"].items()
+            } == {f"toy-0.5-{s}": {"dataset": "toy", "gamma": 0.5, "seed": s, "noise": "", "model": "cooccurrence"}
+                  for s in (0, 1)}
     # a train stage's one param: the run id of its resolved configuration
     assert block["run_configs"]["toy-0_5-0-erm"] == run_id(resolve_run(load_params("dvc-params.json"), "toy", "erm",
                                                                         0.5, 0))
@@ -467,11 +472,11 @@ def test_the_stage_files_are_what_the_step_declarations_give_and_a_hand_edit_is_
     assert shard["stages"]["train"]["foreach"] == "${dvc_runs_03.runs}"
     assert shard["stages"]["train"]["do"]["wdir"] == "../../../.."  # paths stay the project root's
     assert shard["stages"]["train"]["do"]["cmd"].startswith("${dvc_runs_03.preload} python -m noisymlt step train ")
-    noise = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["noise"]
-    assert noise["do"]["cmd"] == (  # the command Snakemake's noise rule runs, in DVC's templating
-        "${dvc.preload} python -m noisymlt noise --labels data/${item.dataset}/train_labels.parquet "
-        "--gamma ${item.gamma} --seed ${item.seed} --out data/${item.dataset}/noisy/g${item.gamma}_s${item.seed}.parquet "
-        "--stats data/${item.dataset}/noisy/g${item.gamma}_s${item.seed}.json")
+    structure = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["structure"]
+    assert structure["do"]["cmd"] == (  # the command Snakemake's structure rule runs, in DVC's templating
+        "${dvc.preload} python -m noisymlt structure --labels data/${item}/train_labels.parquet "
+        "--split data/${item}/class_split.json --test-labels data/${item}/test_labels.parquet "
+        "--out reports/structure_${item}.json --md reports/structure_${item}.md")
 
     for name in ("dvc.yaml", "workflow/dvc/runs/05/dvc.yaml"):
         copy = tmp_path / name.replace("/", "_")
@@ -479,7 +484,7 @@ def test_the_stage_files_are_what_the_step_declarations_give_and_a_hand_edit_is_
         shutil.copy2(REPO / "dvc.yaml", copy / "dvc.yaml")
         edited = copy / name
         edited.write_text(edited.read_text().replace(" --evaluate\n", " --evaluate --device cpu\n", 1)
-                          .replace("--stats ", "--stats  ", 1))
+                          .replace("--md ", "--md  ", 1))
         assert dvc_yaml.stale(copy) == [Path(name)]
         out = _run([sys.executable, "-m", "noisymlt", "dvc-yaml", "--check", "--root", copy], copy, expect=1)
         assert out.strip() == f"{name}: not what the step declarations (noisymlt/pipeline/steps.py) give; run `noisymlt dvc-yaml`"
@@ -500,13 +505,14 @@ def test_an_argument_added_to_a_step_is_one_edit_that_both_routes_run(tmp_path):
     root = _project_copy(tmp_path / "proj", yaml.safe_load((REPO / "params.yaml").read_text()), workflow=True)
     steps = root / "src" / "noisymlt" / "pipeline" / "steps.py"
     text = steps.read_text()
-    declared = '"noise", "noise --labels {input} --gamma {gamma} --seed {seed} '
+    declared = '"structure", "structure --labels {input.labels} --split {input.split} '
     assert text.count(declared) == 1
     steps.write_text(text.replace(declared, declared + "--flag-added-by-a-test "))
-    plan = _run([SNAKEMAKE, "-n", "-p", "--cores", "1", "--forceall", "data/voc/noisy/g0.5_s0.parquet"], root)
-    assert "noise --labels data/voc/train_labels.parquet --gamma 0.5 --seed 0 --flag-added-by-a-test " in plan
+    words = "structure --labels data/voc/train_labels.parquet --split data/voc/class_split.json --flag-added-by-a-test "
+    plan = _run([SNAKEMAKE, "-n", "-p", "--cores", "1", "--forceall", "reports/structure_voc.md"], root)
+    assert words in plan
     written = _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "--out", "dvc-params.json"], root)
     assert "dvc.yaml: rewritten from the step declarations" in written
-    dry = _run([DVC, "repro", "--dry", "--force", "--single-item", "noise@voc-0.5-0"], root)
-    assert "noise --labels data/voc/train_labels.parquet --gamma 0.5 --seed 0 --flag-added-by-a-test " in dry
+    dry = _run([DVC, "repro", "--dry", "--force", "--single-item", "structure@voc"], root)
+    assert words in dry
     assert _run([sys.executable, "-m", "noisymlt", "dvc-yaml", "--check"], root) == ""

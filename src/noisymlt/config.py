@@ -157,17 +157,15 @@ def validate_params(params: dict, source: str | None = None) -> None:
 
 
 def check_noise_models(params: dict, source: str | None = None) -> None:
-    """A listed model's required settings are given (class_conditional's matrix), and its files exist."""
+    """A listed model's settings suit the grid (noisymlt.data.noise_models: NoiseModel.problems): class_conditional's
+    matrix given and there, [CL]'s files there for every dataset and rate."""
     from noisymlt.data.noise_models import noise_model
 
-    for name in params["grid"].get("noise_models", []):
-        model, options = noise_model(name), params.get("noise", {}).get(name) or {}
-        for key in model.options:
-            if options.get(key) is None:
-                raise ParamsError(source, f"noise.{name}.{key}", f"noise model {name} (grid.noise_models) needs it")
-        for path in model.files(options):
-            if not Path(path).is_file():
-                raise ParamsError(source, f"noise.{name}", f"{path}: no such file")
+    grid = params["grid"]
+    for name in grid.get("noise_models", []):
+        options = params.get("noise", {}).get(name) or {}
+        for key, problem in noise_model(name).problems(options, list(grid["datasets"]), list(grid["gammas"])):
+            raise ParamsError(source, f"noise.{name}" + (f".{key}" if key else ""), problem)
 
 
 def params_schema() -> dict:
@@ -185,9 +183,7 @@ def params_schema() -> dict:
         block["properties"].update(kind.options)
     models = all_noise_models()
     schema["properties"]["grid"]["properties"]["noise_models"]["items"] = {"enum": sorted(models)}
-    schema["properties"]["noise"]["properties"] = {
-        name: {"type": "object", "additionalProperties": False, "properties": model.options}
-        for name, model in models.items() if model.options}
+    schema["properties"]["noise"]["properties"] = {name: model.schema() for name, model in models.items()}
     return schema
 
 

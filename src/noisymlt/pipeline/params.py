@@ -174,8 +174,8 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
         # paper's): the grid's and the selection's (a selection set may lie outside the grid, e.g. a second seed
         # when the grid has one; the selection reads the paper's model)
         "noisy_sets": {f"{d}-{L.noise_level(g, n)}-{s}": {"dataset": d, "gamma": g, "seed": s,
-                                                          "noise": L.noise_tag(n),
-                                                          "model_file": paths.noise_file(params, d, n)}
+                                                          "noise": L.noise_tag(n), "model": n,
+                                                          "model_file": paths.noise_file(params, d, g, n)}
                        for d, g, s, n in dict.fromkeys(
                            [(r.dataset, r.gamma, r.seed, r.noise) for r in paths.grid_runs(params)]  # clean column too
                            + [(v["dataset"], v["gamma"], v["seed"], PAPER) for v in select["select_sets"].values()])},

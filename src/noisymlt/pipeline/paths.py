@@ -11,6 +11,7 @@ The path patterns are ``noisymlt.pipeline.layout``'s; the raw folders under ``la
 from __future__ import annotations
 
 import json
+import os
 from typing import NamedTuple
 
 from noisymlt.data.kinds.base import PARTS
@@ -234,23 +235,31 @@ def all_runs(params: dict) -> list[Run]:
 
 
 def noise_argv(params: dict, dataset: str, gamma: float, seed: int, noise: str) -> list[str]:
-    """`noisymlt noise` of one noisy set: the model and its settings (params noise.MODEL) after the paper's words."""
-    where = {"dataset": dataset, "gamma": gamma, "seed": seed, "noise": noise}
-    argv = ["noise", "--labels", L.fill(L.TRAIN_LABELS, dataset=dataset), "--gamma", L.gtag(gamma),
-            "--seed", str(int(seed)), "--out", L.fill(L.NOISY, **where), "--stats", L.fill(L.NOISY_STATS, **where)]
-    if noise != PAPER:
-        options = params.get("noise", {}).get(noise) or {}
-        argv += ["--model", noise, *[w for k, v in options.items() if v is not None for w in ("--option", f"{k}={v}")]]
-    return argv
-
-
-def noise_file(params: dict, dataset: str, noise: str) -> str:
-    """The file a noise model's settings name (class_conditional's matrix), else the train labels (read anyway):
-    DVC's noise stage lists one such dependency per set (its templating cannot vary their number)."""
+    """The words that write one noisy set: the model's (noisymlt.data.noise_models: NoiseModel.argv), with its
+    settings (params noise.MODEL); the paper's model's are `noise --labels ... --gamma ... --seed ... --out ...
+    --stats ...`."""
     from noisymlt.data.noise_models import noise_model
 
-    files = noise_model(noise).files(params.get("noise", {}).get(noise) or {})
-    return files[0] if files else L.fill(L.TRAIN_LABELS, dataset=dataset)
+    where = {"dataset": dataset, "gamma": gamma, "seed": seed, "noise": noise}
+    return noise_model(noise).argv(params.get("noise", {}).get(noise) or {}, dataset, L.gtag(gamma), seed,
+                                   L.fill(L.TRAIN_LABELS, dataset=dataset), L.fill(L.NOISY, **where),
+                                   L.fill(L.NOISY_STATS, **where))
+
+
+def noise_files(params: dict, dataset: str, gamma: float, noise: str) -> list[str]:
+    """The files a noise model's settings name for one set (class_conditional's matrix, [CL]'s file and id list)."""
+    from noisymlt.data.noise_models import noise_model
+
+    return noise_model(noise).files(params.get("noise", {}).get(noise) or {}, dataset, gamma)
+
+
+def noise_file(params: dict, dataset: str, gamma: float, noise: str) -> str:
+    """DVC's one dependency for them (its templating cannot vary their number): the file, the folder holding them
+    all, or the train labels (read anyway) for a model without files."""
+    files = noise_files(params, dataset, gamma, noise)
+    if not files:
+        return L.fill(L.TRAIN_LABELS, dataset=dataset)
+    return files[0] if len(files) == 1 else os.path.commonpath(files)
 
 
 def method_labels(params: dict) -> str:

@@ -3,7 +3,7 @@
 A step's code is the static import closure (noisymlt.core.codedeps) of the `noisymlt` CLI and the module that
 registers its command, as the command table (noisymlt.commands) names it: read here as data, so this module imports
 neither the CLI nor any other command's module. A training run's code is its trainer, family and losses
-(``noisymlt.methods.run_entries``).
+(``noisymlt.methods.run_entries``); a noisy set's, its command and its noise model's module (``noise_entries``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,18 @@ def step_digest(command: str) -> str:
     return digest(*step_entries(command))
 
 
+def noise_entries(model: str) -> tuple[str, ...]:
+    """What a noisy set of ``model`` runs: its command (``noisymlt noise``, or [CL]'s reader) and the model's module,
+    which the command imports by name: its own digest, so a new or edited model reruns its own sets only."""
+    from noisymlt.data.noise_models import NOISE_MODULES, noise_model
+
+    return (*step_entries(noise_model(model).command), NOISE_MODULES[model])
+
+
+def noise_digest(model: str) -> str:
+    return digest(*noise_entries(model))
+
+
 def method_entries(params: dict, method: str) -> tuple[str, ...]:
     """``run_entries`` of any run of ``method``: a run's code depends on its method block, not on its
     dataset, noise rate or seed."""
@@ -42,8 +54,12 @@ def method_entries(params: dict, method: str) -> tuple[str, ...]:
 
 
 def digests(params: dict) -> dict[str, str]:
-    """Every pipeline command's digest, and one per method for training (``train/METHOD``)."""
+    """Every pipeline command's digest, one per method for training (``train/METHOD``) and one per noise model for
+    its noisy sets (``noise/MODEL``)."""
+    from noisymlt.data.noise_models import NOISE_MODULES
+
     out = {command: step_digest(command) for command in sorted(COMMANDS)}
+    out.update({f"noise/{model}": noise_digest(model) for model in sorted(NOISE_MODULES)})
     for method in sorted(params["methods"]):
         out[f"train/{method}"] = digest(*method_entries(params, method))
     return out

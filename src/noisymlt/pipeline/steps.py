@@ -242,11 +242,12 @@ STEPS: tuple[Step, ...] = (
     Step(
         "noise", "{args}", computed=("args",), over="${dvc.noisy_sets}",
         args=lambda p, f: P.noise_argv(p, f["dataset"], f["gamma"], f["seed"], L.noise_name(f["noise"])),
-        input={"labels": L.TRAIN_LABELS}, dvc_input={"model_file": "{model_file}"}, code=("noise",),
+        input={"labels": L.TRAIN_LABELS}, dvc_input={"model_file": "{model_file}"}, code=("noise/{model}",),
         output={"labels": L.NOISY, "stats": L.NOISY_STATS},
         note="The grid's noisy sets and the selection's (dvc.noisy_sets), one a noise model, rate and seed; the\n"
              "paper's model's words are `noise --labels ... --gamma ... --seed ... --out ... --stats ...`, another's\n"
-             "add --model and its settings (params noise.MODEL); model_file: the file those name, if any.",
+             "add --model and its settings (params noise.MODEL); [CL]'s published labels (model authors) run\n"
+             "authors-noise. model_file: the file those settings name, or the folder of several, if any.",
     ),
     Step(
         "select_split", "{args}", computed=("args",), over="${dvc.select_datasets}",

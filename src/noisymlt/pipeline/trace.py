@@ -273,7 +273,8 @@ def add_cli(sub) -> None:
                                    "on any mismatch.")
     p.add_argument("cell", nargs="?",
                    help="cell key as in the sidecar: METHOD/HEAD/DATASET/GAMMA for table_total (e.g. erm/main/voc/0.5, "
-                        "ours/ensemble/coco/0.9), METHOD/HEAD/GAMMA/GROUP for ablation and head/medium/tail tables (e.g. "
+                        "ours/ensemble/coco/0.9; METHOD/HEAD/DATASET/MODEL/GAMMA when it compares noise models, e.g. "
+                        "erm/main/voc/uniform/0.5), METHOD/HEAD/GAMMA/GROUP for ablation and head/medium/tail tables (e.g. "
                         "ours/ensemble/0.5/tail)")
     p.add_argument("--sidecar", default="reports/table_total.cells.json", help="the table's .cells.json sidecar")
     p.add_argument("--list", action="store_true", help="list the sidecar's cell keys")

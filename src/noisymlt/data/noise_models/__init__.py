@@ -13,10 +13,8 @@ import ast
 import importlib
 
 from noisymlt.core.registry import registered
-from noisymlt.data.noise_models.base import DROP, KEEP, NoiseModel, register_noise_model
+from noisymlt.data.noise_models.base import DROP, KEEP, PAPER, NoiseModel, register_noise_model
 from noisymlt.errors import NoisyMLTError
-
-PAPER = "cooccurrence"  # the paper's model (SPEC 2): the default, unnamed in paths and run ids
 
 
 def _model_names(tree: ast.Module) -> list[str]:

@@ -18,6 +18,7 @@ from noisymlt.errors import NoisyMLTError
 
 KEEP = -1  # the outcome of a kept positive
 DROP = -2  # the outcome of a positive dropped without replacement
+PAPER = "cooccurrence"  # the paper's model (SPEC 2): the default, unnamed in paths, run ids and its command words
 
 
 class NoiseModel:
@@ -27,15 +28,37 @@ class NoiseModel:
     options: dict[str, dict] = {}
     # False: a model that may leave an image without any positive label (missing labels); the others never do
     keeps_every_image_labelled: bool = True
+    command: str = "noise"  # the noisymlt command that writes its sets (argv), part of their code digest
+
+    def schema(self) -> dict:
+        """The JSON schema of the model's block of settings, noise.NAME (from ``options``)."""
+        return {"type": "object", "additionalProperties": False, "properties": dict(self.options)}
+
+    def problems(self, options: dict, datasets: list[str], gammas: list[float]) -> list[tuple[str, str]]:
+        """What is wrong with the settings for a grid over ``datasets`` and ``gammas``: (key under noise.NAME, what),
+        checked with the params. Default: every option given, every file it names there."""
+        missing = [(key, "the model needs it") for key in self.options if options.get(key) is None]
+        files = [] if missing else dict.fromkeys(f for d in datasets for g in gammas for f in self.files(options, d, g))
+        return missing + [("", f"{f}: no such file") for f in files if not Path(f).is_file()]
+
+    def files(self, options: dict, dataset: str, gamma: float) -> list[str]:
+        """Files the noise step reads for one noisy set besides the clean labels (a dependency of both routes)."""
+        return []
+
+    def argv(self, options: dict, dataset: str, gamma: str, seed: int, labels: str, out: str, stats: str
+             ) -> list[str]:
+        """The noisymlt words that write one noisy set (``gamma`` as paths write it): ``noisymlt noise``, with the
+        model and its settings unless it is the paper's (whose words are those of every finished set)."""
+        words = [self.command, "--labels", labels, "--gamma", gamma, "--seed", str(int(seed)), "--out", out, "--stats", stats]
+        if self.name != PAPER:
+            words += ["--model", self.name, *[w for k, v in options.items() if v is not None
+                                              for w in ("--option", f"{k}={v}")]]
+        return words
 
     def prepare(self, options: dict, classes: list[str], source: str) -> object:
         """What ``draw`` needs beyond the labels, read and checked once (a matrix file); ``source`` names where the
         options come from, for errors."""
         return None
-
-    def files(self, options: dict) -> list[str]:
-        """Files the options name, which the noise step reads (a dependency of both routes)."""
-        return []
 
     def draw(self, clean: np.ndarray, rows: np.ndarray, cols: np.ndarray, gamma: float, rng: np.random.Generator,
              prepared: object) -> np.ndarray:

@@ -27,7 +27,7 @@ class ClassConditional(NoiseModel):
             raise NoisyMLTError(f"{source}: noise model class_conditional needs noise.class_conditional.matrix (a file)")
         return read_matrix(options["matrix"], classes, f"{source}: noise.class_conditional.matrix")
 
-    def files(self, options):
+    def files(self, options, dataset, gamma):
         return [options["matrix"]] if options.get("matrix") else []
 
     def draw(self, clean, rows, cols, gamma, rng, prepared):
