@@ -1,6 +1,7 @@
 """The manual's "Add your own data" page (docs/own-data.md), followed in copies of the project: a folder of images
 and a CSV runs through the structure report and one training run in both routes, and the page's example kind
-module is all a new kind takes.
+module is all a new kind takes. Then, on the same copies, the grid of the "Noise models" page (docs/noise-models.md):
+a second noise model beside the paper's, through both routes to the main table, which shows both.
 
 The images are written here, as the page describes them (a folder and a labels table); every other file the runs
 need comes from the page's blocks: the params layer, the commands, the kind module and its dataset block.
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -24,6 +26,7 @@ from test_extension import blocks, page, project_copy
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "own-data.md"
+NOISE_PAGE = REPO / "docs" / "noise-models.md"
 CLASSES = ["cat", "dog", "bird", "fish"]
 COLOURS = np.array([[220, 40, 40], [40, 200, 40], [40, 40, 220], [200, 200, 40]], np.uint8)
 
@@ -103,6 +106,35 @@ def test_a_folder_dataset_runs_through_both_routes_as_the_page_says(tmp_path):
     again = json.loads((other / "runs/mydata/g0.5/s0/erm/metrics.json").read_text())
     assert again["heads"]["main"]["map"] == metrics["heads"]["main"]["map"]  # the same command on the same bytes
     assert noisy.read_bytes() == (other / "data/mydata/noisy/g0.5_s0.parquet").read_bytes()
+
+    # then docs/noise-models.md on the same copies: its layer adds the uniform model, and the main table shows both
+    noise_page = page(NOISE_PAGE, "Noise models")
+    layer = blocks(noise_page, "yaml")[0]
+    assert layer.startswith("# noise.yaml\n") and "noise_models: [cooccurrence, uniform]" in layer
+    smk_noise, params_noise, repro_noise = commands(noise_page)[:3]
+    assert "mydata.yaml noise.yaml" in smk_noise and repro_noise == "dvc repro table_total"
+    for where in (root, other):
+        (where / "noise.yaml").write_text(layer)
+    run(smk_noise, root)
+    run(params_noise, other)
+    run(repro_noise, other)
+    shown = blocks(noise_page, "text")[-1].splitlines()
+    tables = [(where / "reports/table_total.md").read_text() for where in (root, other)]
+    assert tables[0] == tables[1], tables  # both routes, the same numbers
+    assert tables[0].startswith(shown[0] + "\n") and shown[-1] in tables[0], tables[0]  # as the page shows it
+    rows = [line for line in tables[0].splitlines() if line.startswith("| ERM |")]
+    assert len(rows) == 1 and rows[0].count("|") == 4  # one ERM cell per model
+    cells = json.loads((root / "reports/table_total.cells.json").read_text())["cells"]
+    assert sorted(cells) == ["erm/main/mydata/cooccurrence/0.5", "erm/main/mydata/uniform/0.5"]
+    paper_run = cells["erm/main/mydata/cooccurrence/0.5"]["runs"][0]
+    assert paper_run["manifest"] == "runs/mydata/g0.5/s0/erm/manifest.json"  # the paper's model: its run as it was
+    assert json.loads((root / paper_run["manifest"]).read_text())["run"].get("noise") is None
+    uniform = read_labels(root / "data/mydata/noisy/g0.5-uniform_s0.parquet")
+    assert uniform.meta["noise"] == {"model": "uniform"} and noisy.read_bytes() == (  # the paper's set untouched
+        other / "data/mydata/noisy/g0.5_s0.parquet").read_bytes()
+    assert (uniform.labels != read_labels(noisy).labels).any()  # another model, another noisy set
+    results = pd.read_parquet(root / "reports/results.parquet")
+    assert set(results["noise_model"]) == {"cooccurrence", "uniform"}
 
 
 @pytest.mark.slow
