@@ -224,7 +224,7 @@ def _selection_reruns_exactly_its_final_runs(smk, dvc) -> None:
         params["selection"]["grids"]["alpha"] = [lost]
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     ran = _ran(_run([SNAKEMAKE, "--cores", "2"], smk, timeout=600))
-    assert {w for rule, w in ran if rule == "train"} == {"dataset=toy, gamma=0.5, seed=0, method=ours"}, ran
+    assert {w for rule, w in ran if rule == "train"} == {"dataset=toy, gamma=0.5, noise=, seed=0, method=ours"}, ran
     # (the grid edit reruns stage 1's select, a checkpoint, so Snakemake replans stage 2's remaining candidate:
     # it cannot know stage 1's choice before the checkpoint ran; DVC below retrains none)
     assert json.loads((smk / "runs/toy/g0.5/s0/ours/run_config.json").read_text())["selected"]["values"]["alpha"] == lost

@@ -25,13 +25,13 @@ def test_smoke_profile_runs_every_method_at_paper_shapes(tmp_path: Path) -> None
 
     params = load_params(wf / "params.yaml", wf / PROFILE / "params.yaml")
     runs = paths.all_runs(params)
-    methods = {m for _, _, _, m in runs}
+    methods = {r.method for r in runs}
     # every method block of params.yaml that is not a number-only variant of another ran
     assert set(params["grid"]["methods"]) <= methods and "ours_shared_backbone" in methods
     assert {"ours_stitch_feature_concat", "ours_stitch_image_concat", "ours_mixup", "ours_single_random",
             "ours_single_balanced_stitchup", "ours_k3", "ours_p05", "ours_self", "ours_no_pseudo"} <= methods
-    for dataset, gamma, seed, method in runs:
-        run = wf / paths.run_dir(dataset, gamma, seed, method)
+    for dataset, gamma, seed, method, noise in runs:
+        run = wf / paths.run_dir(dataset, gamma, seed, method, noise)
         config = json.loads((run / "run_config.json").read_text())
         train = config["train"]
         # the paper's shapes and code path, shortened only in iterations per epoch

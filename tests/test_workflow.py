@@ -325,8 +325,8 @@ def test_demo_profile_runs_end_to_end(tmp_path):
     metrics.write_text(json.dumps(record))
     rerun = snakemake(wf, *args, timeout=900)
     ran = re.findall(r"(?:rule|checkpoint) (\w+):\n(?:    \w+: .*\n)*?    wildcards: (.*)", rerun.stdout + rerun.stderr)
-    assert {w for rule, w in ran if rule == "train"} == {f"dataset=toy, gamma={g}, seed=0, method=ours"
-                                                         for g in ("0.5", "0.9")}
+    assert {w for rule, w in ran if rule == "train"} == {f"dataset=toy, gamma={g}, noise=, seed=0, method=ours"
+                                                         for g in ("0.5", "0.9")}  # noise=: the paper's model
     assert {w for rule, w in ran if rule == "select"} == {"dataset=toy, method=ours, stage=2"}
     assert "train_candidate" not in {rule for rule, _ in ran}
     alpha = next(c["values"]["alpha"] for c in stage2["candidates"] if c["tag"] == loser)

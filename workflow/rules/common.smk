@@ -127,6 +127,11 @@ def noise_of(w):
     return layout.noise_name(getattr(w, "noise", ""))
 
 
+def noise_words(w):
+    """A noise job's wildcards, as the noise step's words take them (noisymlt.pipeline.steps)."""
+    return dict(dataset=w.dataset, gamma=w.gamma, seed=w.seed, noise=w.noise)
+
+
 def run_dir(w):
     return layout.fill(layout.RUN, dataset=w.dataset, gamma=w.gamma, seed=w.seed, method=w.method, noise=noise_of(w))
 

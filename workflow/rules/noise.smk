@@ -4,10 +4,6 @@
 # from the model (noisymlt.data.noise_models): `noise` draws, [CL]'s published labels are read (`authors-noise`).
 
 
-def noise_words(w):
-    return dict(dataset=w.dataset, gamma=w.gamma, seed=w.seed, noise=w.noise)
-
-
 rule noise:
     input:
         **STEPS["noise"].input,
