@@ -33,6 +33,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/noise.smk"
 include: "workflow/rules/select.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/authors.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/code.smk"
 
@@ -43,3 +44,4 @@ rule all:
         finished_work(),  # so that a rerun restores what a failed job deleted
         selection_targets(),  # every stage's scores, beside the choices the final runs read
         layout.CODE_DIR,  # DVC's code digests: a Snakemake run can then be recorded with `dvc commit`
+        authors_targets(),  # [CL]'s checkpoints evaluated (params authors_checkpoints), when it lists any

@@ -21,6 +21,7 @@ COMMANDS = {
     "cache-images": "noisymlt.data.imagecache",
     "pretrain": "noisymlt.training.pretrain",
     "convert-cl-checkpoint": "noisymlt.models.cl_checkpoint",
+    "eval-cl-checkpoint": "noisymlt.training.cl_evaluate",
     "select": "noisymlt.pipeline.selection",
     "train": "noisymlt.pipeline.train",
     "evaluate": "noisymlt.evaluation.evaluate",

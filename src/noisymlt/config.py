@@ -129,6 +129,9 @@ def validate_params(params: dict, source: str | None = None) -> None:
         if params["ablations"][name]["dataset"] not in params["datasets"]:
             raise ParamsError(source, f"ablations.{name}.dataset",
                               f"unknown dataset {params['ablations'][name]['dataset']!r}")
+    for name, block in (params.get("authors_checkpoints") or {}).items():
+        if block["dataset"] not in params["datasets"]:
+            raise ParamsError(source, f"authors_checkpoints.{name}.dataset", f"unknown dataset {block['dataset']!r}")
     for name in (params.get("timing") or {}).get("methods", []):
         if name not in params["methods"]:
             raise ParamsError(source, "timing.methods", f"unknown method {name!r} (no block under methods)")

@@ -287,6 +287,18 @@ def finished_work():
     return list(dict.fromkeys(files))
 
 
+def authors_names():
+    """The names of params authors_checkpoints, as the authors_eval rule's wildcard's regular expression."""
+    return "|".join(re.escape(n) for n in sorted(paths.authors_checkpoints(config))) or "(?!)"
+
+
+def authors_targets():
+    """Every file of the evaluation of each [CL] checkpoint the params list (authors.smk), for the default target
+    (`all`): none when authors_checkpoints is empty, the default."""
+    return [layout.within(layout.fill(layout.AUTHORS_RUN, dataset=block["dataset"], name=name), file)
+            for name, block in paths.authors_checkpoints(config).items() for file in layout.AUTHORS_FILES]
+
+
 # Model selection (workflow/rules/select.smk, noisymlt.pipeline.selection): what its rules and the final runs read.
 
 

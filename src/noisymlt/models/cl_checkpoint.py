@@ -44,6 +44,8 @@ if TYPE_CHECKING:  # torch is imported where it is used: `noisymlt --help` and t
 CL_BRANCHES = {"": "random", "1": "balanced"}
 # [CL]'s neck dropout per branch (configs/{voc,coco}/LT_dual_resnet50.py: neck 0, neck1 0.5); eval ignores it
 CL_DROPOUT = {"random": 0.0, "balanced": 0.5}
+# [CL]'s test_cfg.alpha (both configs): simple_test returns alpha * random + (1 - alpha) * balanced, our tau
+CL_TEST_ALPHA = 0.1
 # blocks per stage, and whether blocks are bottlenecks (conv3): the ResNets both [CL]'s code and ours build
 ARCHITECTURES = {"resnet50": ((3, 4, 6, 3), True), "resnet18": ((2, 2, 2, 2), False)}
 PRETRAINED_MODELS = ("[CL]'s README, section 'Pre-trained models', links epoch_8.pth of VOC-MLT-Noise-0.5 "

@@ -60,6 +60,9 @@ RUN = "runs/{dataset}/g{gamma}{noise}/s{seed}/{method}"
 # what a run's job writes (train, then evaluate); checkpoint.pt too, which Snakemake must not own (train.smk)
 RUN_FILES = ("requested_config.json", "predictions.npz", "manifest.json", "run_config.json", "noise_level.jsonl",
              "metrics.json", "metrics.manifest.json")
+# a trained model of [CL]'s own (params authors_checkpoints.NAME) evaluated on the test set (noisymlt eval-cl-checkpoint)
+AUTHORS_RUN = "runs/{dataset}/authors/{name}"
+AUTHORS_FILES = ("predictions.npz", "metrics.json", "map.json", "manifest.json")
 
 # ---------------------------------------------------------------------------------------- reports
 # the report's files, each a stem its step adds extensions to (.tex, .md, .html, ...)

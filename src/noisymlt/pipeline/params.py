@@ -34,6 +34,10 @@ templating loads (``vars: - dvc-params.json:dvc``):
                 the hash of its resolved configuration: the param a train stage tracks, so a change
                 reruns exactly the runs whose configuration it changes (a changed train.lr that the
                 [DB] schedule overrides reruns no [DB]-recipe run)
+  authors_checkpoints
+                NAME -> one trained model of [CL]'s (params authors_checkpoints) and what its evaluation reads
+                (paths.authors_items): dataset, file, checksum (its sha256), test images' folder, raw marker, the
+                optional settings' words
   preload       the environment prefix of every stage's command: NOISYMLT_PRELOAD=shared with workflow.preload
                 (the demo: DVC starts a process per stage, whose imports cost more than a demo run trains), else
                 NOISYMLT_PRELOAD= (none)
@@ -166,6 +170,8 @@ def dvc_block(params: dict, layers: list[str]) -> dict:
         "preload": f"NOISYMLT_PRELOAD={'shared' if params.get('workflow', {}).get('preload') else ''}",
         # the report's tables and figure: their methods and titles, as the words Snakemake's rules pass (quoted)
         "report": {"labels": shlex.quote(paths.method_labels(params)), "methods": " ".join(grid["methods"])},
+        # [CL]'s trained models evaluated on a test set (params authors_checkpoints; none by default)
+        "authors_checkpoints": paths.authors_items(params),
         "runs": runs,
         "run_configs": run_configs,
         "train_lr": train_lr,

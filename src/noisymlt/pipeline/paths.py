@@ -288,3 +288,41 @@ def requested_config(params: dict, dataset: str, method: str, gamma: float, seed
                      noise: str = PAPER) -> str:
     """A final run's requested_config.json text (final_run, config_text)."""
     return config_text(final_run(params, dataset, method, gamma, seed, choice, noise))
+
+
+def authors_checkpoints(params: dict) -> dict:
+    """The trained models of [CL]'s own the params name (authors_checkpoints: NAME -> dataset, file, sha256)."""
+    return params.get("authors_checkpoints") or {}
+
+
+def authors_entry(params: dict, name: str, dataset: str | None = None) -> dict:
+    """Block authors_checkpoints.NAME (whose evaluation goes to layout.AUTHORS_RUN: its dataset, when given, must be
+    the block's)."""
+    blocks = authors_checkpoints(params)
+    if name not in blocks:
+        known = ", ".join(sorted(blocks)) or "none"
+        raise NoisyMLTError(f"params: no block authors_checkpoints.{name} (configured: {known})")
+    entry = blocks[name]
+    if dataset is not None and entry["dataset"] != dataset:
+        raise NoisyMLTError(f"{L.fill(L.AUTHORS_RUN, dataset=dataset, name=name)}: authors_checkpoints.{name} is a "
+                            f"checkpoint of dataset {entry['dataset']!r}: ask for "
+                            f"{L.fill(L.AUTHORS_RUN, dataset=entry['dataset'], name=name)}")
+    return entry
+
+
+def authors_options(params: dict, name: str) -> list[str]:
+    """The words of a block's optional settings (image_size, batch_size), none when it sets none: the command's
+    defaults are [CL]'s (noisymlt.training.cl_evaluate)."""
+    entry = authors_entry(params, name)
+    return [w for key in ("image_size", "batch_size") if key in entry
+            for w in (f"--{key.replace('_', '-')}", str(entry[key]))]
+
+
+def authors_items(params: dict) -> dict[str, dict]:
+    """NAME -> what its evaluation reads, each a value of its step's command or dependencies (noisymlt.pipeline.steps:
+    authors_eval): the dataset, the checkpoint file and its sha256 (checksum), the test images' folder, the raw
+    folder's marker file (the test images are there once it is), the optional settings' words."""
+    return {name: {"name": name, "dataset": e["dataset"], "file": e["file"], "checksum": e["sha256"],
+                   "test_images": image_root(params, e["dataset"], "test"),
+                   "raw_marker": raw_marker(params, e["dataset"]), "options": " ".join(authors_options(params, name))}
+            for name, e in authors_checkpoints(params).items()}

@@ -349,6 +349,25 @@ STEPS: tuple[Step, ...] = (
              "methods.*.label.",
     ),
     Step(
+        "authors_eval",
+        "eval-cl-checkpoint --checkpoint {file} --sha256 {checksum} --test-labels {input.test} --split {input.split} "
+        "--test-images {test_images} {options} --out " + L.AUTHORS_RUN + " --no-progress",
+        computed=("file", "checksum", "test_images", "options"), scheduling="--cores {threads}",
+        over="${dvc.authors_checkpoints}",
+        input={"test": L.TEST_LABELS, "split": L.CLASS_SPLIT},
+        dvc_input={"checkpoint": "{file}", "raw": "{raw_marker}"},
+        output={"predictions": L.within(L.AUTHORS_RUN, "predictions.npz"),
+                "metrics": L.within(L.AUTHORS_RUN, "metrics.json"),
+                "manifest": L.within(L.AUTHORS_RUN, "manifest.json")},
+        metrics={"map": L.within(L.AUTHORS_RUN, "map.json")},
+        params=("authors_checkpoints.{name}",),
+        note="[CL]'s own trained models (params authors_checkpoints: NAME -> dataset, file, sha256; none by default),\n"
+             "each checked against its sha256, converted into Ours' two-branch model and evaluated on the dataset's\n"
+             "test set with [CL]'s test-time transform, as a run is (docs/noise-models.md, \"[CL]'s trained models\").\n"
+             "raw: the raw folder's marker file (the test images are in place once it is). Metrics: mAP (%) per head\n"
+             "and group, beside the runs'.",
+    ),
+    Step(
         "train_candidate",
         "train --run-config {output.requested} --train-labels {input.train} --test-labels {input.val} "
         "--split {input.split} --train-images {images} --test-images {images} {caches} --out {out} " + RUN_FLAGS,
