@@ -35,7 +35,6 @@ transcription of mmcv's pipeline: the same pixels but for one grey level on unde
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import time
 from pathlib import Path
