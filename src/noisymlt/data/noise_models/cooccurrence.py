@@ -15,9 +15,10 @@ from noisymlt.data.noise_models.base import KEEP, NoiseModel, flips, inverse_cdf
 
 
 def cooccurrence_counts(clean: np.ndarray) -> np.ndarray:
-    """N: C x C counts of clean images holding both classes, diagonal 0."""
-    Y = np.asarray(clean).astype(np.int64)
-    N = Y.T @ Y
+    """N: C x C counts of clean images holding both classes, diagonal 0. Counted by a float64 product (BLAS; an
+    integer one is numpy's own loop, 20x slower on COCO's 118k images), exact below 2**53 images."""
+    Y = np.asarray(clean, dtype=np.float64)
+    N = np.rint(Y.T @ Y).astype(np.int64)
     np.fill_diagonal(N, 0)
     return N
 
