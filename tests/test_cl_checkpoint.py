@@ -77,9 +77,9 @@ class _MMResNet50(nn.Module):
 
 
 class _PFC(nn.Module):
-    def __init__(self, dropout: float):
+    def __init__(self, dropout: float, in_channels: int = 2048):  # the last stage's channels: 512 for a ResNet-18
         super().__init__()
-        self.fc = nn.Linear(2048, 256)
+        self.fc = nn.Linear(in_channels, 256)
         self.bn = nn.BatchNorm1d(256)
         self.bn2 = nn.BatchNorm1d(256)
         self.fc_hidden_1 = nn.Linear(256, 256)  # only with layers=2, which [CL] never sets
@@ -101,10 +101,11 @@ class _ClsHead(nn.Module):
 
 
 class _StitchUpClassifier(nn.Module):
-    def __init__(self, num_classes: int = 20):
+    def __init__(self, num_classes: int = 20, backbone: type = None, in_channels: int = 2048):
         super().__init__()
-        self.backbone, self.backbone1 = _MMResNet50(), _MMResNet50()
-        self.neck, self.neck1 = _PFC(0.0), _PFC(0.5)
+        backbone = backbone or _MMResNet50
+        self.backbone, self.backbone1 = backbone(), backbone()
+        self.neck, self.neck1 = _PFC(0.0, in_channels), _PFC(0.5, in_channels)
         self.head, self.head1 = _ClsHead(num_classes), _ClsHead(num_classes)
 
     def simple_test(self, img):

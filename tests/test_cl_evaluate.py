@@ -18,13 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 import yaml
 from torch import nn
 
 from noisymlt.cli import main
 from noisymlt.data.labels import LabelTable, read_labels, write_labels
-from test_cl_checkpoint import _ClsHead, _mmcv_checkpoint, _randomise
+from test_cl_checkpoint import _StitchUpClassifier, _mmcv_checkpoint, _randomise
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog", "bird", "fish"]
@@ -75,34 +74,9 @@ class _MMResNet18(nn.Module):
         return tuple(outs)
 
 
-class _PFC512(nn.Module):
-    """mllt/models/necks/pfc.py with in_channels 512 (a ResNet-18's last stage)."""
-
-    def __init__(self, dropout: float):
-        super().__init__()
-        self.fc = nn.Linear(512, 256)
-        self.bn = nn.BatchNorm1d(256)
-        self.bn2 = nn.BatchNorm1d(256)
-        self.fc_hidden_1 = nn.Linear(256, 256)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x):
-        x = x[-1]
-        return self.drop(self.bn(self.fc(F.avg_pool2d(x, x.size()[2:]).view(x.size(0), -1))))
-
-
-class _StitchUpClassifier18(nn.Module):
-    def __init__(self, num_classes: int):
-        super().__init__()
-        self.backbone, self.backbone1 = _MMResNet18(), _MMResNet18()
-        self.neck, self.neck1 = _PFC512(0.0), _PFC512(0.5)
-        self.head, self.head1 = _ClsHead(num_classes), _ClsHead(num_classes)
-        self.alpha = 0.1  # test_cfg.alpha
-
-    def simple_test(self, img):
-        outs_random = self.head(self.neck(self.backbone(img)))
-        outs_balance = self.head1(self.neck1(self.backbone1(img)))
-        return self.alpha * outs_random + (1 - self.alpha) * outs_balance, outs_random, outs_balance
+def _stitchup_classifier18(num_classes: int) -> nn.Module:
+    """[CL]'s StitchUpClassifier on ResNet-18 backbones: its PFC necks take the last stage's 512 channels."""
+    return _StitchUpClassifier(num_classes, backbone=_MMResNet18, in_channels=512)
 
 
 # ------------------------------------------------------------------ [CL]'s test pipeline, in numpy
@@ -174,7 +148,7 @@ def write_test_set(root: Path) -> dict:
 @pytest.fixture(scope="module")
 def cl_model():
     torch.manual_seed(0)
-    return _randomise(_StitchUpClassifier18(len(CLASSES)), seed=7)
+    return _randomise(_stitchup_classifier18(len(CLASSES)), seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -305,7 +279,7 @@ def test_a_wrong_sha256_is_refused_in_one_line_and_nothing_is_written(tmp_path, 
 def test_a_checkpoint_of_another_class_list_is_refused(tmp_path, cl_model, test_set, capsys):
     from noisymlt.training.cl_evaluate import _same_classes
 
-    model = _randomise(_StitchUpClassifier18(5), seed=1)
+    model = _randomise(_stitchup_classifier18(5), seed=1)
     checkpoint = tmp_path / "five.pth"
     digest = _checkpoint(model, checkpoint)
     assert main(_argv(test_set, checkpoint, digest, tmp_path / "out")) == 2

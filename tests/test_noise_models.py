@@ -23,7 +23,7 @@ from noisymlt.data import noise
 from noisymlt.data.labels import read_labels
 from noisymlt.data.noise import inject_noise, noise_stats, transition_matrix
 from noisymlt.data.noise_models import NOISE_MODULES, noise_model
-from noisymlt.data.noise_models.base import KEEP, flips, inverse_cdf, read_matrix, register_noise_model
+from noisymlt.data.noise_models.base import KEEP, flips, read_matrix, register_noise_model, replaced_by_rows
 from noisymlt.data.noise_models.class_conditional import ClassConditional
 from noisymlt.data.noise_models.cooccurrence import CoOccurrence, cooccurrence_counts
 from noisymlt.data.noise_models.missing import Missing
@@ -261,14 +261,18 @@ def test_transition_matrix_is_the_definition(model):
 
 # -- wrong variants, which the checks must reject --------------------------------------------------------------
 
+def uniform_over_other_classes(clean, cols, gamma, rng):
+    """A leaving positive of class i replaced by any class but i, all alike: wrong for uniform (the image's own
+    classes are drawn too) and for cooccurrence (not in proportion to co-occurrence)."""
+    C = clean.shape[1]
+    return replaced_by_rows((1.0 - np.eye(C)) / (C - 1), cols, gamma, rng)
+
+
 class UniformOverAllOthers(Uniform):
     """Wrong: a replacement is any other class, held by the image or not."""
 
     def draw(self, clean, rows, cols, gamma, rng, prepared):
-        out = np.full(cols.size, KEEP, dtype=np.int64)
-        flip = flips(cols.size, gamma, rng)
-        out[flip] = inverse_cdf(1.0 - np.eye(clean.shape[1])[cols[flip]], rng.random(int(flip.sum())))
-        return out
+        return uniform_over_other_classes(clean, cols, gamma, rng)
 
 
 class UniformSkipsLastAbsent(Uniform):
@@ -315,10 +319,7 @@ class CoOccurrenceUniform(CoOccurrence):
     """Wrong: replacements uniform over the other classes, not in proportion to co-occurrence."""
 
     def draw(self, clean, rows, cols, gamma, rng, prepared):
-        out = np.full(cols.size, KEEP, dtype=np.int64)
-        flip = flips(cols.size, gamma, rng)
-        out[flip] = inverse_cdf(1.0 - np.eye(clean.shape[1])[cols[flip]], rng.random(int(flip.sum())))
-        return out
+        return uniform_over_other_classes(clean, cols, gamma, rng)
 
 
 class CoOccurrenceOverPartners(CoOccurrence):
@@ -327,10 +328,7 @@ class CoOccurrenceOverPartners(CoOccurrence):
     def draw(self, clean, rows, cols, gamma, rng, prepared):
         R = (cooccurrence_counts(clean) > 0).astype(float)
         R[R.sum(axis=1) == 0] = 1.0 - np.eye(clean.shape[1])[R.sum(axis=1) == 0]
-        out = np.full(cols.size, KEEP, dtype=np.int64)
-        flip = flips(cols.size, gamma, rng)
-        out[flip] = inverse_cdf(R[cols[flip]], rng.random(int(flip.sum())))
-        return out
+        return replaced_by_rows(R / R.sum(axis=1, keepdims=True), cols, gamma, rng)
 
 
 class CoOccurrenceWithSelf(CoOccurrence):
@@ -338,11 +336,9 @@ class CoOccurrenceWithSelf(CoOccurrence):
     replaced by itself."""
 
     def draw(self, clean, rows, cols, gamma, rng, prepared):
-        Y = clean.astype(np.int64)
-        out = np.full(cols.size, KEEP, dtype=np.int64)
-        flip = flips(cols.size, gamma, rng)
-        out[flip] = inverse_cdf((Y.T @ Y).astype(float)[cols[flip]], rng.random(int(flip.sum())))
-        return out
+        Y = clean.astype(np.float64)
+        N = Y.T @ Y
+        return replaced_by_rows(N / N.sum(axis=1, keepdims=True), cols, gamma, rng)
 
 
 # variant -> (the model it imitates, the checks that must reject it)

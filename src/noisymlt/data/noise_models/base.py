@@ -93,6 +93,15 @@ def flips(n: int, gamma: float, rng: np.random.Generator) -> np.ndarray:
     return rng.random(n) < gamma
 
 
+def replaced_by_rows(R: np.ndarray, cols: np.ndarray, gamma: float, rng: np.random.Generator) -> np.ndarray:
+    """Outcomes of the positives of classes ``cols`` when a leaving positive of class i is replaced by a class drawn
+    from row i of ``R`` (C x C, rows summing to 1): a uniform per positive (leave?), then one per leaving positive."""
+    out = np.full(cols.size, KEEP, dtype=np.int64)
+    flip = flips(cols.size, gamma, rng)
+    out[flip] = inverse_cdf(R[cols[flip]], rng.random(int(flip.sum())))
+    return out
+
+
 def inverse_cdf(rows: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Index drawn from each row's distribution (``rows``: one probability row per draw) by its uniform ``u``:
     the first cumulative entry above u. Zero-probability entries are never drawn."""

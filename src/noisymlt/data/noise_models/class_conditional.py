@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from noisymlt.data.noise_models.base import KEEP, NoiseModel, flips, inverse_cdf, read_matrix, register_noise_model
+from noisymlt.data.noise_models.base import NoiseModel, read_matrix, register_noise_model, replaced_by_rows
 from noisymlt.errors import NoisyMLTError
 
 
@@ -31,18 +31,18 @@ class ClassConditional(NoiseModel):
         return [options["matrix"]] if options.get("matrix") else []
 
     def draw(self, clean, rows, cols, gamma, rng, prepared):
-        if prepared is None:
-            raise NoisyMLTError("noise model class_conditional: no matrix (prepare it from noise.class_conditional)")
-        out = np.full(cols.size, KEEP, dtype=np.int64)
-        flip = flips(cols.size, gamma, rng)
-        out[flip] = inverse_cdf(prepared[cols[flip]], rng.random(int(flip.sum())))
-        return out
+        return replaced_by_rows(_matrix(prepared), cols, gamma, rng)
 
     def transition(self, clean, gamma, prepared):
-        if prepared is None:
-            raise NoisyMLTError("noise model class_conditional: no matrix (prepare it from noise.class_conditional)")
-        C = prepared.shape[0]
+        M = _matrix(prepared)
+        C = M.shape[0]
         T = np.zeros((C, C + 1))
-        T[:, :C] = gamma * prepared + (1.0 - gamma) * np.eye(C)
+        T[:, :C] = gamma * M + (1.0 - gamma) * np.eye(C)
         return T
 
+
+def _matrix(prepared: np.ndarray | None) -> np.ndarray:
+    """The matrix ``prepare`` read; a caller that skipped it gets told so."""
+    if prepared is None:
+        raise NoisyMLTError("noise model class_conditional: no matrix (prepare it from noise.class_conditional)")
+    return prepared

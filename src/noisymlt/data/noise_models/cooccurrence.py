@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from noisymlt.data.noise_models.base import KEEP, NoiseModel, flips, inverse_cdf, register_noise_model
+from noisymlt.data.noise_models.base import NoiseModel, register_noise_model, replaced_by_rows
 
 
 def cooccurrence_counts(clean: np.ndarray) -> np.ndarray:
@@ -36,11 +36,7 @@ class CoOccurrence(NoiseModel):
     label = "co-occurrence"
 
     def draw(self, clean, rows, cols, gamma, rng, prepared):
-        R = replacement_rows(cooccurrence_counts(clean))
-        out = np.full(cols.size, KEEP, dtype=np.int64)
-        flip = flips(cols.size, gamma, rng)
-        out[flip] = inverse_cdf(R[cols[flip]], rng.random(int(flip.sum())))
-        return out
+        return replaced_by_rows(replacement_rows(cooccurrence_counts(clean)), cols, gamma, rng)
 
     def transition(self, clean, gamma, prepared):
         R = replacement_rows(cooccurrence_counts(clean))
