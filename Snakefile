@@ -35,7 +35,6 @@ include: "workflow/rules/select.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/authors.smk"
 include: "workflow/rules/report.smk"
-include: "workflow/rules/code.smk"
 
 
 rule all:
@@ -43,5 +42,28 @@ rule all:
         report_targets(),
         finished_work(),  # so that a rerun restores what a failed job deleted
         selection_targets(),  # every stage's scores, beside the choices the final runs read
-        layout.CODE_DIR,  # DVC's code digests: a Snakemake run can then be recorded with `dvc commit`
         authors_targets(),  # [CL]'s checkpoints evaluated (params authors_checkpoints), when it lists any
+
+
+# The three phases dvc.yaml runs one stage each (`snakemake ... -- data`): together, what `all` makes.
+
+
+localrules:
+    data,
+    runs,
+    reports,
+
+
+rule data:
+    input:
+        data_targets(),
+
+
+rule runs:
+    input:
+        run_targets(),
+
+
+rule reports:
+    input:
+        report_targets(),

@@ -7,11 +7,15 @@
 
 rule authors_eval:
     input:
-        **STEPS["authors_eval"].input,
+        test=layout.TEST_LABELS,
+        split=layout.CLASS_SPLIT,
         checkpoint=lambda w: paths.authors_entry(config, w.name, w.dataset)["file"],
         raw=lambda w: raw_marker(w.dataset),
     output:
-        **STEPS["authors_eval"].outputs(),
+        predictions=layout.within(layout.AUTHORS_RUN, "predictions.npz"),
+        metrics=layout.within(layout.AUTHORS_RUN, "metrics.json"),
+        manifest=layout.within(layout.AUTHORS_RUN, "manifest.json"),
+        map=layout.within(layout.AUTHORS_RUN, "map.json"),
     wildcard_constraints:
         name=authors_names(),
     params:
@@ -28,4 +32,6 @@ rule authors_eval:
     benchmark:
         "benchmarks/authors/{dataset}_{name}.tsv"
     shell:
-        STEPS["authors_eval"].shell
+        "$NOISYMLT_CLI eval-cl-checkpoint --checkpoint {params.file} --sha256 {params.checksum} "
+        "--test-labels {input.test} --split {input.split} --test-images {params.test_images} {params.options} "
+        "--out runs/{wildcards.dataset}/authors/{wildcards.name} --no-progress --cores {threads} > {log} 2>&1"

@@ -1,5 +1,6 @@
 # Helpers shared by every phase file: the grid, file layout per dataset kind, resolved run configs.
-# The file layout per dataset kind lives in noisymlt.pipeline.paths, which dvc.yaml's commands use too.
+# Paths come from noisymlt.pipeline.layout (the one module that spells the file layout); the words of a step that
+# depend on a dataset's kind or a params block from noisymlt.pipeline.paths.
 import functools
 import json
 import os
@@ -14,9 +15,8 @@ from noisymlt.data import assets
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import run_digest
 from noisymlt.methods.options import stitchup_option
+from noisymlt.data.noise_models import PAPER
 from noisymlt.pipeline import layout, paths, step_code
-from noisymlt.pipeline.params import raw_items
-from noisymlt.pipeline.steps import by_name as steps_by_name
 from noisymlt.pipeline import selection as S
 from noisymlt.report.style import dataset_title
 
@@ -51,11 +51,6 @@ if workflow.deployment_settings.deployment_method:
 os.environ.update(NOISYMLT_CLI=f"{sys.executable} -m noisymlt")
 
 
-# Each step's files and command, declared once for both routes (noisymlt.pipeline.steps; DVC's stages are written
-# from the same declarations): a rule reads its step's input, outputs() and shell from here.
-STEPS = steps_by_name()
-
-
 def code(command):
     """Digest of the package modules `noisymlt COMMAND` runs (its static import closure): a rule's code
     param, so a job reruns when, and only when, code it runs changes (noisymlt.core.codedeps)."""
@@ -79,11 +74,13 @@ def dataset_of_raw(raw):
 
 def raw_targets(field, downloaded):
     """The raw folders (field "raw") or their marker files (field "marker") of the configured datasets whose raw files
-    a command writes: `download`'s (downloaded: a local rule) or another's, as a wildcard's regular expression."""
+    a command writes: `download`'s (downloaded: a local rule) or another's, as a wildcard's regular expression. A
+    user's own folder (no command) has no rule."""
     found = set()
-    for item in raw_items(config, list(config["datasets"])).values():  # DVC's raw stage's list: the same folders
-        if (step_command("raw", **item) == "download") == downloaded:
-            found.add(layout.raw_parts(paths.raw_marker(config, item["dataset"]))[field])
+    for dataset in config["datasets"]:
+        words = paths.raw_argv(config, dataset)
+        if words is not None and (words[0] == "download") == downloaded:
+            found.add(layout.raw_parts(paths.raw_marker(config, dataset))[field])
     return "|".join(re.escape(f) for f in sorted(found)) or "(?!)"
 
 
@@ -99,14 +96,8 @@ def image_root(dataset, part):
     return paths.image_root(config, dataset, part)
 
 
-def step_args(step, **fields):
-    """A step's words that depend on a dataset's kind (noisymlt.pipeline.steps: `args`), as the rule's params: the
-    same text DVC's stage runs as ${item.args}."""
-    return argv(STEPS[step].args(config, fields))
-
-
 def argv(args):
-    """A step's argument list (from noisymlt.pipeline.paths, shared with dvc.yaml) as shell words."""
+    """A step's argument list (from noisymlt.pipeline.paths) as shell words: a rule's `args` param."""
     return shlex.join(args)
 
 
@@ -116,20 +107,20 @@ def train_images_ready(dataset):
     return paths.train_images_ready(config, dataset)
 
 
-def step_command(step, **fields):
-    """The command a step with computed words runs for these fields (its code param's name)."""
-    return STEPS[step].args(config, fields)[0]
-
-
 def noise_of(w):
     """A job's noise model: its `noise` wildcard's (layout.noise_tag), the paper's for a job without one (a
     selection candidate)."""
     return layout.noise_name(getattr(w, "noise", ""))
 
 
-def noise_words(w):
-    """A noise job's wildcards, as the noise step's words take them (noisymlt.pipeline.steps)."""
-    return dict(dataset=w.dataset, gamma=w.gamma, seed=w.seed, noise=w.noise)
+def run_outputs(folder, noise_log=True):
+    """A run's (or a selection candidate's) files, named as its shell command reads them; a candidate writes no
+    noise-level log. checkpoint.pt is not among them (train.smk)."""
+    names = {"requested_config.json": "requested", "predictions.npz": "predictions", "manifest.json": "manifest",
+             "run_config.json": "config", "noise_level.jsonl": "noise", "metrics.json": "metrics",
+             "metrics.manifest.json": "evaluation", "map.json": "map"}
+    return {names[n]: layout.within(folder, n) for n in (*layout.RUN_FILES, "map.json")
+            if noise_log or n != "noise_level.jsonl"}
 
 
 def run_dir(w):
@@ -285,6 +276,36 @@ def finished_work():
         files += [f"{array[:-len('.npy')]}.{ext}" for array in run_caches(w) for ext in ("npy", "json")]
         files += [raw_marker(dataset), train_images_ready(dataset), *run_files(w)]
     return list(dict.fromkeys(files))
+
+
+def selection_data():
+    """The selection's files under data/ (its held-out split, each selection set's fit / val parts and their image
+    caches) for every method whose candidates the workflow trains."""
+    runs = (r.split("|") for r in all_runs("{dataset}|{gamma}|{seed}|{method}"))
+    files = []
+    for dataset, method in dict.fromkeys((d, m) for d, g, s, m in runs):
+        who = S.owner(config, method)
+        if who is None:
+            continue
+        files.append(layout.fill(layout.SELECT_SPLIT, dataset=dataset))
+        for gamma, seed in S.selection_sets(config):
+            files += [layout.fill(layout.part(layout.SELECT_PART, part), dataset=dataset, gamma=gamma, seed=seed)
+                      for part in ("fit", "val")]
+        w = SimpleNamespace(dataset=dataset, method=who, gamma="0.5", seed="0", noise="")
+        files += [f"{array[:-len('.npy')]}.{ext}" for array in candidate_caches(w) for ext in ("npy", "json")]
+    return list(dict.fromkeys(files))
+
+
+def data_targets():
+    """What the data phase makes (the `data` rule, DVC's `data` stage): every file under data/ that a run or a
+    selection candidate reads."""
+    return [f for f in finished_work() if f.startswith("data/")] + selection_data()
+
+
+def run_targets():
+    """What the runs phase makes (the `runs` rule, DVC's `runs` stage): every run's files, the selection's stage
+    files and [CL]'s evaluated checkpoints."""
+    return [f for f in finished_work() if f.startswith("runs/")] + selection_targets() + authors_targets()
 
 
 def authors_names():

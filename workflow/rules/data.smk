@@ -1,6 +1,7 @@
-# Raw data -> label tables -> long-tailed training subset and class split.
-# Each step's files and command are declared in noisymlt.pipeline.steps (STEPS), as DVC's stages are; the arguments
-# that depend on a dataset's kind come from noisymlt.pipeline.paths, which DVC's `noisymlt step` runs too.
+# Raw data -> label tables -> long-tailed training subset and class split -> decoded-image caches.
+# A step whose words depend on a dataset's kind (raw files, parsing, the train images COCO fetches) or on a
+# params block (long-tail draw, pretraining, assets, caches) computes them in its `args` param with a function of
+# noisymlt.pipeline.paths: its command is `noisymlt {params.args}`, and `snakemake -n -p` prints the words.
 
 
 # Raw files, once a folder under data/raw, written by the command of the dataset's kind (noisymlt.data.kinds:
@@ -14,14 +15,14 @@ rule make_raw:
         raw=raw_targets("raw", downloaded=False),
         marker=raw_targets("marker", downloaded=False),
     params:
-        args=lambda w: step_args("raw", dataset=dataset_of_raw(w.raw)),
-        code=lambda w: code(step_command("raw", dataset=dataset_of_raw(w.raw))),
+        args=lambda w: argv(paths.raw_argv(config, dataset_of_raw(w.raw))),
+        code=lambda w: code(paths.raw_argv(config, dataset_of_raw(w.raw))[0]),
     log:
         "logs/data/raw/{raw}/{marker}.log",
     benchmark:
         "benchmarks/data/raw/{raw}/{marker}.tsv"
     shell:
-        STEPS["raw"].shell
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 # Everything fetched from the internet is fetched here, by local rules: under SLURM they run in the snakemake
@@ -40,17 +41,17 @@ localrules:
 
 rule fetch_asset:
     output:
-        "data/assets/{group}/{file}",
+        asset="data/assets/{group}/{file}",
     wildcard_constraints:
         group="imagenet|glove",
     params:
-        args=lambda w, output: step_args("assets", path=output[0]),
+        args=lambda w, output: argv(paths.asset_argv(config, output[0])),
     log:
         "logs/data/fetch_asset_{group}_{file}.log",
     benchmark:
         "benchmarks/data/fetch_asset_{group}_{file}.tsv"
     shell:
-        STEPS["assets"].shell
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 # The same step for the kinds that download theirs, as a local rule (and without make_raw's code param: a change
@@ -64,92 +65,108 @@ rule download:
         raw=raw_targets("raw", downloaded=True),
         marker=raw_targets("marker", downloaded=True),
     params:
-        args=lambda w: step_args("raw", dataset=dataset_of_raw(w.raw)),
+        args=lambda w: argv(paths.raw_argv(config, dataset_of_raw(w.raw))),
     log:
         "logs/data/raw/{raw}/{marker}.log",
     benchmark:
         "benchmarks/data/raw/{raw}/{marker}.tsv"
     shell:
-        STEPS["raw"].shell
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+
+
+# The label table of the train source pool (train_source) or the test set (test), by the kind's parser.
 
 
 rule parse_labels:
     input:
         lambda w: raw_marker(w.dataset),
     output:
-        **STEPS["parse_labels"].outputs(),
+        labels=layout.LABELS,
     wildcard_constraints:
         part="train_source|test",
     params:
-        args=lambda w: step_args("parse_labels", dataset=w.dataset, part=w.part),
-        code=lambda w: code(step_command("parse_labels", dataset=w.dataset, part=w.part)),
+        args=lambda w, output: argv(paths.parse_argv(config, w.dataset, w.part, output.labels)),
+        code=lambda w, output: code(paths.parse_argv(config, w.dataset, w.part, output.labels)[0]),
     log:
         "logs/data/parse_{dataset}_{part}.log",
     benchmark:
         "benchmarks/data/parse_{dataset}_{part}.tsv"
     shell:
-        STEPS["parse_labels"].shell
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+
+
+# `noisymlt longtail --labels SOURCE --out SUBSET --split-out SPLIT --source ...` with the dataset's longtail block.
 
 
 rule longtail:
     input:
-        **STEPS["longtail"].input,
+        labels=layout.SOURCE_LABELS,
     output:
-        **STEPS["longtail"].outputs(),
+        labels=layout.TRAIN_LABELS,
+        split=layout.CLASS_SPLIT,
     params:
-        args=lambda w: step_args("longtail", dataset=w.dataset),
+        args=lambda w, input, output: argv(paths.longtail_argv(config, w.dataset, input.labels, output.labels,
+                                                                output.split)),
         code=code("longtail"),
     log:
         "logs/data/longtail_{dataset}.log",
     benchmark:
         "benchmarks/data/longtail_{dataset}.tsv"
     shell:
-        STEPS["longtail"].shell
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+
+
+# Kinds that fetch their train images for the subset only (COCO's fetch-coco-images) do it here, once the subset
+# is drawn; the folder is not an output (Snakemake would delete it before a rerun): the fetch keeps what is there.
 
 
 rule fetch_train_images:
     input:
-        **STEPS["train_images"].input,
+        labels=layout.TRAIN_LABELS,
         raw=lambda w: raw_marker(w.dataset),
     output:
         layout.TRAIN_IMAGES_READY,
     params:
-        args=lambda w: step_args("train_images", dataset=w.dataset),
+        args=lambda w, input: argv(paths.train_images_argv(config, w.dataset, input.labels,
+                                                            layout.fill(layout.TRAIN_IMAGES, dataset=w.dataset))),
     log:
         "logs/data/fetch_images_{dataset}.log",
     benchmark:
         "benchmarks/data/fetch_images_{dataset}.tsv"
     shell:
-        STEPS["train_images"].shell
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
-# Every image of the train subset / test set decoded once into a uint8 array (train.loader: cache reads it).
-# Two rules, one per part: the report's rule graph keeps one job per rule and DAG level, and the two caches sit
-# at different depths (the train cache waits for the long-tail subset), so one rule would be drawn twice.
+# Every image of the train subset / test set decoded once into a uint8 array (train.loader: cache reads it):
+# `noisymlt cache-images --labels PART --images FOLDER --size N --out ARRAY`. Two rules, one per part: the report's
+# rule graph keeps one job per rule and DAG level, and the two caches sit at different depths (the train cache
+# waits for the long-tail subset), so one rule would be drawn twice.
 
 
 rule cache_train_images:
     input:
-        **STEPS["cache_images"].input,
+        labels=layout.LABELS,
         images=lambda w: train_images_ready(w.dataset),
     output:
-        **STEPS["cache_images"].outputs(),
+        array=layout.CACHE,
+        index=layout.CACHE_INDEX,
+        manifest=layout.CACHE_MANIFEST,
     wildcard_constraints:
         part="train",
     params:
-        args=lambda w: step_args("cache_images", dataset=w.dataset, part=w.part),
+        args=lambda w, output: argv(paths.cache_argv(config, w.dataset, w.part, output.array)),
         code=code("cache-images"),
     log:
         "logs/data/cache_images_{dataset}_{part}.log",
     benchmark:
         "benchmarks/data/cache_images_{dataset}_{part}.tsv"
     shell:
-        STEPS["cache_images"].shell
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 use rule cache_train_images as cache_test_images with:
     input:
-        **STEPS["cache_images"].input,
+        labels=layout.LABELS,
         images=lambda w: raw_marker(w.dataset),
     wildcard_constraints:
         part="test",

@@ -6,7 +6,9 @@ rule aggregate:
         all_runs(layout.within(layout.RUN, "metrics.json")),
     output:
         # curves, pseudo_labels: the runs' per-epoch records in the layout DVC's plots read (dvc.yaml's `plots`)
-        **STEPS["aggregate"].outputs(),
+        results=layout.RESULTS,
+        curves=layout.CURVES,
+        pseudo_labels=layout.PSEUDO_LABEL_CURVES,
     params:
         code=code("aggregate"),
     log:
@@ -14,7 +16,8 @@ rule aggregate:
     benchmark:
         "benchmarks/report/aggregate.tsv"
     shell:
-        STEPS["aggregate"].shell
+        "$NOISYMLT_CLI aggregate {input} --out {output.results} --curves {output.curves} "
+        "--pseudo-label-curves {output.pseudo_labels} > {log} 2>&1"
 
 
 # Each dataset's long-tailed subset beside VOC-MLT's and COCO-MLT's (noisymlt.report.structure): what the paper's
@@ -27,9 +30,13 @@ localrules:
 
 rule structure:
     input:
-        **STEPS["structure"].input,
+        labels=layout.TRAIN_LABELS,
+        split=layout.CLASS_SPLIT,
+        test=layout.TEST_LABELS,
     output:
-        **STEPS["structure"].outputs(),
+        json=layout.ext(layout.STRUCTURE, "json"),
+        md=layout.ext(layout.STRUCTURE, "md"),
+        manifest=layout.ext(layout.STRUCTURE, "manifest.json"),
     params:
         code=code("structure"),
     log:
@@ -37,15 +44,19 @@ rule structure:
     benchmark:
         "benchmarks/report/structure_{dataset}.tsv"
     shell:
-        STEPS["structure"].shell
+        "$NOISYMLT_CLI structure --labels {input.labels} --split {input.split} --test-labels {input.test} "
+        "--out {output.json} --md {output.md} > {log} 2>&1"
 
 
 rule table_total:
     input:
-        **STEPS["table_total"].input,
+        results=layout.RESULTS,
     output:
-        **STEPS["table_total"].outputs(
-            html=lambda f: report(f, caption="../report/table_total.rst", category="Tables")),
+        tex=layout.ext(layout.TABLE_TOTAL, "tex"),
+        md=layout.ext(layout.TABLE_TOTAL, "md"),
+        html=report(layout.ext(layout.TABLE_TOTAL, "html"), caption="../report/table_total.rst", category="Tables"),
+        rendered=layout.ext(layout.TABLE_TOTAL, "rendered.json"),
+        cells=layout.ext(layout.TABLE_TOTAL, "cells.json"),
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
@@ -55,7 +66,8 @@ rule table_total:
     benchmark:
         "benchmarks/report/table_total.tsv"
     shell:
-        STEPS["table_total"].shell
+        "$NOISYMLT_CLI table --results {input} --out {output.tex} --labels {params.labels:q} --methods "
+        "{params.methods} > {log} 2>&1"
 
 
 # Whether the regime is the paper's: the runs fit their training labels, reach their learning rate, and
@@ -64,11 +76,12 @@ rule table_total:
 
 rule table_fit:
     input:
-        **STEPS["table_fit"].input,
+        results=layout.RESULTS,
     output:
-        **STEPS["table_fit"].outputs(
-            html=lambda f: report(f, caption="../report/fit.rst", category="Diagnostics",
-                                  labels={"table": "fit diagnostics", "dataset": "{dataset}"})),
+        tex=layout.ext(layout.FIT_TABLE, "tex"),
+        md=layout.ext(layout.FIT_TABLE, "md"),
+        csv=layout.ext(layout.FIT_TABLE, "csv"),
+        html=report(layout.ext(layout.FIT_TABLE, "html"), caption="../report/fit.rst", category="Diagnostics", labels={"table": "fit diagnostics", "dataset": "{dataset}"}),
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
@@ -78,16 +91,18 @@ rule table_fit:
     benchmark:
         "benchmarks/report/fit_{dataset}.tsv"
     shell:
-        STEPS["table_fit"].shell
+        "$NOISYMLT_CLI fit-table --results {input} --dataset {wildcards.dataset} --out {output.tex} --methods "
+        "{params.methods} --labels {params.labels:q} > {log} 2>&1"
 
 
 rule table_paired:
     input:
-        **STEPS["table_paired"].input,
+        results=layout.RESULTS,
     output:
-        **STEPS["table_paired"].outputs(
-            html=lambda f: report(f, caption="../report/paired.rst", category="Tables",
-                                  labels={"table": "paired differences", "dataset": "{dataset}"})),
+        tex=layout.ext(layout.PAIRED_TABLE, "tex"),
+        md=layout.ext(layout.PAIRED_TABLE, "md"),
+        cells=layout.ext(layout.PAIRED_TABLE, "cells.json"),
+        html=report(layout.ext(layout.PAIRED_TABLE, "html"), caption="../report/paired.rst", category="Tables", labels={"table": "paired differences", "dataset": "{dataset}"}),
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
@@ -97,15 +112,16 @@ rule table_paired:
     benchmark:
         "benchmarks/report/paired_{dataset}.tsv"
     shell:
-        STEPS["table_paired"].shell
+        "$NOISYMLT_CLI paired-table --results {input} --dataset {wildcards.dataset} --out {output.tex} "
+        "--methods {params.methods} --labels {params.labels:q} > {log} 2>&1"
 
 
 rule figure_map_vs_gamma:
     input:
-        **STEPS["figure_map_vs_gamma"].input,
+        results=layout.RESULTS,
     output:
-        **STEPS["figure_map_vs_gamma"].outputs(
-            png=lambda f: report(f, caption="../report/map_vs_gamma.rst", category="Figures")),
+        png=report(layout.ext(layout.MAP_FIGURE, "png"), caption="../report/map_vs_gamma.rst", category="Figures"),
+        pdf=layout.ext(layout.MAP_FIGURE, "pdf"),
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),  # the compared methods only: the ablation variants have their figures
@@ -115,15 +131,19 @@ rule figure_map_vs_gamma:
     benchmark:
         "benchmarks/report/map_vs_gamma.tsv"
     shell:
-        STEPS["figure_map_vs_gamma"].shell
+        "$NOISYMLT_CLI figure --results {input} --out {output.png} --methods {params.methods} --labels "
+        "{params.labels:q} > {log} 2>&1"
 
 
 rule table_ablation:
     input:
-        **STEPS["table_ablation"].input,
+        results=layout.RESULTS,
     output:
-        **STEPS["table_ablation"].outputs(
-            html=lambda f: report(f, caption="../report/ablation.rst", category="Ablations", labels={"ablation": "{name}"})),
+        tex=layout.ext(layout.ABLATION, "tex"),
+        md=layout.ext(layout.ABLATION, "md"),
+        cells=layout.ext(layout.ABLATION, "cells.json"),
+        rendered=layout.ext(layout.ABLATION, "rendered.json"),
+        html=report(layout.ext(layout.ABLATION, "html"), caption="../report/ablation.rst", category="Ablations", labels={"ablation": "{name}"}),
     params:
         labels=method_labels(),
         spec=lambda w: json.dumps(config["ablations"][w.name]),
@@ -133,16 +153,20 @@ rule table_ablation:
     benchmark:
         "benchmarks/report/ablation_{name}.tsv"
     shell:
-        STEPS["table_ablation"].shell
+        "$NOISYMLT_CLI table --results {input} --out {output.tex} --ablation-spec {params.spec:q} --labels "
+        "{params.labels:q} > {log} 2>&1"
 
 
 rule table_groups:
     input:
-        **STEPS["table_groups"].input,  # the train labels: the group thresholds it records, stated when scaled
+        results=layout.RESULTS,
+        labels=layout.TRAIN_LABELS,  # the train labels: the group thresholds it records, stated when scaled
     output:
-        **STEPS["table_groups"].outputs(
-            html=lambda f: report(f, caption="../report/table_groups.rst", category="Tables",
-                                  labels={"table": "head / medium / tail", "dataset": "{dataset}"})),
+        tex=layout.ext(layout.TABLE_GROUPS, "tex"),
+        md=layout.ext(layout.TABLE_GROUPS, "md"),
+        cells=layout.ext(layout.TABLE_GROUPS, "cells.json"),
+        html=report(layout.ext(layout.TABLE_GROUPS, "html"), caption="../report/table_groups.rst", category="Tables", labels={"table": "head / medium / tail", "dataset": "{dataset}"}),
+        rendered=layout.ext(layout.TABLE_GROUPS, "rendered.json"),
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
@@ -152,16 +176,17 @@ rule table_groups:
     benchmark:
         "benchmarks/report/table_groups_{dataset}.tsv"
     shell:
-        STEPS["table_groups"].shell
+        "$NOISYMLT_CLI table --results {input.results} --out {output.tex} --groups {wildcards.dataset} "
+        "--train-labels {input.labels} --labels {params.labels:q} --methods {params.methods} > {log} 2>&1"
 
 
 rule figure_sweep:
     input:
-        **STEPS["figure_sweep"].input,
+        results=layout.RESULTS,
     output:
-        **STEPS["figure_sweep"].outputs(
-            png=lambda f: report(f, caption="../report/sweep.rst", category="Ablations",
-                                 labels={"ablation": "{name}", "kind": "figure"})),
+        png=report(layout.ext(layout.ABLATION, "png"), caption="../report/sweep.rst", category="Ablations", labels={"ablation": "{name}", "kind": "figure"}),
+        pdf=layout.ext(layout.ABLATION, "pdf"),
+        csv=layout.ext(layout.ABLATION, "csv"),
     params:
         spec=lambda w: json.dumps(config["ablations"][w.name]),
         x=sweep_values,
@@ -171,17 +196,19 @@ rule figure_sweep:
     benchmark:
         "benchmarks/report/figure_{name}.tsv"
     shell:
-        STEPS["figure_sweep"].shell
+        "$NOISYMLT_CLI figure --results {input} --out {output.png} --ablation-spec {params.spec:q} --x "
+        "{params.x:q} > {log} 2>&1"
 
 
 rule inference_time:
     input:
         runs=timing_runs(layout.within(layout.RUN.replace("{dataset}", "{{dataset}}"), "manifest.json")),
-        **STEPS["inference_time"].input,
+        test=layout.TEST_LABELS,
     output:
-        **STEPS["inference_time"].outputs(
-            html=lambda f: report(f, caption="../report/inference_time.rst", category="Tables",
-                                  labels={"table": "inference time", "dataset": "{dataset}"})),
+        tex=layout.ext(layout.INFERENCE_TIME, "tex"),
+        md=layout.ext(layout.INFERENCE_TIME, "md"),
+        json=layout.ext(layout.INFERENCE_TIME, "json"),
+        html=report(layout.ext(layout.INFERENCE_TIME, "html"), caption="../report/inference_time.rst", category="Tables", labels={"table": "inference time", "dataset": "{dataset}"}),
     params:
         runs=lambda w, input: " ".join(str(Path(m).parent) for m in input.runs),
         train_images=lambda w: image_root(w.dataset, "train"),
@@ -202,16 +229,18 @@ rule inference_time:
     benchmark:
         "benchmarks/report/inference_time_{dataset}.tsv"
     shell:
-        STEPS["inference_time"].shell
+        "$NOISYMLT_CLI inference-time --runs {params.runs} --test-labels {input.test} --train-images "
+        "{params.train_images} --test-images {params.test_images} --batch-sizes {params.batch_sizes} --trials "
+        "{params.trials} --labels {params.labels:q} --paper {params.paper:q} --out {output.tex} > {log} 2>&1"
 
 
 rule readme_numbers:
     input:
-        **STEPS["readme_numbers"].input,
+        results=layout.RESULTS,
         selection=lambda w: readme_selection(),  # select.smk
         structure=expand(layout.ext(layout.STRUCTURE, "json"), dataset=GRID["datasets"]),  # the demo's: one dataset
     output:
-        **STEPS["readme_numbers"].outputs(),
+        numbers=layout.README_NUMBERS,
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
@@ -221,7 +250,9 @@ rule readme_numbers:
     benchmark:
         "benchmarks/report/readme_numbers.tsv"
     shell:
-        STEPS["readme_numbers"].shell
+        "$NOISYMLT_CLI readme-numbers --results {input.results} --methods {params.methods} --labels "
+        "{params.labels:q} --selection {input.selection} --structure {input.structure} --out {output} > {log} "
+        "2>&1"
 
 
 # Training dynamics of Ours at gamma 0.5 (paper Figs. voc_stitchup / coco_stitchup and vis_pl): drawn when the
@@ -232,8 +263,10 @@ rule figure_noise_level:
     input:
         figure_logs,
     output:
-        **STEPS["figure_noise_level"].outputs(
-            png=lambda f: report(f, caption="../report/noise_level.rst", category="Figures")),
+        png=report(layout.ext(layout.NOISE_FIGURE, "png"), caption="../report/noise_level.rst", category="Figures"),
+        pdf=layout.ext(layout.NOISE_FIGURE, "pdf"),
+        csv=layout.ext(layout.NOISE_FIGURE, "csv"),
+        md=layout.ext(layout.NOISE_FIGURE, "md"),
     params:
         title=lambda w: f"{dataset_title(w.dataset)}: {config['methods'][FIGURE_METHOD].get('label', FIGURE_METHOD)}, "
         f"noise rate {FIGURE_GAMMA}",
@@ -243,7 +276,8 @@ rule figure_noise_level:
     benchmark:
         "benchmarks/report/noise_level_{dataset}.tsv"
     shell:
-        STEPS["figure_noise_level"].shell
+        "$NOISYMLT_CLI noise-figure --logs {input} --out {output.png} --title {params.title:q} --smooth 5 > "
+        "{log} 2>&1"
 
 
 rule figure_pseudo_labels:
@@ -251,11 +285,12 @@ rule figure_pseudo_labels:
         # the run's checkpoint.pt and run_config.json sit beside its manifest
         manifest=lambda w: figure_run(w.dataset, figure_seeds(w.dataset)[0], "manifest.json"),
         noisy=lambda w: layout.fill(layout.NOISY, dataset=w.dataset, gamma=FIGURE_GAMMA, seed=figure_seeds(w.dataset)[0]),
-        **STEPS["figure_pseudo_labels"].input,
+        clean=layout.TRAIN_LABELS,
+        split=layout.CLASS_SPLIT,
         images=lambda w: train_images_ready(w.dataset),
     output:
-        **STEPS["figure_pseudo_labels"].outputs(
-            png=lambda f: report(f, caption="../report/pseudo_labels.rst", category="Figures")),
+        png=report(layout.ext(layout.PSEUDO_FIGURE, "png"), caption="../report/pseudo_labels.rst", category="Figures"),
+        pdf=layout.ext(layout.PSEUDO_FIGURE, "pdf"),
     params:
         run=lambda w: figure_run(w.dataset, figure_seeds(w.dataset)[0], "").rstrip("/"),
         train_images=lambda w: image_root(w.dataset, "train"),
@@ -265,4 +300,6 @@ rule figure_pseudo_labels:
     benchmark:
         "benchmarks/report/pseudo_labels_{dataset}.tsv"
     shell:
-        STEPS["figure_pseudo_labels"].shell
+        "$NOISYMLT_CLI pseudo-label-figure --run {params.run} --train-labels {input.noisy} --clean-labels "
+        "{input.clean} --split {input.split} --train-images {params.train_images} --out {output.png} > {log} "
+        "2>&1"

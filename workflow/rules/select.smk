@@ -13,31 +13,41 @@ wildcard_constraints:
     tag="[a-z0-9._]+",
 
 
+# `noisymlt select split --noisy NAME=TABLE ... --held-out F --seed S --out SPLIT`: the held-out images, one draw a
+# dataset over the selection sets' noisy tables.
+
+
 rule select_split:
     input:
         lambda w: list(S.split_tables(config, w.dataset).values()),
     output:
-        **STEPS["select_split"].outputs(),
+        split=layout.SELECT_SPLIT,
     params:
-        args=lambda w: step_args("select_split", dataset=w.dataset),
+        args=lambda w, output: argv(paths.select_split_argv(config, w.dataset, output.split)),
         code=code("select"),
     log:
         "logs/select/split_{dataset}.log",
     shell:
-        STEPS["select_split"].shell
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 rule select_parts:
     input:
-        **STEPS["select_parts"].input,
+        noisy=layout.with_noise(layout.NOISY, PAPER),
+        split=layout.SELECT_SPLIT,
     output:
-        **STEPS["select_parts"].outputs(),
+        fit=layout.part(layout.SELECT_PART, "fit"),
+        val=layout.part(layout.SELECT_PART, "val"),
     params:
         code=code("select"),
     log:
         "logs/select/parts_{dataset}_g{gamma}_s{seed}.log",
     shell:
-        STEPS["select_parts"].shell
+        "$NOISYMLT_CLI select parts --noisy {input.noisy} --split {input.split} --fit {output.fit} --val {output.val} "
+        "> {log} 2>&1"
+
+
+# The fit / val images decoded once (train.loader: cache), from the first selection set's tables of the part.
 
 
 rule cache_select_images:
@@ -45,29 +55,35 @@ rule cache_select_images:
         labels=lambda w: paths.select_cache_argv(config, w.dataset, w.part, "")[2],
         images=lambda w: train_images_ready(w.dataset),
     output:
-        **STEPS["cache_select_images"].outputs(),
+        array=layout.SELECT_CACHE,
+        index=layout.SELECT_CACHE_INDEX,
+        manifest=layout.SELECT_CACHE_MANIFEST,
     wildcard_constraints:
         part="fit|val",
     params:
-        args=lambda w: step_args("cache_select_images", dataset=w.dataset, part=w.part),
+        args=lambda w, output: argv(paths.select_cache_argv(config, w.dataset, w.part, output.array)),
         code=code("cache-images"),
     log:
         "logs/data/cache_images_{dataset}_select_{part}.log",
     shell:
-        STEPS["cache_select_images"].shell
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 # A candidate is an ordinary training run: on the fit part, its "test" set the validation part (train images),
 # then evaluated against it, in one job as a final run (train.smk).
+
+
 rule train_candidate:
     input:
-        **STEPS["train_candidate"].input,
+        train=layout.part(layout.SELECT_PART, "fit"),
+        val=layout.part(layout.SELECT_PART, "val"),
+        split=layout.CLASS_SPLIT,
         images=lambda w: train_images_ready(w.dataset),
         files=run_files,
         caches=candidate_caches,
         previous=previous_choice,
     output:
-        **STEPS["train_candidate"].outputs(),
+        **run_outputs(layout.CANDIDATE, noise_log=False),
     params:
         out=lambda w: S.candidate_dir(w.dataset, w.method, int(w.stage), float(w.gamma), int(w.seed), w.tag),
         images=lambda w: image_root(w.dataset, "train"),
@@ -84,7 +100,16 @@ rule train_candidate:
     benchmark:
         "benchmarks/select/{dataset}_{method}_stage{stage}_g{gamma}_s{seed}_{tag}.tsv"
     shell:
-        STEPS["train_candidate"].shell
+        "printf '%s\\n' {params.config:q} > {output.requested} && "
+        "$NOISYMLT_CLI train --run-config {output.requested} --train-labels {input.train} --test-labels {input.val} "
+        "--split {input.split} --train-images {params.images} --test-images {params.images} {params.caches} "
+        "--out {params.out} --no-progress --keep-stale --expect-code {params.code} "
+        "--cores {threads} --runs-per-gpu {resources.runs_per_gpu} > {log} 2>&1 && "
+        "$NOISYMLT_CLI evaluate --predictions {output.predictions} --test-labels {input.val} --split {input.split} "
+        "--out {output.metrics} --map-out {output.map} >> {log} 2>&1"
+
+
+# `noisymlt select choose`: every candidate's score and the values chosen so far (a local rule: a second's work).
 
 
 checkpoint select:
@@ -92,7 +117,8 @@ checkpoint select:
         candidates=stage_candidates,
         previous=previous_choice,
     output:
-        **STEPS["select"].outputs(),
+        stage=layout.STAGE_FILE,
+        choice=layout.CHOICE_FILE,
     params:
         selection=lambda w: json.dumps(config["selection"], sort_keys=True),
         previous=lambda w, input: f"--previous {input.previous}" if input.previous else "",
@@ -101,4 +127,5 @@ checkpoint select:
     log:
         "logs/select/{dataset}_{method}_stage{stage}.log",
     shell:
-        STEPS["select"].shell
+        "$NOISYMLT_CLI select choose --selection {params.selection:q} --dataset {wildcards.dataset} "
+        "--method {wildcards.method} --stage {wildcards.stage} {params.previous} > {log} 2>&1"

@@ -1,12 +1,14 @@
 # A backbone pretrained on the synthetic source task (the demo's ImageNet), once; runs whose
-# train.weights_path names it wait for it.
+# train.weights_path names it wait for it. `noisymlt pretrain --config BLOCK --out WEIGHTS` (block pretrain.NAME).
 
 
 rule pretrain:
     output:
-        **STEPS["pretrain"].outputs(),
+        weights=layout.PRETRAINED,
+        report=layout.PRETRAINED_REPORT,
+        manifest=layout.PRETRAINED_MANIFEST,
     params:
-        args=lambda w: step_args("pretrain", name=w.name),
+        args=lambda w, output: argv(paths.pretrain_argv(config, w.name, output.weights)),
         code=code("pretrain"),
     threads: 2
     log:
@@ -14,35 +16,38 @@ rule pretrain:
     benchmark:
         "benchmarks/pretrain/{name}.tsv"
     shell:
-        STEPS["pretrain"].shell
+        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
 # One training run per (dataset, noise rate, seed, method), then its evaluation: AP per class and mAP
-# total/head/medium/tail of its predictions on the clean test set. One job, as DVC's train stage runs it: the
-# demo's ~300 runs would otherwise be ~900 Snakemake jobs (a config file, the training, a 0.2 s evaluation),
-# and Snakemake's own CPU per job competes with the runs for the cores. An evaluate-only edit reruns the job
-# (its code param holds both digests), which resumes the finished checkpoint and predicts the same bytes.
+# total/head/medium/tail of its predictions on the clean test set. One job: the demo's ~300 runs would otherwise be
+# ~900 Snakemake jobs (a config file, the training, a 0.2 s evaluation), and Snakemake's own CPU per job competes
+# with the runs for the cores. An evaluate-only edit reruns the job (its code param holds both digests), which
+# resumes the finished checkpoint and predicts the same bytes.
 # The resolved configuration is a param (a changed configuration reruns the job) that the job writes to
 # requested_config.json before training reads it; a failed job's command line shows it.
 # The job picks its own GPU (one of runs_per_gpu slot locks on the least-loaded card it sees, the cards of its
 # SLURM allocation included), so --resources gpu=N spreads jobs over N cards; a packing profile (workflow/profiles/h200)
-# counts gpu in run slots, cards x runs_per_gpu (docs/gpu-check.md#runs-packed-per-card). The clean subset goes in twice: its hash into the manifest, its labels into the
-# noise-level log (analysis only; training never reads them). The log is empty for methods that publish no
-# targets.
+# counts gpu in run slots, cards x runs_per_gpu (docs/gpu-check.md#runs-packed-per-card). The clean subset goes in
+# twice: its hash into the manifest, its labels into the noise-level log (analysis only; training never reads
+# them). The log is empty for methods that publish no targets.
+# checkpoint.pt is written too but not declared: Snakemake deletes a job's outputs before it runs and after it
+# fails, which would throw away the epochs a rerun resumes from.
 
 
 rule train:
     input:
-        **STEPS["train"].input,
+        train=layout.NOISY,
+        test=layout.TEST_LABELS,
+        split=layout.CLASS_SPLIT,
+        subset=layout.TRAIN_LABELS,
         images=lambda w: train_images_ready(w.dataset),
         raw=lambda w: raw_marker(w.dataset),
         files=run_files,
         caches=run_caches,
         choice=final_choice,  # the method's selection (select.smk), if it has one
-    # checkpoint.pt is written too (and is a DVC output) but not declared: Snakemake deletes a job's outputs before
-    # it runs and after it fails, which would throw away the epochs a rerun resumes from (steps.Out snakemake=False)
     output:
-        **STEPS["train"].outputs(),
+        **run_outputs(layout.RUN),
     params:
         out=run_dir,
         train_images=lambda w: image_root(w.dataset, "train"),
@@ -61,4 +66,11 @@ rule train:
     benchmark:
         "benchmarks/train/{dataset}_g{gamma}{noise}_s{seed}_{method}.tsv"
     shell:
-        STEPS["train"].shell
+        "printf '%s\\n' {params.config:q} > {output.requested} && "
+        "$NOISYMLT_CLI train --run-config {output.requested} --train-labels {input.train} --test-labels {input.test} "
+        "--split {input.split} --train-images {params.train_images} --test-images {params.test_images} {params.caches} "
+        "--out {params.out} --no-progress --keep-stale --expect-code {params.code} --clean-labels {input.subset} "
+        "--provenance raw_manifest={input.raw} clean_subset={input.subset} {params.selection} "
+        "--cores {threads} --runs-per-gpu {resources.runs_per_gpu} > {log} 2>&1 && "
+        "$NOISYMLT_CLI evaluate --predictions {output.predictions} --test-labels {input.test} --split {input.split} "
+        "--out {output.metrics} --map-out {output.map} >> {log} 2>&1"
