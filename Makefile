@@ -2,13 +2,12 @@
 #   make demo   create .venv and run the whole pipeline on the embedded dataset (CPU, offline)
 #   make test   create .venv and run the test suite
 #   make smoke  create .venv and run the paper's configuration briefly (workflow/profiles/smoke)
-# and the demo under DVC instead of Snakemake (the same steps and files; `dvc status` is clean after it):
-#   make demo-dvc   create .venv, `dvc init` if needed, merge the demo's params into dvc-params.json, dvc repro;
-#                   after a finished `make demo`, it records that demo's outputs (dvc commit) instead of rerunning it
+# and the demo through DVC (dvc.yaml: a stage a phase, each running Snakemake; `dvc status` is clean after it):
+#   make demo-dvc   create .venv, `dvc init` if needed, `dvc repro`; after a finished `make demo`, it records that
+#                   demo's outputs (dvc commit) instead of rerunning it
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-DEMO_PARAMS ?= params.yaml workflow/profiles/demo/params.yaml
 
 .PHONY: env demo demo-dvc smoke test test-fast lint dryrun clean-demo
 
@@ -27,31 +26,28 @@ demo: $(STAMP)
 	$(VENV)/bin/snakemake --profile workflow/profiles/demo
 	@cat reports/table_total.md
 
-# DVC runs `python` from PATH: the venv's. --no-scm only outside a git checkout (a copied tree).
-# No dvc.lock yet but a finished Snakemake demo (`make demo`; Snakemake's dry run, with the same layers, has
-# nothing to do): `dvc commit --force` records its outputs (DVC hashes them; nothing retrains), then `dvc repro`
-# finds nothing to run. Every DVC output is a Snakemake output (tests/test_dvc_demo.py). `dvc commit` rewrites
-# the files it records (new modification times), so Snakemake would then rerun the demo: when its dry run
-# plans jobs, `snakemake --touch` gives the files back their order (--keep-incomplete: a failed touch deletes
-# nothing). DVC's default cache type (copies) is kept: with hard links, files of equal content share one inode
-# and its time (a run's run_config.json output and its earlier requested_config.json input), which Snakemake's
-# time order cannot follow (docs/dvc.md).
+# dvc.yaml's stages run `snakemake` from PATH: the venv's. --no-scm only outside a git checkout (a copied tree).
+# No dvc.lock yet but a finished Snakemake demo (`make demo`; Snakemake's dry run, with the profile and layers of
+# params.yaml's `dvc` block, has nothing to do): `dvc commit --force` records its outputs (DVC hashes them; nothing
+# retrains), then `dvc repro` finds nothing to run. `dvc commit` rewrites the files it records (new modification
+# times), so Snakemake would then rerun the demo: when its dry run plans jobs, `snakemake --touch` gives the files
+# back their order (--keep-incomplete: a failed touch deletes nothing). DVC's default cache type (copies) is kept:
+# with hard links, files of equal content share one inode and its time, which Snakemake's time order cannot follow.
 DVC_ENV := PATH="$(abspath $(VENV))/bin:$$PATH"
-SMK_LAYERS := $(filter-out params.yaml,$(DEMO_PARAMS))
-SMK_DEMO = $(VENV)/bin/snakemake --profile workflow/profiles/demo $(if $(SMK_LAYERS),--configfile $(SMK_LAYERS))
+DVC_SMK = $(VENV)/bin/snakemake $$($(PY) -c 'import yaml; d = yaml.safe_load(open("params.yaml"))["dvc"]; \
+	print("--profile", d["profile"], "--configfile", d["configfiles"])')
 demo-dvc: $(STAMP)
 	test -d .dvc || $(VENV)/bin/dvc init --quiet $$(git rev-parse --git-dir >/dev/null 2>&1 || echo --no-scm)
-	$(PY) -m noisymlt params $(DEMO_PARAMS) --out dvc-params.json
 	@if [ ! -f dvc.lock ] && [ -f reports/results.parquet ]; then \
-	  if $(SMK_DEMO) -n 2>&1 | grep -q "Nothing to be done"; then \
+	  if $(DVC_SMK) -n 2>&1 | grep -q "Nothing to be done"; then \
 	    echo "demo-dvc: the Snakemake demo (make demo) is complete: recording its outputs in dvc.lock" \
 	         "with 'dvc commit --force' instead of rerunning them"; \
 	    $(DVC_ENV) $(VENV)/bin/dvc commit --force --quiet && echo "demo-dvc: recorded every stage"; \
-	    $(SMK_DEMO) -n 2>&1 | grep -q "Nothing to be done" || \
-	      $(SMK_DEMO) --touch --keep-incomplete --quiet >/dev/null; \
+	    $(DVC_SMK) -n 2>&1 | grep -q "Nothing to be done" || \
+	      $(DVC_SMK) --touch --keep-incomplete --quiet >/dev/null; \
 	  else \
-	    echo "demo-dvc: outputs from an unfinished or outdated Snakemake demo: 'dvc repro' reruns every stage" \
-	         "(to keep them, finish 'make demo' first, then rerun 'make demo-dvc')"; \
+	    echo "demo-dvc: outputs from an unfinished or outdated Snakemake demo: 'dvc repro' runs the stages, and" \
+	         "Snakemake inside them what is missing or out of date"; \
 	  fi; \
 	fi
 	$(DVC_ENV) $(VENV)/bin/dvc repro
@@ -83,4 +79,4 @@ dryrun: $(STAMP)
 	$(VENV)/bin/snakemake reports/table_total.tex -n --quiet rules
 
 clean-demo:
-	rm -rf data/raw/toy data/toy data/pretrained data/code runs/toy reports/*.* logs benchmarks .snakemake
+	rm -rf data/raw/toy data/toy data/pretrained runs/toy reports/*.* logs benchmarks .snakemake

@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="noisymlt",
         description=(
             "Noisy multi-label long-tailed recognition pipeline (VOC-MLT-Noise, COCO-MLT-Noise). "
-            "Each subcommand is one pipeline step; Snakemake and DVC call them in order: "
+            "Each subcommand is one pipeline step; Snakemake's rules call them in order: "
             "download -> parse -> longtail -> cache-images -> noise -> train -> evaluate -> aggregate -> table."
         ),
     )

@@ -37,9 +37,6 @@ COMMANDS = {
     "noise-figure": "noisymlt.report.noise_level",
     "pseudo-label-figure": "noisymlt.report.pseudo_labels",
     "trace": "noisymlt.pipeline.trace",
-    "step": "noisymlt.pipeline.dvc_steps",
-    "params": "noisymlt.pipeline.params",
-    "dvc-yaml": "noisymlt.pipeline.dvc_yaml",
     "code-deps": "noisymlt.pipeline.step_code",
     "preload": "noisymlt.pipeline.preload",
 }

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import copy
 import fnmatch
-import hashlib
-import json
 from pathlib import Path
 
 import yaml
@@ -35,28 +33,17 @@ def deep_merge(base: dict, override: dict) -> dict:
     return out
 
 
-# The DVC pipeline's lists of run stages, one block per shard under SHARD_BLOCK + SHARD: templating lists, not
-# settings (noisymlt.pipeline.params writes them to dvc-params-runs/SHARD.json; dvc-params.json files written before
-# held them beside their `dvc` block)
-SHARD_BLOCK = "dvc_runs_"
-
-
 def load_params(*files: str | Path) -> dict:
     params: dict = {}
     layers = []
     for f in files:
         path = Path(f)
-        try:  # JSON: dvc-params.json (noisymlt.pipeline.params), parsed much faster by json than by yaml
-            text = path.read_text()
-            layer = (json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)) or {}
+        try:
+            layer = yaml.safe_load(path.read_text()) or {}
         except (OSError, ValueError, yaml.YAMLError) as exc:
             raise NoisyMLTError(f"{path}: cannot read parameters ({exc})") from exc
         if not isinstance(layer, dict):
             raise NoisyMLTError(f"{path}: top level must be a mapping")
-        if "dvc" in layer:  # dvc-params.json (noisymlt.pipeline.params): checked against its layers, not a setting
-            check_layers(path, layer.pop("dvc"))
-            for key in [k for k in layer if k.startswith(SHARD_BLOCK)]:  # its run stages' lists, one per shard
-                layer.pop(key)
         layers.append((str(path), layer))
         params = deep_merge(params, layer)
     check_layered(params, layers)
@@ -91,20 +78,6 @@ def check_layered(params: dict, layers: list[tuple[str, dict]]) -> None:
         raise ParamsError(layer_of(layers, exc.key), exc.key, exc.detail) from None
 
 
-def check_layers(path: str | Path, block: dict) -> None:
-    """The ``dvc`` block of a file written by `noisymlt params` names the layers it merged, with their sha256:
-    refuse the file once one of them changed, so that DVC never runs on a stale merge."""
-    layers = block.get("layers") if isinstance(block, dict) else None
-    if not isinstance(layers, list):
-        raise NoisyMLTError(f"{path}: key `dvc` is reserved for files written by `noisymlt params` (no dvc.layers)")
-    for layer in layers:
-        src = Path(layer["path"])
-        if not src.is_file() or hashlib.sha256(src.read_bytes()).hexdigest() != layer["sha256"]:
-            names = " ".join(item["path"] for item in layers)
-            raise NoisyMLTError(f"{path} is stale: {src} changed since it was merged; rerun "
-                                f"`noisymlt params {names} --out {path}`")
-
-
 def validate_params(params: dict, source: str | None = None) -> None:
     """JSON-schema validation (unknown keys, types, ranges) plus the cross-references a schema
     cannot express: grid entries must name configured datasets and registered methods. Errors are
@@ -120,9 +93,9 @@ def validate_params(params: dict, source: str | None = None) -> None:
                    **{f"ablations.{n}.gammas": a["gammas"] for n, a in params.get("ablations", {}).items()}}
     for key, gammas in gamma_lists.items():
         for g in gammas:
-            if not isinstance(g, float):  # DVC writes the YAML text into paths; Snakemake writes str(float)
+            if not isinstance(g, float):  # a rate's folders are named by str(float): 1 and 1.0 would be two names
                 raise ParamsError(source, key, f"write the noise rate {g!r} as {float(g)!r}, so that "
-                                               "Snakemake and DVC name its folders alike")
+                                               "every path names it one way")
     for name in params["grid"].get("ablations", []):
         if name not in params.get("ablations", {}):
             raise ParamsError(source, "grid.ablations", f"{name!r} has no block under ablations")

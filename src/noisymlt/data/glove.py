@@ -56,7 +56,7 @@ def read_glove(kind: str, classes: list[str], path: str | Path) -> np.ndarray:
     if not path.is_file():
         raise NoisyMLTError(
             f"ML-GCN GloVe class embeddings for {kind}: {path} does not exist. The pipeline fetches it before "
-            f"training (rule fetch_asset, DVC stage assets; by hand: `noisymlt step asset --out {path}`); "
+            f"training (rule fetch_asset; by hand: `snakemake {path}`); "
             "offline, place the file there (docs/downloads.md) or set "
             "`embeddings: random` in the ML-GCN method block (pseudo-embeddings: keeps the label-graph prior, "
             "loses the semantic word prior).")

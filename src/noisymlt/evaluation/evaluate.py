@@ -64,8 +64,8 @@ def evaluate_predictions(pred_path: Path, test_labels: Path, split_path: Path) -
 
 def map_summary(result: dict) -> dict:
     """mAP in percent per prediction head and class group (total, head, medium, tail): the small file
-    DVC declares as the run's metrics, so `dvc metrics show/diff` and `dvc exp show` list a run's table
-    values (as percentages, like the tables) without its per-class AP lists. NaN (no class in a group) is null."""
+    a person (or `dvc metrics show runs/.../map.json`) reads for a run's table values (as percentages, like the
+    tables) without its per-class AP lists. NaN (no class in a group) is null."""
     return {head: {group: None if value is None or np.isnan(value) else 100 * value
                    for group, value in rec["map"].items()}
             for head, rec in result["heads"].items()}
@@ -105,5 +105,5 @@ def add_cli(sub) -> None:
     p.add_argument("--test-labels", required=True, help="clean test label table")
     p.add_argument("--split", required=True, help="head/medium/tail class split JSON")
     p.add_argument("--out", required=True, help="metrics JSON to write")
-    p.add_argument("--map-out", help="also write mAP (%%) per head and class group here (DVC's metrics file)")
+    p.add_argument("--map-out", help="also write mAP (%%) per head and class group here (a small metrics file)")
     p.set_defaults(func=_cmd_evaluate)

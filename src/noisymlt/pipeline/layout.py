@@ -2,12 +2,10 @@
 
 A pattern is a ``str.format`` template whose fields are the pipeline's wildcards (dataset, gamma, noise, seed,
 method, part, stage, tag, name, command). ``noise`` follows the rate in a noisy set's and a run's name: empty for
-the paper's noise model (its paths are those of every finished result), ``-MODEL`` for another (``g0.5-uniform``). The same text serves three readers:
+the paper's noise model (its paths are those of every finished result), ``-MODEL`` for another (``g0.5-uniform``). The same text serves two readers:
 
 - Snakemake rules use a pattern as it is (its fields are the rule's wildcards);
-- the DVC stages (written by ``noisymlt.pipeline.dvc_yaml`` from ``noisymlt.pipeline.steps``) get it through
-  ``dvc()``, which turns each field into DVC's ``${item.FIELD}``;
-- the package fills it with ``fill()``, which writes a noise rate as both tools do (``gtag``).
+- the package fills it with ``fill()``, which writes a noise rate as the rules' wildcards do (``gtag``).
 
 Only the raw folders depend on a dataset's kind: the kind names its folder under RAW_ROOT (noisymlt.data.kinds,
 asked by ``noisymlt.pipeline.paths``).
@@ -15,7 +13,6 @@ asked by ``noisymlt.pipeline.paths``).
 
 from __future__ import annotations
 
-import re
 import string
 from pathlib import PurePath
 
@@ -40,9 +37,6 @@ CACHE_MANIFEST = "data/{dataset}/cache/{part}.manifest.json"
 PRETRAINED = "data/pretrained/{name}.pt"  # a backbone pretrained on the synthetic source task
 PRETRAINED_REPORT = "data/pretrained/{name}.json"
 PRETRAINED_MANIFEST = "data/pretrained/{name}.manifest.json"
-CODE_DIR = "data/code"  # the code digests DVC's stages depend on, one small file a step or a method
-CODE = "data/code/{command}.json"  # a step's code digest (DVC's code dependency)
-RUN_CODE = "data/code/train/{method}.json"  # a training run's code digest
 
 # ---------------------------------------------------------------------------------------- model selection
 SELECT_SPLIT = "data/{dataset}/select/split.json"
@@ -83,8 +77,7 @@ README_NUMBERS = "reports/readme_numbers.json"
 
 
 def gtag(gamma: float | str) -> str:
-    """A noise rate as written in paths: Python's float text, as DVC's ``${...}`` interpolation writes the params'
-    floats (0.5 -> '0.5', 0 -> '0.0'), so both tools name the same folders."""
+    """A noise rate as written in paths: Python's float text (0.5 -> '0.5', 0 -> '0.0'), one name a rate."""
     return str(float(gamma))
 
 
@@ -162,10 +155,3 @@ def part(pattern: str, name: str) -> str:
     """A pattern with its ``part`` field fixed (a rule or stage per part: the selection's fit and val tables)."""
     return pattern.replace("{part}", name)
 
-
-def dvc(pattern: str, item: str = "item") -> str:
-    """The pattern as a DVC ``foreach`` stage writes it: each field as ``${item.FIELD}`` (a stage over a plain list
-    of names, like the datasets, passes ``item=None``: its one field is ``${item}``)."""
-    if item is None:
-        return re.sub(r"(?<!\$)\{[a-z_]+\}", "${item}", pattern)
-    return re.sub(r"(?<!\$)\{([a-z_]+)\}", lambda m: "${%s.%s}" % (item, m.group(1)), pattern)

@@ -3,15 +3,13 @@
 Each dataset kind (noisymlt.data.kinds) says how its raw files arrive and how its parts become label tables, and a
 run's image folders and caches follow its dataset and loader: these functions ask the kind and compute a step's
 arguments from the params, for both routes
-(the step declarations, noisymlt.pipeline.steps, name them; Snakemake's rules call them as params, DVC's stages
-get their values through dvc-params.json, and ``noisymlt step``, noisymlt.pipeline.dvc_steps, runs them by hand).
+(Snakemake's rules call them as their `args` params, so `snakemake -n -p` prints the words a job runs).
 The path patterns are ``noisymlt.pipeline.layout``'s; the raw folders under ``layout.RAW_ROOT`` are the kinds'.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from typing import NamedTuple
 
 from noisymlt.data.kinds.base import PARTS
@@ -253,15 +251,6 @@ def noise_files(params: dict, dataset: str, gamma: float, noise: str) -> list[st
     return noise_model(noise).files(params.get("noise", {}).get(noise) or {}, dataset, gamma)
 
 
-def noise_file(params: dict, dataset: str, gamma: float, noise: str) -> str:
-    """DVC's one dependency for them (its templating cannot vary their number): the file, the folder holding them
-    all, or the train labels (read anyway) for a model without files."""
-    files = noise_files(params, dataset, gamma, noise)
-    if not files:
-        return L.fill(L.TRAIN_LABELS, dataset=dataset)
-    return files[0] if len(files) == 1 else os.path.commonpath(files)
-
-
 def method_labels(params: dict) -> str:
     """Every method's title in the tables and figures (methods.*.label), as the JSON their --labels takes."""
     return json.dumps({m: b.get("label", m) for m, b in params["methods"].items()})
@@ -279,8 +268,8 @@ def final_run(params: dict, dataset: str, method: str, gamma: float, seed: int, 
 
 
 def config_text(resolved: dict) -> str:
-    """A run's resolved config as the text both routes write to OUT/requested_config.json (Snakemake's train job
-    prints it with a final newline, as the DVC train stage writes it): the train job reads it."""
+    """A run's resolved config as the text the train job writes to OUT/requested_config.json (with a final
+    newline) before it trains: the train command reads it."""
     return json.dumps(resolved, sort_keys=True, indent=1)
 
 
@@ -317,12 +306,3 @@ def authors_options(params: dict, name: str) -> list[str]:
     return [w for key in ("image_size", "batch_size") if key in entry
             for w in (f"--{key.replace('_', '-')}", str(entry[key]))]
 
-
-def authors_items(params: dict) -> dict[str, dict]:
-    """NAME -> what its evaluation reads, each a value of its step's command or dependencies (noisymlt.pipeline.steps:
-    authors_eval): the dataset, the checkpoint file and its sha256 (checksum), the test images' folder, the raw
-    folder's marker file (the test images are there once it is), the optional settings' words."""
-    return {name: {"name": name, "dataset": e["dataset"], "file": e["file"], "checksum": e["sha256"],
-                   "test_images": image_root(params, e["dataset"], "test"),
-                   "raw_marker": raw_marker(params, e["dataset"]), "options": " ".join(authors_options(params, name))}
-            for name, e in authors_checkpoints(params).items()}

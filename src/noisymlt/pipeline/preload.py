@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import hashlib
 import json
 import os
 import selectors
@@ -115,12 +114,9 @@ def _log(line: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- client
 def run_via_server(argv: list[str]) -> int | None:
-    """Run ``noisymlt ARGV`` in a child of the preload server named by $NOISYMLT_PRELOAD (a socket path, or
-    SHARED), and return its exit status; None when there is no usable server (the caller then runs the command
-    itself)."""
+    """Run ``noisymlt ARGV`` in a child of the preload server named by $NOISYMLT_PRELOAD (a socket path), and return
+    its exit status; None when there is no usable server (the caller then runs the command itself)."""
     path = os.environ.get(ENV)
-    if path == SHARED:
-        path = shared_server()
     if not path or not os.path.exists(path):
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -384,78 +380,6 @@ def start_server(*, idle_timeout: float = 600.0, log: Path | None = None):
             raise RuntimeError(f"the preload server did not start (exit status {proc.poll()})")
         time.sleep(0.05)
     return str(path), proc
-
-
-# NOISYMLT_PRELOAD=shared: a server shared by the commands of a workflow that starts none itself (DVC's stages,
-# with workflow.preload: dvc.yaml prefixes its commands with it). The first command starts it, and it lives until
-# SHARED_IDLE_S pass without work; one per user, interpreter and package location (shared_folder).
-SHARED = "shared"
-SHARED_IDLE_S = 120.0
-
-
-def shared_folder() -> Path:
-    """One folder per user, interpreter and package location (what a server and its clients must share)."""
-    key = hashlib.sha256(json.dumps(_identity(), sort_keys=True).encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"noisymlt-preload-{os.getuid()}-{key}"
-
-
-def _private(folder: Path) -> bool:
-    """Ours and closed to others: another user's socket there could run our commands in their process."""
-    info = folder.lstat()
-    return folder.is_dir() and not folder.is_symlink() and info.st_uid == os.getuid() and info.st_mode & 0o077 == 0
-
-
-def _accepts(path: Path) -> bool:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(str(path))
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
-
-
-_SAID: set[str] = set()
-
-
-def _say_once(line: str) -> None:
-    if line not in _SAID:
-        _SAID.add(line)
-        print(line, file=sys.stderr, flush=True)
-
-
-def shared_server() -> str | None:
-    """The socket of the shared server, started now if none accepts (one starter at a time: a lock file);
-    None when the folder is not private to this user or the server does not start."""
-    import fcntl
-    import subprocess
-
-    folder = shared_folder()
-    folder.mkdir(mode=0o700, exist_ok=True)
-    if not _private(folder):
-        _say_once(f"noisymlt: {folder} is not private to this user (made by another, or opened to others): "
-                  "commands run without the shared preload server (the same results, a few seconds more each)")
-        return None
-    path = folder / "socket"
-    if _accepts(path):
-        return str(path)
-    with open(folder / "start.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _accepts(path):  # another command started it meanwhile
-            return str(path)
-        path.unlink(missing_ok=True)  # a dead server's
-        with open(folder / "server.log", "a") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "noisymlt", "preload", "--socket", str(path),
-                                     "--idle-timeout", str(SHARED_IDLE_S)],
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while not _accepts(path):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                return None
-            time.sleep(0.05)
-        proc.returncode = 0  # it outlives this process on purpose: no "still running" warning at exit
-    return str(path)
 
 
 def stop_server(path: str, proc) -> None:

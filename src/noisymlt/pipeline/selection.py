@@ -63,7 +63,7 @@ def stage_file(dataset: str, method: str, stage: int) -> str:
 
 def choice_file(dataset: str, method: str, stage: int) -> str:
     """The values chosen up to a stage, nothing else: what later stages and final runs read, so that a
-    rerun selection that chooses the same values leaves their inputs as they were (DVC hashes content)."""
+    rerun selection that chooses the same values leaves their inputs as they were."""
     return L.fill(L.CHOICE_FILE, dataset=dataset, method=method, stage=stage)
 
 
@@ -182,14 +182,6 @@ def final_choice_file(params: dict, dataset: str, method: str) -> str | None:
     if who is None:
         return None
     return choice_file(dataset, who, len(stages(params, who)))
-
-
-def placeholders(params: dict, owner_method: str, stages_done: int) -> dict:
-    """The values the owner's first ``stages_done`` stages choose, each set to a placeholder (0): in place of a
-    choice file's values, what a run's configuration holds before it reads the file. DVC's stages track the hash
-    of that configuration and the choice file itself (noisymlt.pipeline.params), so a hand-set lr that a choice
-    replaces changes neither and reruns nothing, as under Snakemake, whose rules see the filled-in values."""
-    return {k: 0.0 for stage in stages(params, owner_method)[:stages_done] for k in stage}
 
 
 # ------------------------------------------------------------------------------------------ split

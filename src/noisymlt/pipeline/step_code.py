@@ -1,4 +1,4 @@
-"""The code of each pipeline step (the `code-deps` command): what a job's code param and DVC's digest files hold.
+"""The code of each pipeline step (the `code-deps` command): what a job's code param holds.
 
 A step's code is the static import closure (noisymlt.core.codedeps) of the `noisymlt` CLI and the module that
 registers its command, as the command table (noisymlt.commands) names it: read here as data, so this module imports
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from noisymlt.commands import COMMANDS, step_entries
 from noisymlt.errors import NoisyMLTError
@@ -65,38 +64,14 @@ def digests(params: dict) -> dict[str, str]:
     return out
 
 
-def write_digests(params: dict, out_dir: Path) -> list[Path]:
-    """One small file per digest (DVC stages depend on their own file); files whose digest did not
-    change are left untouched, and stale ones removed."""
-    out_dir = Path(out_dir)
-    written = []
-    for key, value in digests(params).items():
-        path = out_dir / f"{key}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"step": key, "code_digest": value}) + "\n"
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
-        written.append(path)
-    for stale in set(out_dir.rglob("*.json")) - set(written):
-        stale.unlink()
-    return written
-
-
 def _cmd(args: argparse.Namespace) -> int:
-    from noisymlt.config import load_params, validate_params
-    from noisymlt.core.files import json_object_arg
+    from noisymlt.config import load_params
 
-    if args.params_json:  # Snakemake's config, layered in memory (it names no params file)
-        params = json_object_arg(args.params_json, "--params-json")
-        validate_params(params, source="--params-json")
-    else:
-        params = load_params(*args.params)
-    if args.out:
-        paths = write_digests(params, Path(args.out))
-        print(f"{args.out}: {len(paths)} code digests")
+    if args.digests:
+        print(json.dumps(digests(load_params(*args.params)), indent=1, sort_keys=True))
         return 0
     if args.method:
-        entries = method_entries(params, args.method)
+        entries = method_entries(load_params(*args.params), args.method)
     else:
         try:
             entries = step_entries(args.command)
@@ -111,13 +86,12 @@ def add_cli(sub) -> None:
         "code-deps", help="the package modules a step runs, and their digests (what makes a step rerun)",
         description="A step's code dependency is the static import closure of its entry module (a training run: "
                     "the trainer, its method family and its losses). Snakemake passes each closure's digest to "
-                    "its job as a param; DVC stages depend on the digest files that --out writes.",
+                    "its job as a param: a job reruns when, and only when, code it runs changes.",
     )
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--params", nargs="+", default=["params.yaml"], help="params files, layered left to right")
-    src.add_argument("--params-json", help="the merged params as JSON text or a JSON file (the Snakemake rule)")
+    p.add_argument("--params", nargs="+", default=["params.yaml"], help="params files, layered left to right")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--out", help="write one digest file per command and per method (train/METHOD.json) here")
+    what.add_argument("--digests", action="store_true",
+                      help="print every command's digest, one per method (train/METHOD) and noise model (noise/MODEL)")
     what.add_argument("--command", help="list the modules of this command's closure")
     what.add_argument("--method", help="list the modules of this method's training closure")
     p.set_defaults(func=_cmd)

@@ -44,16 +44,6 @@ def _check_selection(resolved: dict, path: str) -> None:
         raise NoisyMLTError(f"--selection {path} chose {chosen}, the run config holds {selected or 'no selection'}")
 
 
-def _expected_code(value: str | None) -> str | None:
-    """--expect-code: a digest, or a digest file of `noisymlt code-deps --out` (DVC's code dependency)."""
-    if not value or not value.endswith(".json"):
-        return value
-    try:
-        return json.loads(Path(value).read_text())["code_digest"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise NoisyMLTError(f"--expect-code {value}: not a code digest file of `noisymlt code-deps --out` ({exc})") from exc
-
-
 def _cmd_train(args: argparse.Namespace) -> int:
     resolved = _resolved_from_args(args)
     out = Path(args.out)
@@ -77,7 +67,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                       device=choose_device(args.device, args.runs_per_gpu), progress=not args.no_progress,
                       provenance_inputs=extra, keep_stale=args.keep_stale, clean_labels=args.clean_labels,
                       train_cache=args.train_cache, test_cache=args.test_cache, cores=args.cores,
-                      expect_code=_expected_code(args.expect_code))
+                      expect_code=args.expect_code)
     log.info("run %s: %s on %s gamma=%s seed=%s, %d iterations/epoch on %s", trainer.run_id, resolved["method"],
              resolved["dataset"], resolved["gamma"], resolved["seed"], trainer.iters, trainer.device)
     trainer.run()

@@ -3,8 +3,8 @@
 The pipeline asks a kind, never compares its name: where its raw files come from (``raw_argv``: a command that
 writes them, or None when they are the user's own), how a part becomes a label table (``parse_argv``), which folder
 a table's image paths are relative to, whether its train images are fetched after the long-tail step, and the
-facts that planners and methods read. The words a kind returns are ``noisymlt`` command lines; both routes run
-them (Snakemake's rules as params, DVC's stages through dvc-params.json).
+facts that planners and methods read. The words a kind returns are ``noisymlt`` command lines, which Snakemake's rules
+run as their `args` params.
 """
 
 from __future__ import annotations
