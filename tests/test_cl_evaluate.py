@@ -295,67 +295,53 @@ def test_a_checkpoint_of_another_class_list_is_refused(tmp_path, cl_model, test_
 
 
 # ------------------------------------------------------------------ the pipeline step
-def test_the_dvc_stage_runs_the_command_on_its_items_files():
+def test_the_rule_runs_the_command_on_a_listed_checkpoint(tmp_path):
+    """None listed by default (no job); a layer listing one makes `snakemake -n -p` plan the command a user would
+    type, on the dataset's test table, class split and test images, the sha256 and the optional settings."""
     from noisymlt.config import load_params
-    from noisymlt.pipeline.params import dvc_block
+    from noisymlt.pipeline import paths
 
-    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["authors_eval"]
-    assert stage["foreach"] == "${dvc.authors_checkpoints}"
-    body = stage["do"]
-    assert body["cmd"] == (
-        "${dvc.preload} python -m noisymlt eval-cl-checkpoint --checkpoint ${item.file} --sha256 ${item.checksum} "
-        "--test-labels data/${item.dataset}/test_labels.parquet --split data/${item.dataset}/class_split.json "
-        "--test-images ${item.test_images} ${item.options} --out runs/${item.dataset}/authors/${item.name} "
-        "--no-progress")
-    assert body["deps"] == ["data/${item.dataset}/test_labels.parquet", "data/${item.dataset}/class_split.json",
-                            "${item.file}", "${item.raw_marker}", "data/code/eval-cl-checkpoint.json"]
-    assert body["metrics"] == ["runs/${item.dataset}/authors/${item.name}/map.json"]
-    params = load_params(REPO / "params.yaml")
-    assert params["authors_checkpoints"] == {} and dvc_block(params, [str(REPO / "params.yaml")])[
-        "authors_checkpoints"] == {}  # none by default: no stage, no job
-    params["authors_checkpoints"] = {"cl_voc_05": {"dataset": "voc", "file": "checkpoints/voc_0.5_epoch_8.pth",
-                                                   "sha256": "ab" * 32, "image_size": 256}}
-    item = dvc_block(params, [str(REPO / "params.yaml")])["authors_checkpoints"]["cl_voc_05"]
-    assert item == {"name": "cl_voc_05", "dataset": "voc", "file": "checkpoints/voc_0.5_epoch_8.pth",
-                    "checksum": "ab" * 32, "test_images": "data/raw/voc/VOCdevkit/VOC2007",
-                    "raw_marker": "data/raw/voc/manifest.json", "options": "--image-size 256"}
+    assert load_params(REPO / "params.yaml")["authors_checkpoints"] == {}
+    checkpoint = tmp_path / "epoch_8.pth"
+    checkpoint.write_bytes(b"weights")
+    layer = tmp_path / "authors.yaml"
+    layer.write_text(yaml.safe_dump({"authors_checkpoints": {"cl_toy": {
+        "dataset": "toy", "file": str(checkpoint), "sha256": "ab" * 32, "image_size": 256}}}))
+    snakemake = Path(sys.executable).with_name("snakemake")
+    plan = subprocess.run([str(snakemake), "-n", "-p", "--cores", "4", "--configfile",
+                           "workflow/profiles/demo/params.yaml", str(layer), "--", "runs/toy/authors/cl_toy/map.json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
+    params = load_params(REPO / "params.yaml", REPO / "workflow/profiles/demo/params.yaml", layer)
+    assert (f"$NOISYMLT_CLI eval-cl-checkpoint --checkpoint {checkpoint} --sha256 {'ab' * 32} "
+            "--test-labels data/toy/test_labels.parquet --split data/toy/class_split.json "
+            f"--test-images {paths.image_root(params, 'toy', 'test')} --image-size 256 --out runs/toy/authors/cl_toy "
+            "--no-progress --cores 4 > logs/authors/toy_cl_toy.log 2>&1") in plan.stdout
 
 
 @pytest.mark.slow
-def test_the_step_evaluates_a_listed_checkpoint_in_both_routes(tmp_path, cl_model):
+def test_the_step_evaluates_a_listed_checkpoint(tmp_path, cl_model):
     """On the own-data page's folder dataset: a layer listing a checkpoint makes `snakemake` (target all) plan its
-    evaluation, which runs for real; the DVC stage gives the same metrics."""
-    from test_dvc import DVC, SNAKEMAKE, _env
+    evaluation, which runs for real."""
     from test_extension import page
     from test_own_data import folder_project, run
 
-    if not (SNAKEMAKE.exists() and DVC.exists()):
-        pytest.skip(f"snakemake and dvc are not installed next to {sys.executable}")
+    snakemake = Path(sys.executable).with_name("snakemake")
     own = page(REPO / "docs" / "own-data.md", "Add your own data")
     layers = "--configfile workflow/profiles/demo/params.yaml mydata.yaml"
     target = "runs/mydata/authors/cl_mydata/metrics.json"
-    metrics = {}
-    for route in ("smk", "dvc"):
-        root = folder_project(tmp_path / route, own)
-        (root / "checkpoints").mkdir()
-        digest = _checkpoint(cl_model, root / "checkpoints" / "epoch_8.pth")
-        block = {"cl_mydata": {"dataset": "mydata", "file": "checkpoints/epoch_8.pth", "sha256": digest,
-                               "image_size": 64}}
-        (root / "authors.yaml").write_text(yaml.safe_dump({"authors_checkpoints": block}))
-        if route == "smk":
-            without = run(f"{SNAKEMAKE} -n --profile workflow/profiles/demo {layers}", root)
-            assert "authors_eval" not in without  # none listed: `all` plans no such job
-            plan = run(f"{SNAKEMAKE} -n --profile workflow/profiles/demo {layers} authors.yaml", root)
-            assert "authors_eval" in plan and target in plan
-            run(f"{SNAKEMAKE} --profile workflow/profiles/demo {layers} authors.yaml -- {target}", root)
-        else:
-            subprocess.run([str(DVC), "init", "--no-scm", "--quiet"], cwd=root, env=_env(root), check=True)
-            run("python -m noisymlt params params.yaml workflow/profiles/demo/params.yaml mydata.yaml authors.yaml "
-                "--out dvc-params.json", root)
-            run("dvc repro authors_eval@cl_mydata", root)
-        metrics[route] = json.loads((root / target).read_text())
-        test = read_labels(root / "data/mydata/test_labels.parquet")
-        assert metrics[route]["num_test_images"] == len(test) and metrics[route]["checkpoint"]["sha256"] == digest
-        manifest = json.loads((root / "runs/mydata/authors/cl_mydata/manifest.json").read_text())
-        assert manifest["image_size"] == 64 and manifest["inputs"]["checkpoint"]["path"] == "checkpoints/epoch_8.pth"
-    assert metrics["smk"]["heads"] == metrics["dvc"]["heads"]  # the same command on the same bytes
+    root = folder_project(tmp_path / "smk", own)
+    (root / "checkpoints").mkdir()
+    digest = _checkpoint(cl_model, root / "checkpoints" / "epoch_8.pth")
+    block = {"cl_mydata": {"dataset": "mydata", "file": "checkpoints/epoch_8.pth", "sha256": digest, "image_size": 64}}
+    (root / "authors.yaml").write_text(yaml.safe_dump({"authors_checkpoints": block}))
+    without = run(f"{snakemake} -n --profile workflow/profiles/demo {layers}", root)
+    assert "authors_eval" not in without  # none listed: `all` plans no such job
+    plan = run(f"{snakemake} -n --profile workflow/profiles/demo {layers} authors.yaml", root)
+    assert "authors_eval" in plan and target in plan
+    run(f"{snakemake} --profile workflow/profiles/demo {layers} authors.yaml -- {target}", root)
+    metrics = json.loads((root / target).read_text())
+    test = read_labels(root / "data/mydata/test_labels.parquet")
+    assert metrics["num_test_images"] == len(test) and metrics["checkpoint"]["sha256"] == digest
+    manifest = json.loads((root / "runs/mydata/authors/cl_mydata/manifest.json").read_text())
+    assert manifest["image_size"] == 64 and manifest["inputs"]["checkpoint"]["path"] == "checkpoints/epoch_8.pth"

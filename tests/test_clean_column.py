@@ -1,5 +1,5 @@
 """The clean column (grid.clean_methods): runs at noise rate 0 for the listed methods at every grid dataset and
-seed, their noisy sets (copies of the clean labels) planned by DVC as by Snakemake, a column headed "clean" in the
+seed, their noisy sets (copies of the clean labels) drawn by the paper's noise command, a column headed "clean" in the
 main tables, and the README's noise-rate statements kept over the noise rates alone."""
 
 from __future__ import annotations
@@ -44,20 +44,17 @@ def test_clean_runs_follow_the_grid_at_every_seed_and_nowhere_else(demo):
     assert {r.method for r in paths.grid_runs(demo) if r.gamma == 0.0} == {"erm", "rs", "db_focal", "ldam", "ours"}
 
 
-def test_dvc_plans_the_clean_noisy_sets(demo):
-    from noisymlt.pipeline.params import dvc_block
-
-    layers = [str(REPO / "params.yaml"), str(REPO / "workflow/profiles/demo/params.yaml")]
-    sets = dvc_block(with_clean(demo, ["erm"]), layers)["noisy_sets"]
-    assert {k: v for k, v in sets.items() if v["gamma"] == 0.0} == {
-        f"toy-0.0-{s}": {"dataset": "toy", "gamma": 0.0, "seed": s, "noise": "", "model": "cooccurrence",
-                         "model_file": "data/toy/train_labels.parquet", "command": "noise",
-                         "args": f"noise --labels data/toy/train_labels.parquet --gamma 0.0 --seed {s} --out "
-                                 f"data/toy/noisy/g0.0_s{s}.parquet --stats data/toy/noisy/g0.0_s{s}.json"}
-        for s in demo["grid"]["seeds"]}
+def test_the_clean_noisy_sets_are_the_noise_commands_at_rate_zero(demo):
+    params = with_clean(demo, ["erm"])
+    sets = sorted({(r.dataset, r.gamma, r.seed) for r in paths.all_runs(params) if r.gamma == 0.0})
+    assert sets == [("toy", 0.0, s) for s in demo["grid"]["seeds"]]
+    for dataset, gamma, seed in sets:  # the words the noise rule runs for the set (paths.noise_argv)
+        assert paths.noise_argv(params, dataset, gamma, seed, "cooccurrence") == [
+            "noise", "--labels", "data/toy/train_labels.parquet", "--gamma", "0.0", "--seed", str(seed), "--out",
+            f"data/toy/noisy/g0.0_s{seed}.parquet", "--stats", f"data/toy/noisy/g0.0_s{seed}.json"]
     noisy = copy.deepcopy(demo)
     noisy["grid"].pop("clean_methods", None)
-    assert not [v for v in dvc_block(noisy, layers)["noisy_sets"].values() if v["gamma"] == 0.0]
+    assert not [r for r in paths.all_runs(noisy) if r.gamma == 0.0]
 
 
 def test_the_clean_set_is_the_clean_labels():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import SNAKEMAKE, project_copy
+
 REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 
 
 PAGE = REPO / "docs" / "add-a-method.md"
@@ -35,17 +35,6 @@ def page(path: Path, title: str) -> str:
 
 def blocks(text: str, language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
-
-
-def project_copy(root: Path) -> Path:
-    """The committed project (its tracked files), without outputs or caches."""
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True)
-    for name in filter(None, tracked.stdout.split("\0")):
-        source, target = REPO / name, root / name
-        if source.is_symlink() or source.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target, follow_symlinks=False)
-    return root
 
 
 @pytest.mark.slow

@@ -16,7 +16,6 @@ from noisymlt.data.kinds import KIND_MODULES, kind_of
 from noisymlt.data.labels import LabelTable, read_labels, write_labels
 from noisymlt.errors import NoisyMLTError
 from noisymlt.pipeline import paths
-from noisymlt.pipeline.params import raw_items
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,9 +49,10 @@ def test_a_folder_dataset_is_read_in_place_with_its_options():
     assert paths.longtail_argv(params, "own", "in.parquet", "o.parquet", "s.json") == [
         "longtail", "--labels", "in.parquet", "--out", "o.parquet", "--split-out", "s.json", "--source", "all"]
     assert paths.train_images_ready(params, "own") == "own/set/labels.csv"
-    # DVC's raw stage: once a raw folder, none for a folder of the user's
-    assert raw_items(params, ["voc", "coco", "own"]) == {"voc": {"dataset": "voc", "raw": "data/raw/voc"},
-                                                          "coco": {"dataset": "coco", "raw": "data/raw/coco"}}
+    # raw files made by a command (make_raw, download: common.smk raw_targets) for the kinds that have one, each in
+    # its kind's folder; none for a folder of the user's
+    assert {d: paths.raw_dir(params, d) for d in ("voc", "coco", "own") if paths.raw_argv(params, d) is not None} == {
+        "voc": "data/raw/voc", "coco": "data/raw/coco"}
 
 
 def test_a_kinds_own_block_is_checked_with_its_schema_and_refused_under_another_kind():
@@ -119,8 +119,7 @@ def kind_name_constants(root: Path = REPO) -> set[tuple[str, str]]:
                 consts.append(node.slice)
             found |= {(rel, c.value) for c in consts if isinstance(c, ast.Constant) and c.value in KIND_MODULES}
     rules = [*sorted((root / "workflow" / "rules").glob("*.smk")), root / "workflow" / "Snakefile"]
-    generated = [root / "dvc.yaml", *sorted((root / "workflow" / "dvc" / "runs").glob("*/dvc.yaml"))]
-    for path in filter(Path.exists, rules + generated):
+    for path in filter(Path.exists, [*rules, root / "dvc.yaml"]):
         text = re.sub(r'"""(.*?)"""', "", path.read_text(), flags=re.S)  # docstrings are prose
         code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
         found |= {(path.relative_to(root).as_posix(), name) for name in KIND_MODULES

@@ -1,5 +1,5 @@
-"""noisymlt.pipeline.layout: the path patterns filled as the package fills them, written as DVC writes them, and
-spelled nowhere else in the package or the scripts."""
+"""noisymlt.pipeline.layout: the path patterns filled as the package fills them, and spelled nowhere else in the
+package or the scripts."""
 
 from __future__ import annotations
 
@@ -13,14 +13,13 @@ from noisymlt.pipeline import layout as L
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_fill_writes_a_noise_rate_as_both_tools_do():
+def test_fill_writes_a_noise_rate_one_way():
     assert L.fill(L.NOISY, dataset="voc", gamma=0, seed=3) == "data/voc/noisy/g0.0_s3.parquet"
     assert L.fill(L.NOISY, dataset="voc", gamma="0.50", seed="3") == "data/voc/noisy/g0.5_s3.parquet"
     assert L.fill(L.RUN, dataset="toy", gamma=0.5, seed=0, method="erm") == "runs/toy/g0.5/s0/erm"
     assert (L.fill(L.CANDIDATE, dataset="toy", method="ours", stage=2, gamma=0.3, seed=1, tag="lr0.08")
             == "runs/toy/select/ours/stage2/g0.3/s1/lr0.08")
     assert L.fill(L.CHOICE_FILE, dataset="voc", method="ours", stage=1) == "runs/voc/select/ours/stage1.choice.json"
-    assert L.fill(L.RUN_CODE, method="erm") == "data/code/train/erm.json"
     assert L.fill(L.CLASS_SPLIT, dataset="coco") == "data/coco/class_split.json"
     assert L.gtag(0) == "0.0" and L.gtag("0.5") == "0.5" and L.gtag(1e-05) == "1e-05"
     choice = L.fill(L.CHOICE_FILE, dataset="voc", method="ours", stage=2)
@@ -45,19 +44,11 @@ def test_fields_and_part():
     assert L.fill(L.part(L.SELECT_CACHE, "val"), dataset="toy") == "data/toy/cache/select_val.npy"
 
 
-def test_dvc_writes_each_field_as_an_interpolation():
-    assert L.dvc(L.NOISY) == "data/${item.dataset}/noisy/g${item.gamma}${item.noise}_s${item.seed}.parquet"
-    assert L.dvc(L.RUN, item="run") == "runs/${run.dataset}/g${run.gamma}${run.noise}/s${run.seed}/${run.method}"
-    assert L.dvc(L.TRAIN_LABELS, item=None) == "data/${item}/train_labels.parquet"
-    assert L.dvc(L.RESULTS) == L.RESULTS
-    assert L.dvc(L.dvc(L.NOISY)) == L.dvc(L.NOISY)  # an interpolation already there is left alone
-
-
 # ------------------------------------------------------------------------------------------ spelled once
 
 # Text that only a path of the layout holds: a string constant (or an f-string's literal part) holding one
 # outside layout.py spells a pattern again. Docstrings and argparse help texts are documentation and may show one.
-FRAGMENTS = ("noisy/g", "_labels.parquet", "class_split.json", "/select/", "cache/select_", "/cache/", "data/code",
+FRAGMENTS = ("noisy/g", "_labels.parquet", "class_split.json", "/select/", "cache/select_", "/cache/",
              "/train_images", "data/pretrained", ".choice.json")
 DOC_KEYWORDS = {"help", "description", "epilog"}
 LAYOUT = Path("src/noisymlt/pipeline/layout.py")
@@ -67,10 +58,6 @@ ALLOWED = {
     ("src/noisymlt/report/readme.py", "/select/"):
         "a glob shown to the README's reader (runs/*/select/) where a selection record names no file; and the "
         "report layer sits below noisymlt.pipeline, so it may not import the layout (.importlinter)",
-    ("src/noisymlt/pipeline/steps.py", "data/code"):
-        "prose: the code_digests step's note, written as a comment into dvc.yaml (its files: layout.CODE_DIR)",
-    ("src/noisymlt/pipeline/dvc_yaml.py", "data/code"):
-        "prose: the header comment of the written dvc.yaml (each stage's code dependency: layout.CODE)",
 }
 
 

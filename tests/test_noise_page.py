@@ -1,6 +1,6 @@
 """The manual's "Noise models" page (docs/noise-models.md), followed in copies of the project: its example model
 module is all a new noise model takes (and changes no existing set's code digest), and [CL]'s published noisy labels,
-laid out as the page says, become a run's noisy set through both routes. (Its two-model grid runs in
+laid out as the page says, become a run's noisy set through the workflow. (Its two-model grid runs in
 tests/test_own_data.py, on that page's dataset.)"""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from noisymlt.data.labels import LabelTable, read_labels, write_labels
-from test_dvc import BIN, DVC, SNAKEMAKE, _env
-from test_extension import blocks, page, project_copy
+from helpers import BIN, SNAKEMAKE, project_copy, tool_env as _env
+from test_extension import blocks, page
 from test_own_data import commands, folder_project, run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,55 +60,46 @@ def test_the_pages_model_module_is_all_a_new_model_takes(tmp_path):
     # the params check knows it: grid.noise_models takes it, a misspelt name is refused naming the known ones
     layer = {"grid": {"noise_models": ["cooccurrence", "pairflip"]}}
     (root / "pf.yaml").write_text(yaml.safe_dump(layer))
-    done = subprocess.run([*python, "params", "params.yaml", "pf.yaml", "--out", "x.json"], cwd=root, env=_env(root),
-                          capture_output=True, text=True)
+    done = subprocess.run([*python, "code-deps", "--params", "params.yaml", "pf.yaml", "--digests"], cwd=root,
+                          env=_env(root), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-800:]
     (root / "bad.yaml").write_text(yaml.safe_dump({"grid": {"noise_models": ["pairflp"]}}))
-    done = subprocess.run([*python, "params", "params.yaml", "bad.yaml", "--out", "y.json"], cwd=root, env=_env(root),
-                          capture_output=True, text=True)
+    done = subprocess.run([*python, "code-deps", "--params", "params.yaml", "bad.yaml", "--digests"], cwd=root,
+                          env=_env(root), capture_output=True, text=True)
     assert done.returncode != 0 and "grid.noise_models" in done.stderr and "pairflip" in done.stderr, done.stderr
 
 
 @pytest.mark.slow
-def test_the_authors_labels_become_a_noisy_set_in_both_routes_as_the_page_says(tmp_path):
-    if not (SNAKEMAKE.exists() and DVC.exists()):
-        pytest.skip(f"snakemake and dvc are not installed next to {sys.executable}")
+def test_the_authors_labels_become_a_noisy_set_as_the_page_says(tmp_path):
+    if not SNAKEMAKE.exists():
+        pytest.skip(f"snakemake is not installed next to {sys.executable}")
     text = page(PAGE, "Noise models")
     layer = yaml.safe_load(blocks(text, "yaml")[1])
     assert layer["grid"]["noise_models"] == ["cooccurrence", "authors"]
     given = layer["noise"]["authors"]["voc"]
     own = page(OWN_DATA, "Add your own data")
-    smk, params, _ = commands(own)
-    results = {}
-    for route in ("smk", "dvc"):
-        root = folder_project(tmp_path / route, own)
-        # the clean subset first (its ids and rows are what [CL]'s file must match)
-        run(smk.replace("reports/structure_mydata.md runs/mydata/g0.5/s0/erm/metrics.json",
-                        "data/mydata/train_labels.parquet"), root)
-        clean = read_labels(root / "data/mydata/train_labels.parquet")
-        folder = root / given["directory"]
-        folder.mkdir(parents=True)
-        order = np.random.default_rng(1).permutation(len(clean))  # [CL]'s id list has its own order
-        rows = clean.labels[order]
-        noisy = np.where(np.random.default_rng(2).random(rows.shape) < 0.2, 1 - rows, rows).astype(np.uint8)
-        pkl = folder / "class_freq_0.5noise.pkl"
-        pkl.write_bytes(pickle.dumps({"labels": noisy, "clean_labels": rows, "class_freq": noisy.sum(axis=0),
-                                      "neg_class_freq": len(rows) - noisy.sum(axis=0)}, protocol=2))
-        (folder / given["ids"]).write_text("".join(clean.image_ids[r] + "\n" for r in order))
-        block = {**given, "sha256": {"0.5": hashlib.sha256(pkl.read_bytes()).hexdigest()}}
-        (root / "authors.yaml").write_text(yaml.safe_dump({**layer, "noise": {"authors": {"mydata": block}}}))
-        target = "data/mydata/noisy/g0.5-authors_s0.parquet"
-        if route == "smk":
-            run(f"{SNAKEMAKE} --profile workflow/profiles/demo --configfile workflow/profiles/demo/params.yaml "
-                f"mydata.yaml authors.yaml -- {target}", root)
-        else:
-            subprocess.run([str(DVC), "init", "--no-scm", "--quiet"], cwd=root, env=_env(root), check=True)
-            run(params.replace("mydata.yaml", "mydata.yaml authors.yaml"), root)
-            run("dvc repro noise@mydata-0.5-authors-0", root)
-        table = read_labels(root / target)
-        back = np.empty_like(order)
-        back[order] = np.arange(len(order))
-        assert (table.labels == noisy[back]).all() and (table.clean == clean.labels).all()  # row by row, table order
-        assert table.meta["noise"]["model"] == "authors"
-        results[route] = (root / target).read_bytes()
-    assert results["smk"] == results["dvc"]
+    (smk,) = commands(own)
+    root = folder_project(tmp_path / "project", own)
+    # the clean subset first (its ids and rows are what [CL]'s file must match)
+    run(smk.replace("reports/structure_mydata.md runs/mydata/g0.5/s0/erm/metrics.json",
+                    "data/mydata/train_labels.parquet"), root)
+    clean = read_labels(root / "data/mydata/train_labels.parquet")
+    folder = root / given["directory"]
+    folder.mkdir(parents=True)
+    order = np.random.default_rng(1).permutation(len(clean))  # [CL]'s id list has its own order
+    rows = clean.labels[order]
+    noisy = np.where(np.random.default_rng(2).random(rows.shape) < 0.2, 1 - rows, rows).astype(np.uint8)
+    pkl = folder / "class_freq_0.5noise.pkl"
+    pkl.write_bytes(pickle.dumps({"labels": noisy, "clean_labels": rows, "class_freq": noisy.sum(axis=0),
+                                  "neg_class_freq": len(rows) - noisy.sum(axis=0)}, protocol=2))
+    (folder / given["ids"]).write_text("".join(clean.image_ids[r] + "\n" for r in order))
+    block = {**given, "sha256": {"0.5": hashlib.sha256(pkl.read_bytes()).hexdigest()}}
+    (root / "authors.yaml").write_text(yaml.safe_dump({**layer, "noise": {"authors": {"mydata": block}}}))
+    target = "data/mydata/noisy/g0.5-authors_s0.parquet"
+    run(f"{SNAKEMAKE} --profile workflow/profiles/demo --configfile workflow/profiles/demo/params.yaml "
+        f"mydata.yaml authors.yaml -- {target}", root)
+    table = read_labels(root / target)
+    back = np.empty_like(order)
+    back[order] = np.arange(len(order))
+    assert (table.labels == noisy[back]).all() and (table.clean == clean.labels).all()  # row by row, table order
+    assert table.meta["noise"]["model"] == "authors"

@@ -1,7 +1,7 @@
 """The manual's "Add your own data" page (docs/own-data.md), followed in copies of the project: a folder of images
-and a CSV runs through the structure report and one training run in both routes, and the page's example kind
-module is all a new kind takes. Then, on the same copies, the grid of the "Noise models" page (docs/noise-models.md):
-a second noise model beside the paper's, through both routes to the main table, which shows both.
+and a CSV runs through the structure report and one training run, and the page's example kind module is all a new
+kind takes. Then, on the same copy, the grid of the "Noise models" page (docs/noise-models.md): a second noise model
+beside the paper's, through to the main table, which shows both.
 
 The images are written here, as the page describes them (a folder and a labels table); every other file the runs
 need comes from the page's blocks: the params layer, the commands, the kind module and its dataset block.
@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from noisymlt.data.labels import read_labels
-from test_dvc import BIN, DVC, SNAKEMAKE, _env
-from test_extension import blocks, page, project_copy
+from helpers import BIN, SNAKEMAKE, project_copy, tool_env as _env
+from test_extension import blocks, page
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "own-data.md"
@@ -75,14 +75,13 @@ def folder_project(root: Path, text: str) -> Path:
 
 
 @pytest.mark.slow
-def test_a_folder_dataset_runs_through_both_routes_as_the_page_says(tmp_path):
-    if not (SNAKEMAKE.exists() and DVC.exists()):
-        pytest.skip(f"snakemake and dvc are not installed next to {sys.executable}")
+def test_a_folder_dataset_runs_as_the_page_says(tmp_path):
+    if not SNAKEMAKE.exists():
+        pytest.skip(f"snakemake is not installed next to {sys.executable}")
     text = page(PAGE, "Add your own data")
-    smk, params, repro = commands(text)
-    assert smk.startswith("snakemake ") and "dvc repro" in repro, "the page's commands changed"
+    (smk,) = commands(text)
+    assert smk.startswith("snakemake "), "the page's command changed"
 
-    # Snakemake: the page's command
     root = folder_project(tmp_path / "smk", text)
     run(smk, root)  # the demo profile sets two cores
     md = (root / "reports/structure_mydata.md").read_text()
@@ -95,34 +94,20 @@ def test_a_folder_dataset_runs_through_both_routes_as_the_page_says(tmp_path):
     assert metrics["classes"] == CLASSES and metrics["num_test_images"] == len(test)
     assert 0.0 < metrics["heads"]["main"]["map"]["total"] <= 1.0
     noisy = root / "data/mydata/noisy/g0.5_s0.parquet"
-    assert noisy.is_file()
+    paper_set = noisy.read_bytes()
 
-    # DVC: a fresh copy, the page's two commands
-    other = folder_project(tmp_path / "dvc", text)
-    subprocess.run([str(DVC), "init", "--no-scm", "--quiet"], cwd=other, env=_env(other), check=True)
-    run(params, other)
-    run(repro, other)
-    assert (other / "reports/structure_mydata.md").read_text() == md
-    again = json.loads((other / "runs/mydata/g0.5/s0/erm/metrics.json").read_text())
-    assert again["heads"]["main"]["map"] == metrics["heads"]["main"]["map"]  # the same command on the same bytes
-    assert noisy.read_bytes() == (other / "data/mydata/noisy/g0.5_s0.parquet").read_bytes()
-
-    # then docs/noise-models.md on the same copies: its layer adds the uniform model, and the main table shows both
+    # then docs/noise-models.md on the same copy: its layer adds the uniform model, and the main table shows both
     noise_page = page(NOISE_PAGE, "Noise models")
     layer = blocks(noise_page, "yaml")[0]
     assert layer.startswith("# noise.yaml\n") and "noise_models: [cooccurrence, uniform]" in layer
-    smk_noise, params_noise, repro_noise = commands(noise_page)[:3]
-    assert "mydata.yaml noise.yaml" in smk_noise and repro_noise == "dvc repro table_total"
-    for where in (root, other):
-        (where / "noise.yaml").write_text(layer)
+    smk_noise = commands(noise_page)[0]
+    assert "mydata.yaml noise.yaml" in smk_noise
+    (root / "noise.yaml").write_text(layer)
     run(smk_noise, root)
-    run(params_noise, other)
-    run(repro_noise, other)
     shown = blocks(noise_page, "text")[-1].splitlines()
-    tables = [(where / "reports/table_total.md").read_text() for where in (root, other)]
-    assert tables[0] == tables[1], tables  # both routes, the same numbers
-    assert tables[0].startswith(shown[0] + "\n") and shown[-1] in tables[0], tables[0]  # as the page shows it
-    rows = [line for line in tables[0].splitlines() if line.startswith("| ERM |")]
+    table = (root / "reports/table_total.md").read_text()
+    assert table.startswith(shown[0] + "\n") and shown[-1] in table, table  # as the page shows it
+    rows = [line for line in table.splitlines() if line.startswith("| ERM |")]
     assert len(rows) == 1 and rows[0].count("|") == 4  # one ERM cell per model
     cells = json.loads((root / "reports/table_total.cells.json").read_text())["cells"]
     assert sorted(cells) == ["erm/main/mydata/cooccurrence/0.5", "erm/main/mydata/uniform/0.5"]
@@ -130,8 +115,7 @@ def test_a_folder_dataset_runs_through_both_routes_as_the_page_says(tmp_path):
     assert paper_run["manifest"] == "runs/mydata/g0.5/s0/erm/manifest.json"  # the paper's model: its run as it was
     assert json.loads((root / paper_run["manifest"]).read_text())["run"].get("noise") is None
     uniform = read_labels(root / "data/mydata/noisy/g0.5-uniform_s0.parquet")
-    assert uniform.meta["noise"] == {"model": "uniform"} and noisy.read_bytes() == (  # the paper's set untouched
-        other / "data/mydata/noisy/g0.5_s0.parquet").read_bytes()
+    assert uniform.meta["noise"] == {"model": "uniform"} and noisy.read_bytes() == paper_set  # the paper's untouched
     assert (uniform.labels != read_labels(noisy).labels).any()  # another model, another noisy set
     results = pd.read_parquet(root / "reports/results.parquet")
     assert set(results["noise_model"]) == {"cooccurrence", "uniform"}
@@ -171,6 +155,6 @@ def test_the_pages_kind_module_is_all_a_new_kind_takes(tmp_path):
     assert out.stdout.strip() == "noisymlt.data.kinds." + Path(path).stem, out.stderr
     bad = {**layer, "datasets": {name: {**dataset, dataset["kind"]: {"root": "labelled", "rooot": 1}}}}
     (root / "bad.yaml").write_text(yaml.safe_dump(bad))
-    done = subprocess.run([*python, "params", "params.yaml", "bad.yaml", "--out", "x.json"], cwd=root, env=_env(root),
-                          capture_output=True, text=True)
+    done = subprocess.run([*python, "code-deps", "--params", "params.yaml", "bad.yaml", "--digests"], cwd=root,
+                          env=_env(root), capture_output=True, text=True)
     assert done.returncode != 0 and f"datasets.{name}.{dataset['kind']}.rooot" in done.stderr, done.stderr[-800:]

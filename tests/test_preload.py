@@ -316,34 +316,3 @@ def test_manifests_record_the_same_environment_in_a_preloaded_process():
     assert json.loads(fresh) == json.loads(loaded)
     assert {"numpy", "torch", "torchvision", "pandas", "pyarrow"} <= set(json.loads(fresh)["versions"])
 
-
-def _shared_servers(folder: Path) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"]) if str(folder / "socket") in (p.info["cmdline"] or [])]
-
-
-def test_shared_starts_one_server_that_later_commands_reuse_and_only_in_a_private_folder(tmp_path):
-    """NOISYMLT_PRELOAD=shared (DVC's stages under workflow.preload): the first command starts the user's shared
-    server, which outlives it; the next command runs in that same server; a folder others may enter is not used."""
-    env = {preload.ENV: preload.SHARED, "TMPDIR": str(tmp_path)}  # tempfile.gettempdir(): the folder's parent
-    first = cli(["code-deps", "--params", str(REPO / "params.yaml"), "--method", "erm"], env, cwd=tmp_path)
-    assert first.returncode == 0, first.stderr
-    folders = list(tmp_path.glob(f"noisymlt-preload-{os.getuid()}-*"))
-    assert len(folders) == 1 and folders[0].stat().st_mode & 0o777 == 0o700
-    folder = folders[0]
-    try:
-        assert len(_shared_servers(folder)) == 1  # still there after its first client left
-        second = cli(["code-deps", "--params", str(REPO / "params.yaml"), "--method", "erm"], env, cwd=tmp_path)
-        assert second.returncode == 0 and second.stdout == first.stdout  # the same answer as a fresh process's
-        assert second.stdout == cli(["code-deps", "--params", str(REPO / "params.yaml"), "--method", "erm"],
-                                    cwd=tmp_path).stdout
-        log = (folder / "server.log").read_text()
-        assert log.count("serving on") == 1 and log.count("noisymlt code-deps") == 2, log
-    finally:
-        for proc in _shared_servers(folder):
-            proc.terminate()
-            proc.wait(10)
-    folder.chmod(0o755)  # open to others: no server there, the command runs itself, and says so in one line
-    opened = cli(["--version"], env, cwd=tmp_path)
-    assert opened.returncode == 0 and opened.stdout.startswith("noisymlt ") and not _shared_servers(folder)
-    said = [line for line in opened.stderr.splitlines() if str(folder) in line]
-    assert len(said) == 1 and "without the shared preload server" in said[0], opened.stderr

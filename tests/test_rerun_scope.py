@@ -1,7 +1,7 @@
-"""A code edit reruns exactly the work it can change, in Snakemake and in DVC alike: tested by outcome.
+"""A code edit reruns exactly the work it can change: tested by outcome.
 
-Two copies of the project (one per tool) finish a small toy grid. Each edit below is then made to both
-copies' code and each tool really runs again; the files before and after are compared byte for byte: the
+A copy of the project finishes a small toy grid. Each edit below is then made to the copy's code and Snakemake
+really runs again (DVC's stages run the same Snakemake); the files before and after are compared byte for byte: the
 runs an edit can change are retrained (their checkpoints record the new code) and, for a behavioural
 edit of a loss, predict otherwise; every other file stays byte-identical. A plan (`snakemake -n`) that
 lists the right jobs would prove nothing about what those jobs then do: a job that "resumes" an old
@@ -17,7 +17,7 @@ import sys
 import pytest
 import yaml
 
-from test_dvc import DVC, SNAKEMAKE, _digests, _needs_tools, _project_copy, _run, _tiny_params, stage_name
+from helpers import SNAKEMAKE, output_digests, run_tool as _run, tiny_params, tool_env, workflow_copy
 
 METHODS = ["erm", "bbn", "db_focal", "ours"]  # BBN's family; DB-Focal and Ours use the DB loss; ERM neither
 RUN = "runs/toy/g0.5/s0/{}/"
@@ -25,7 +25,7 @@ RUN = "runs/toy/g0.5/s0/{}/"
 # Each edit in order (each starts from the state the one before left): name -> (file under src/noisymlt, old
 # text, new text, final runs it retrains, runs whose predictions must change, further paths it may change).
 # A retrained Ours brings its model-selection candidates (runs/toy/select/ours/) along: they train Ours too.
-RESULTS = ("reports/", "data/code/")  # tables, figures, results.parquet; DVC's digest files (both routes write them)
+RESULTS = ("reports/",)  # tables, figures, results.parquet
 EDITS = {
     "comments and docstrings of the DB loss": (
         "losses/db.py", '"""', '"""Reworded, with a comment.  # not code\n', set(), set(), ()),
@@ -43,15 +43,15 @@ EDITS = {
         set(), set(), ("runs/toy/", *RESULTS)),
     "the model-selection code": (  # the stage files change, the choice does not: no final run retrains
         "pipeline/selection.py", '"metric": f"mAP (%) of the {head} head', '"metric": f"mAP (percent) of the {head} head',
-        set(), set(), ("runs/toy/select/ours/stage", "data/code/", "reports/")),
+        set(), set(), ("runs/toy/select/ours/stage", "reports/")),
 }
 
 
 def _params() -> dict:
+    from helpers import REPO
     from noisymlt.config import load_params
-    from test_dvc import REPO
 
-    params = _tiny_params()
+    params = tiny_params()
     full = load_params(REPO / "params.yaml")
     params["methods"] = {m: full["methods"][m] for m in METHODS}
     params["grid"]["methods"] = METHODS
@@ -65,7 +65,7 @@ def _params() -> dict:
 
 def _outputs(root) -> dict[str, str]:
     """sha256 of every output file, without the runs set aside in previous/ (an archive, not a result)."""
-    return {path: sha for path, sha in _digests(root).items() if "/previous/" not in path}
+    return {path: sha for path, sha in output_digests(root).items() if "/previous/" not in path}
 
 
 def _changed(before: dict, after: dict) -> set[str]:
@@ -93,75 +93,61 @@ def _check(tool: str, name: str, changed: set[str], retrains: set, predicts: set
 
 @pytest.mark.slow
 def test_an_edit_changes_exactly_the_results_it_can_reach(tmp_path, capsys):
-    _needs_tools()
-    params = _params()
-    smk = _project_copy(tmp_path / "smk", params, workflow=True)
-    dvc = _project_copy(tmp_path / "dvc", params)
+    if not SNAKEMAKE.exists():
+        pytest.skip(f"snakemake is not installed next to {sys.executable}")
+    smk = workflow_copy(tmp_path / "smk", _params())
     _run([SNAKEMAKE, "--cores", "2"], smk, timeout=1200)
     assert "Nothing to be done" in _run([SNAKEMAKE, "-n"], smk)
-    _run([DVC, "repro"], dvc, timeout=1200)
-    first = {root: _outputs(root) for root in (smk, dvc)}
-    # the two routes compute the same results (DVC's folder of finished stages aside)
-    assert {p: first[smk].get(p) for p in first[dvc] if p.startswith("runs/toy/g0.5")} == \
-        {p: first[dvc][p] for p in first[dvc] if p.startswith("runs/toy/g0.5")}
+    first = _outputs(smk)
 
     counts = {}
     for name, (rel, old, new, retrains, predicts, allowed) in EDITS.items():
-        for root in (smk, dvc):
-            path = root / "src" / "noisymlt" / rel
-            text = path.read_text()
-            assert text.count(old) >= 1, (name, old)
-            path.write_text(text.replace(old, new, 1))
-        before = {root: _outputs(root) for root in (smk, dvc)}
+        path = smk / "src" / "noisymlt" / rel
+        text = path.read_text()
+        assert text.count(old) >= 1, (name, old)
+        path.write_text(text.replace(old, new, 1))
+        before = _outputs(smk)
         _run([SNAKEMAKE, "--cores", "2"], smk, timeout=1200)
-        _run([DVC, "repro"], dvc, timeout=1200)
-        after = {root: _outputs(root) for root in (smk, dvc)}
-        counts[name] = {tool: _check(tool, name, _changed(before[root], after[root]), retrains, predicts, allowed)
-                        for tool, root in (("snakemake", smk), ("dvc", dvc))}
+        after = _outputs(smk)
+        counts[name] = _check("snakemake", name, _changed(before, after), retrains, predicts, allowed)
         assert "Nothing to be done" in _run([SNAKEMAKE, "-n"], smk), name
-        assert _dvc_changed(dvc) == set(), name
         if name == "the evaluation":  # the finished checkpoints predict the same bytes; only the metrics move
-            for tool, root in (("snakemake", smk), ("dvc", dvc)):
-                changed = _changed(before[root], after[root])
-                in_runs = {p for p in changed if p.startswith("runs/")}
-                assert {RUN.format(m) + "metrics.json" for m in METHODS} <= in_runs, (tool, sorted(in_runs))
-                assert all(p.endswith(("/metrics.json", "/metrics.manifest.json")) for p in in_runs), \
-                    (tool, sorted(p for p in in_runs if not p.endswith("metrics.json")))
+            in_runs = {p for p in _changed(before, after) if p.startswith("runs/")}
+            assert {RUN.format(m) + "metrics.json" for m in METHODS} <= in_runs, sorted(in_runs)
+            assert all(p.endswith(("/metrics.json", "/metrics.manifest.json")) for p in in_runs), \
+                sorted(p for p in in_runs if not p.endswith("metrics.json"))
         for method in retrains if not name.endswith("restored") else ():  # each log says it started over, and why
-            for root in (smk, dvc):
-                log = (root / RUN.format(method) / "train_log.jsonl").read_text().splitlines()
-                restart = json.loads(log[0])
-                assert restart["event"] == "restart" and "trained by other code" in restart["reason"], (name, log[0])
-        if name == "the DB loss, restored":  # the first code's results, byte for byte, in both routes
-            for root in (smk, dvc):
-                assert after[root] == first[root], sorted(_changed(first[root], after[root]))
+            log = (smk / RUN.format(method) / "train_log.jsonl").read_text().splitlines()
+            restart = json.loads(log[0])
+            assert restart["event"] == "restart" and "trained by other code" in restart["reason"], (name, log[0])
+        if name == "the DB loss, restored":  # the first code's results, byte for byte
+            assert after == first, sorted(_changed(first, after))
     with capsys.disabled():
         print("\noutcome of each edit:", json.dumps(counts, indent=1))
-    _selection_reruns_exactly_its_final_runs(smk, dvc)
-    _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, dvc)
+    _selection_reruns_exactly_its_final_runs(smk)
+    _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, tmp_path / "through")
 
 
-def _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, dvc) -> None:
-    """Code unchanged, a longer ERM schedule: DVC trains it through; Snakemake is stopped as Ctrl-C stops it
-    (checkpoints every epoch), then run again: the run resumes its own checkpoint and ends with DVC's bytes."""
+def _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, through) -> None:
+    """Code unchanged, a longer ERM schedule: a copy of the project trains it through; the project itself is stopped
+    as Ctrl-C stops it (checkpoints every epoch), then run again: the run resumes its own checkpoint and ends with
+    the copy's bytes."""
     import os
+    import shutil
     import signal
     import subprocess
     import time
 
-    from test_dvc import _env
-
     epochs = 60
-    for root in (smk, dvc):
-        params = yaml.safe_load((root / "params.yaml").read_text())
-        params["methods"]["erm"]["train"] = {**params["methods"]["erm"].get("train", {}), "epochs": epochs,
-                                             "lr_steps": [epochs]}
-        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "--out", "dvc-params.json"], dvc)
-    _run([DVC, "repro"], dvc, timeout=1200)
+    params = yaml.safe_load((smk / "params.yaml").read_text())
+    params["methods"]["erm"]["train"] = {**params["methods"]["erm"].get("train", {}), "epochs": epochs,
+                                         "lr_steps": [epochs]}
+    (smk / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    shutil.copytree(smk, through, symlinks=True)
+    _run([SNAKEMAKE, "--cores", "2"], through, timeout=1200)
 
     run = smk / RUN.format("erm")
-    env = {**_env(smk), "NOISYMLT_CHECKPOINT_SECONDS": "0"}
+    env = {**tool_env(smk), "NOISYMLT_CHECKPOINT_SECONDS": "0"}
     # its own process group, which Ctrl-C in a terminal signals as a whole: Snakemake, the job, the trainer
     proc = subprocess.Popen([str(SNAKEMAKE), "--cores", "2"], cwd=smk, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -183,12 +169,7 @@ def _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, dvc) -> None:
     job_log = (smk / "logs" / "train" / "toy_g0.5_s0_erm.log").read_text()
     assert f"resumed {RUN.format('erm')}checkpoint.pt from epoch {stopped_at}" in job_log, job_log[-2000:]
     for name in ("checkpoint.pt", "predictions.npz", "manifest.json"):
-        assert (run / name).read_bytes() == (dvc / RUN.format("erm") / name).read_bytes(), name
-
-
-def _dvc_changed(root) -> set[str]:
-    status = json.loads(_run([DVC, "status", "--json"], root).strip().splitlines()[-1])
-    return set(status)
+        assert (run / name).read_bytes() == (through / RUN.format("erm") / name).read_bytes(), name
 
 
 def _ran(text: str) -> list[tuple[str, str]]:
@@ -196,17 +177,11 @@ def _ran(text: str) -> list[tuple[str, str]]:
     return re.findall(r"(?:rule|checkpoint) (\w+):\n(?:    \w+: .*\n)*?    wildcards: (.*)", text)
 
 
-def _dvc_ran(text: str) -> set[str]:
-    """Stages DVC ran, by name (a run stage without its shard's dvc.yaml)."""
-    return {stage_name(s) for s in re.findall(r"^Running stage '([^']+)'", text, re.M)}
-
-
-def _selection_reruns_exactly_its_final_runs(smk, dvc) -> None:
+def _selection_reruns_exactly_its_final_runs(smk) -> None:
     """A redone selection that chooses the same values reruns nothing downstream; a changed choice retrains
-    exactly the final runs that read it (Ours here), in Snakemake and in DVC."""
+    exactly the final runs that read it (Ours here)."""
     stage2 = json.loads((smk / "runs/toy/select/ours/stage2.json").read_text())
-    assert json.loads((dvc / "runs/toy/select/ours/stage2.json").read_text())["chosen"] == stage2["chosen"]
-    # Snakemake: a losing candidate's score changes (the stage's select reruns), the choice does not. (A forced
+    # a losing candidate's score changes (the stage's select reruns), the choice does not. (A forced
     # `--forcerun select` replans what follows the checkpoint: Snakemake cannot know the choice before it ran.)
     loser = next(c["tag"] for c in stage2["candidates"] if c["tag"] != stage2["winner"])
     metrics = smk / "runs/toy/select/ours/stage2/g0.5/s0" / loser / "metrics.json"
@@ -215,21 +190,13 @@ def _selection_reruns_exactly_its_final_runs(smk, dvc) -> None:
     metrics.write_text(json.dumps(record))
     ran = _ran(_run([SNAKEMAKE, "--cores", "2"], smk, timeout=600))
     assert {rule for rule, _ in ran} <= {"select", "readme_numbers"} and ("select", "dataset=toy, method=ours, stage=2") in ran, ran
-    _run([DVC, "repro", "--force", "--single-item", "select@toy-ours-1", "select@toy-ours-2"], dvc)
-    assert _dvc_changed(dvc) == set()
     # the grid keeps only the alpha that lost: the choice changes, no candidate retrains
     lost = next(a for a in (0.9, 0.7) if a != stage2["chosen"]["alpha"])
-    for root in (smk, dvc):
-        params = yaml.safe_load((root / "params.yaml").read_text())
-        params["selection"]["grids"]["alpha"] = [lost]
-        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    params = yaml.safe_load((smk / "params.yaml").read_text())
+    params["selection"]["grids"]["alpha"] = [lost]
+    (smk / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     ran = _ran(_run([SNAKEMAKE, "--cores", "2"], smk, timeout=600))
     assert {w for rule, w in ran if rule == "train"} == {"dataset=toy, gamma=0.5, noise=, seed=0, method=ours"}, ran
     # (the grid edit reruns stage 1's select, a checkpoint, so Snakemake replans stage 2's remaining candidate:
-    # it cannot know stage 1's choice before the checkpoint ran; DVC below retrains none)
+    # it cannot know stage 1's choice before the checkpoint ran)
     assert json.loads((smk / "runs/toy/g0.5/s0/ours/run_config.json").read_text())["selected"]["values"]["alpha"] == lost
-    _run([sys.executable, "-m", "noisymlt", "params", "params.yaml", "--out", "dvc-params.json"], dvc)
-    stages = _dvc_ran(_run([DVC, "repro"], dvc, timeout=600))
-    assert {s for s in stages if s.startswith("train@")} == {"train@toy-0.5-0-ours"}, stages  # trains, evaluates
-    assert {"select@toy-ours-2"} <= stages
-    assert json.loads((dvc / "runs/toy/g0.5/s0/ours/run_config.json").read_text())["selected"]["values"]["alpha"] == lost

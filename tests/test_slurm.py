@@ -57,7 +57,7 @@ TINY_PARAMS = {
 # the rest: the selection's two candidates (one array job), the final run (train, which evaluates its
 # predictions) and the profile's `report` group (aggregate, table, figure).
 DATA_TARGETS = ["data/toy/noisy/g0.5_s0.parquet", "data/toy/test_labels.parquet", "data/toy/class_split.json",
-                "data/pretrained/toy_glyphs.pt", "data/code",  # data/code: DVC's digests (`rule all` asks for them)
+                "data/pretrained/toy_glyphs.pt",
                 "data/toy/select/g0.5_s0_fit.parquet", "data/toy/cache/select_fit.npy", "data/toy/cache/select_val.npy"]
 SLURM_GROUPS = {"report": ["aggregate", "figure_map_vs_gamma", "table_total"]}
 GROUP_JOBS = {"report": 1}  # sbatch jobs per group
