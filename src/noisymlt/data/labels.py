@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from noisymlt.core.files import replacing, write_text
 from noisymlt.errors import NoisyMLTError
 
 CLEAN_PREFIX = "clean_"
@@ -72,10 +73,10 @@ class LabelTable:
 
 
 def write_labels(table: LabelTable, path: str | Path) -> Path:
-    """Write atomically (temp file + rename) so an interrupted step never leaves half a table."""
+    """Write atomically (noisymlt.core.files.replacing: temp file + rename, the temp file removed when the write
+    fails or is interrupted) so an interrupted step never leaves half a table."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     frame = table.to_frame()
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -86,8 +87,8 @@ def write_labels(table: LabelTable, path: str | Path) -> Path:
     # each column's values: a flipped byte that still parses (a dictionary page's 1 become 0) is caught on read
     meta[b"noisymlt"] = json.dumps({"classes": table.classes, **table.meta, "columns": list(frame.columns),
                                     "digests": column_digests(frame)}).encode()
-    pq.write_table(arrow.replace_schema_metadata(meta), tmp, write_page_checksum=True)
-    tmp.replace(path)
+    with replacing(path) as tmp:
+        pq.write_table(arrow.replace_schema_metadata(meta), tmp, write_page_checksum=True)
     return path
 
 
@@ -186,8 +187,7 @@ def _table_from_frame(frame: pd.DataFrame, path: Path, meta: dict) -> LabelTable
 def write_class_split(split: dict[str, list[int]], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({g: [int(i) for i in split[g]] for g in GROUPS}, indent=1) + "\n")
-    return path
+    return write_text(path, json.dumps({g: [int(i) for i in split[g]] for g in GROUPS}, indent=1) + "\n")
 
 
 def read_class_split(path: str | Path) -> dict[str, list[int]]:
