@@ -195,9 +195,10 @@ def convert_checkpoint(path: str | Path, out: str | Path, *, partner_bn: bool = 
     (atomically); returns the meta (architecture, source meta, dropped keys)."""
     import torch
 
-    from noisymlt.core.files import replacing
+    from noisymlt.core.files import check_outputs, replacing
     from noisymlt.core.manifest import file_sha256
 
+    check_outputs({"--checkpoint": path}, {"--out": out})
     state, cl_meta = read_cl_checkpoint(path)
     model, dropped = build_from_cl(state, source=str(path), partner_bn=partner_bn)
     meta = {"source": Path(path).name, "source_sha256": file_sha256(path), **infer_architecture(state, str(path)),
