@@ -19,6 +19,13 @@ import numpy as np
 from noisymlt.errors import NoisyMLTError
 
 
+def _empty_bytes(*args) -> bytes:
+    """bytes() as an empty array's pickle calls it; any argument (bytes(10**12) would fill memory) is refused."""
+    if args:
+        raise pickle.UnpicklingError("bytes() with arguments is not allowed")
+    return b""
+
+
 @cache
 def allowed_globals() -> dict[tuple[str, str], object]:
     """The only callables a pickle of numpy arrays needs, under numpy 1.x and 2.x module names."""
@@ -30,6 +37,8 @@ def allowed_globals() -> dict[tuple[str, str], object]:
         from numpy.core import multiarray, numeric  # type: ignore[no-redef]
     allowed: dict[tuple[str, str], object] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
                                               ("_codecs", "encode"): codecs.encode}
+    for mod in ("__builtin__", "builtins"):  # protocol 2 writes an empty array's data as bytes()
+        allowed[(mod, "bytes")] = _empty_bytes
     for mod in ("numpy.core", "numpy._core"):
         allowed[(f"{mod}.multiarray", "_reconstruct")] = multiarray._reconstruct
         allowed[(f"{mod}.multiarray", "scalar")] = multiarray.scalar

@@ -89,7 +89,8 @@ def read_cl_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]
         raise NoisyMLTError(f"{path}: holds a {type(obj).__name__}, not an mmcv checkpoint (a dict with state_dict)")
     state = obj.get("state_dict", obj)
     meta = obj.get("meta") if isinstance(obj.get("meta"), dict) else {}
-    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+    if (not isinstance(state, dict) or not state or not all(isinstance(k, str) for k in state)
+            or not all(isinstance(v, torch.Tensor) for v in state.values())):
         raise NoisyMLTError(f"{path}: 'state_dict' is not a mapping of names to tensors")
     if all(k.startswith("module.") for k in state):
         state = {k[len("module."):]: v for k, v in state.items()}
@@ -101,6 +102,10 @@ def infer_architecture(state: dict[str, torch.Tensor], source: str = "checkpoint
     for key in ("backbone.conv1.weight", "neck.fc.weight", "head.fc_cls.weight", "backbone1.conv1.weight"):
         if key not in state:
             raise NoisyMLTError(f"{source}: no key {key!r}; not a state dict of [CL]'s two-branch StitchUpClassifier")
+    for key in ("neck.fc.weight", "head.fc_cls.weight"):  # their first dimension sizes the model
+        if state[key].dim() != 2:
+            raise NoisyMLTError(f"{source}: {key} has shape {tuple(state[key].shape)}; a linear layer's weight is "
+                                "2-D (outputs x inputs)")
     blocks = tuple(len({int(m.group(1)) for k in state if (m := re.match(rf"backbone\.layer{i}\.(\d+)\.", k))})
                    for i in range(1, 5))
     bottleneck = any(re.match(r"backbone\.layer1\.0\.conv3\.", k) for k in state)

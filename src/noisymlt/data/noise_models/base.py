@@ -112,18 +112,32 @@ def inverse_cdf(rows: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 def read_matrix(path: str | Path, classes: list[str], what: str) -> np.ndarray:
     """A C x C row-stochastic matrix from a CSV file (a header row of class names, then one row per class, its
-    first cell the class name) or a .npy array, checked: shape, class order, values in [0, 1], rows summing to 1."""
+    first cell the class name) or a .npy array (told by its bytes, whatever the suffix), checked: numbers, shape,
+    class order, values in [0, 1], rows summing to 1."""
+    import io
+
     path = Path(path)
     if not path.is_file():
         raise NoisyMLTError(f"{what}: {path}: no such file")
     C = len(classes)
-    if path.suffix == ".npy":
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise NoisyMLTError(f"{what}: {path}: cannot read it ({exc.strerror or exc})") from exc
+    if data.startswith(b"\x93NUMPY") or path.suffix.lower() == ".npy":
         try:
-            M = np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as exc:
-            raise NoisyMLTError(f"{what}: {path}: not a readable .npy array ({exc})") from exc
+            M = np.load(io.BytesIO(data), allow_pickle=False)
+        except Exception as exc:  # ValueError (a pickled array), EOFError (empty), OSError, ...: not an array file
+            raise NoisyMLTError(f"{what}: {path}: not a readable .npy array ({type(exc).__name__}: {exc})") from exc
+        if not (np.issubdtype(M.dtype, np.integer) or np.issubdtype(M.dtype, np.floating) or M.dtype == bool):
+            raise NoisyMLTError(f"{what}: {path}: holds {M.dtype} values; a matrix holds real numbers")
     else:
-        lines = [line.split(",") for line in path.read_text().splitlines() if line.strip()]
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise NoisyMLTError(f"{what}: {path}: not UTF-8 text ({exc.reason} at byte {exc.start}); a matrix is a "
+                                "CSV file or a .npy array") from exc
+        lines = [line.split(",") for line in text.splitlines() if line.strip()]
         if not lines:
             raise NoisyMLTError(f"{what}: {path}: empty file")
         header = [c.strip() for c in lines[0][1:]]
@@ -141,6 +155,7 @@ def read_matrix(path: str | Path, classes: list[str], what: str) -> np.ndarray:
             raise NoisyMLTError(f"{what}: {path}: a cell is not a number ({exc})") from exc
     if M.shape != (C, C):
         raise NoisyMLTError(f"{what}: {path}: shape {M.shape}, the dataset has {C} classes: need {C} x {C}")
+    M = M.astype(np.float64)
     if not np.isfinite(M).all() or (M < 0).any() or (M > 1).any():
         raise NoisyMLTError(f"{what}: {path}: entries must be probabilities in [0, 1]")
     sums = M.sum(axis=1)
@@ -148,4 +163,4 @@ def read_matrix(path: str | Path, classes: list[str], what: str) -> np.ndarray:
     if bad.size:
         raise NoisyMLTError(f"{what}: {path}: row {classes[bad[0]]!r} sums to {sums[bad[0]]:.6g}, not 1 "
                             f"({bad.size} row(s) off)")
-    return M.astype(np.float64)
+    return M
