@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -358,3 +359,75 @@ def test_no_command_writes_over_its_inputs(tmp_path, capsys, clean, case):
     rc, err = _run(capsys, *argv)
     _one_line(rc, err, "never replaces an input" if victim else "needs a file of its own")
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # nothing written, nothing new
+
+
+# ------------------------------------------------------------------ params: files and settings checked at params time
+def _project(tmp_path, folder: dict, noise: dict | None = None):
+    """A project (params.yaml beside a layer naming a folder dataset) and a working folder elsewhere."""
+    import shutil
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    project = tmp_path / "project"
+    (project / "mine" / "images").mkdir(parents=True)
+    (project / "mine" / "labels.csv").write_text("image,a,b\n")
+    (project / "mine" / "test.csv").write_text("image,a,b\n")
+    (project / "m.csv").write_text(IDENTITY_CSV)
+    shutil.copy(repo / "params.yaml", project / "params.yaml")
+    layer = {"grid": {"datasets": ["mine"], "gammas": [0.5], "seeds": [0], "methods": ["erm"], "clean_methods": [],
+                      "ablations": []},
+             "datasets": {"mine": {"kind": "folder", "folder": {"root": "mine", "labels": "labels.csv", **folder},
+                                   "longtail": {"source": "all", "groups": "scaled"},
+                                   "db_loss": {"neg_scale": 5.0, "map_mu": 0.3}}}}
+    if noise:
+        layer["grid"]["noise_models"] = list(noise)
+        layer["noise"] = noise
+    (project / "mine.yaml").write_text(yaml.safe_dump(layer))
+    (tmp_path / "elsewhere").mkdir()
+    return project
+
+
+PARAMS_CASES = {
+    "no root folder": ({"root": "gone"}, None, "datasets.mine.folder.root: gone: no such folder in the project"),
+    "no labels file": ({"labels": "nope.csv"}, None, "datasets.mine.folder.labels: nope.csv: no such file under mine"),
+    "no images folder": ({"images": "pics"}, None, "datasets.mine.folder.images: pics: no such folder under mine"),
+    "images outside root": ({"images": "../.."}, None, "datasets.mine.folder.images: path '../..' leads outside the "
+                                                       "dataset's root mine"),
+    "no test table": ({"test_labels": "t.csv"}, None, "datasets.mine.folder.test_labels: t.csv: no such file"),
+    "two test sources": ({"split_column": "split", "test_labels": "test.csv"}, None,
+                         "datasets.mine.folder.test_labels: the test part comes from one of split_column, test_labels, "
+                         "not several"),
+    "three test sources": ({"split_column": "split", "test_labels": "test.csv", "test_fraction": 0.3}, None,
+                           "not several"),
+    "a seed without a draw": ({"test_labels": "test.csv", "split_seed": 2}, None,
+                              "datasets.mine.folder.split_seed: seeds a drawn test part only"),
+    "no matrix file": ({}, {"class_conditional": {"matrix": "gone.csv"}},
+                       "noise.class_conditional: gone.csv: no such file in the project"),
+}
+
+
+@pytest.mark.parametrize("case", PARAMS_CASES)
+def test_params_naming_a_missing_file_or_two_exclusive_settings_are_refused_at_params_time(tmp_path, monkeypatch,
+                                                                                          case):
+    from noisymlt.config import load_params
+    from noisymlt.errors import NoisyMLTError
+
+    folder, noise, needle = PARAMS_CASES[case]
+    project = _project(tmp_path, {"images": "images", **folder} if "images" not in folder else folder, noise)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with pytest.raises(NoisyMLTError) as caught:
+        load_params(project / "params.yaml", project / "mine.yaml")
+    message = str(caught.value)
+    assert message.startswith(f"{project / 'mine.yaml'}: ") and needle in message and "\n" not in message, message
+
+
+def test_relative_paths_in_params_are_the_projects_not_the_current_folders(tmp_path, monkeypatch):
+    from noisymlt.config import load_params
+
+    project = _project(tmp_path, {"images": "images", "test_labels": "test.csv"},
+                       {"class_conditional": {"matrix": "m.csv"}})
+    monkeypatch.chdir(tmp_path / "elsewhere")  # nothing of the project here: found under the project all the same
+    load_params(project / "params.yaml", project / "mine.yaml")
+    monkeypatch.chdir(project)
+    load_params("params.yaml", "mine.yaml")

@@ -17,19 +17,19 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 class ImageFolder:
     """The images folder of a table: where each row's path leads, and which row already claimed each file."""
 
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
+    def __init__(self, root: str | Path, name: str = "the images folder", noun: str = "image path"):
+        self.root, self.name, self.noun = Path(root), name, noun
         self.real = os.path.realpath(self.root)
         self._claimed: dict[tuple[int, int], tuple[str, str]] = {}  # (device, inode) -> (row, spelling)
 
     def locate(self, relative: str) -> tuple[Path | None, str | None]:
         """(the file, None) when ``relative`` stays inside the folder once resolved, else (None, the problem)."""
         if PurePosixPath(relative).is_absolute() or PureWindowsPath(relative).is_absolute():
-            return None, f"image path {relative!r} is absolute; paths are relative to the images folder"
+            return None, f"{self.noun} {relative!r} is absolute; paths are relative to {self.name}"
         real = os.path.realpath(os.path.join(self.root, relative))
         if os.path.commonpath([self.real, real]) != self.real:
-            return None, (f"image path {relative!r} leads outside the images folder (to {real}); every image, and "
-                          "every symlink's target, must lie inside the folder")
+            return None, (f"{self.noun} {relative!r} leads outside {self.name} (to {real}); every file, and every "
+                          "symlink's target, must lie inside the folder")
         return Path(real), None
 
     def claim(self, file: Path, row: str, spelling: str) -> str | None:
@@ -41,7 +41,7 @@ class ImageFolder:
         key = (stat.st_dev, stat.st_ino)
         if key in self._claimed:
             first, written = self._claimed[key]
-            return (f"image path {spelling!r} is the same file as {written!r} on {first}; one image may appear "
+            return (f"{self.noun} {spelling!r} is the same file as {written!r} on {first}; one image may appear "
                     "once (in one part)")
         self._claimed[key] = (row, spelling)
         return None

@@ -34,12 +34,14 @@ class NoiseModel:
         """The JSON schema of the model's block of settings, noise.NAME (from ``options``)."""
         return {"type": "object", "additionalProperties": False, "properties": dict(self.options)}
 
-    def problems(self, options: dict, datasets: list[str], gammas: list[float]) -> list[tuple[str, str]]:
+    def problems(self, options: dict, datasets: list[str], gammas: list[float], root: str | Path | None = None
+                 ) -> list[tuple[str, str]]:
         """What is wrong with the settings for a grid over ``datasets`` and ``gammas``: (key under noise.NAME, what),
-        checked with the params. Default: every option given, every file it names there."""
+        checked with the params. Default: every option given, every file it names there, relative paths under the
+        project's folder ``root`` (None: files not looked up)."""
         missing = [(key, "the model needs it") for key in self.options if options.get(key) is None]
         files = [] if missing else dict.fromkeys(f for d in datasets for g in gammas for f in self.files(options, d, g))
-        return missing + [("", f"{f}: no such file") for f in files if not Path(f).is_file()]
+        return missing + [("", problem) for f in files if (problem := missing_file(f, root))]
 
     def files(self, options: dict, dataset: str, gamma: float) -> list[str]:
         """Files the noise step reads for one noisy set besides the clean labels (a dependency of both routes)."""
@@ -70,6 +72,15 @@ class NoiseModel:
         """C x (C + 1): row i = where a clean positive of class i ends (column C: dropped) when its image holds the
         typical label set; models whose draw depends on the image (uniform) give the average over ``clean``."""
         raise NotImplementedError(f"noise model {self.name}: transition")
+
+
+def missing_file(path: str, root: str | Path | None) -> str | None:
+    """The problem when ``path`` (relative: to the project's folder ``root``) is not a file; None when it is, or
+    when ``root`` is None (not looked up). Jobs run in the project's folder, so that is where a relative path leads,
+    whatever the folder the check runs from."""
+    if root is None or (Path(root) / path).is_file():
+        return None
+    return f"{path}: no such file" + ("" if Path(path).is_absolute() else f" in the project ({root})")
 
 
 def register_noise_model(name: str):
