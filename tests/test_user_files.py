@@ -280,6 +280,25 @@ def test_a_bad_checkpoint_is_one_line(tmp_path, capsys, case):
     assert not (tmp_path / "ours.pt").exists()
 
 
+@pytest.mark.parametrize("content", ["garbage", "a list", "shapes off", "int keys"])
+def test_a_bad_backbone_weights_file_is_one_line(tmp_path, content):
+    """train.weights_path: a local file of ImageNet weights, or the toy's pretrained trunk."""
+    import torch
+
+    from noisymlt.errors import NoisyMLTError
+    from noisymlt.models.backbones import build_backbone
+
+    path = tmp_path / "weights.pth"
+    if content == "garbage":
+        path.write_bytes(GARBAGE)
+    else:
+        torch.save({"a list": [torch.zeros(1)], "int keys": {1: torch.zeros(1)},
+                    "shapes off": {"conv1.weight": torch.zeros(2, 2), "bn1.weight": torch.zeros(5)}}[content], path)
+    with pytest.raises(NoisyMLTError, match="weights.pth") as caught:
+        build_backbone("resnet18", weights_path=str(path))
+    assert "\n" not in str(caught.value), caught.value
+
+
 # ------------------------------------------------------------------ a class split (evaluate, eval-cl-checkpoint)
 @pytest.mark.parametrize("content,needle", [(b"5", "(it holds 5)"), (b'"head"', 'holds "head"'),
                                             (b"[1, 2]", "holds [1, 2]"), (GARBAGE, "cannot read class split"),

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from noisymlt.core.files import replacing, write_text
-from noisymlt.errors import NoisyMLTError
+from noisymlt.errors import NoisyMLTError, cause
 
 CLEAN_PREFIX = "clean_"
 RESERVED = ("image_id", "path")
@@ -137,8 +137,7 @@ def read_labels(path: str | Path, noisy_only: bool = False) -> LabelTable:
     except Exception as exc:  # pyarrow/pandas raise many types for a damaged file
         hint = "; the file was damaged since it was written: delete it and rerun the workflow to rebuild it" \
             if "checksum" in str(exc).lower() else ""
-        reason = " ".join(str(exc).split())[:300]  # pandas' messages span lines
-        raise NoisyMLTError(f"{path}: cannot read label table ({type(exc).__name__}: {reason}){hint}") from exc
+        raise NoisyMLTError(f"{path}: cannot read label table ({cause(exc)}){hint}") from exc
     if not (isinstance(meta, dict) and all(isinstance(meta.get(k, []), list) for k in ("columns", "classes"))
             and isinstance(meta.get("digests", {}), dict)):
         raise NoisyMLTError(f"{path}: its 'noisymlt' metadata is not the record noisymlt writes (written by another "

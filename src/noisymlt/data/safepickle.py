@@ -16,7 +16,7 @@ from functools import cache
 
 import numpy as np
 
-from noisymlt.errors import NoisyMLTError
+from noisymlt.errors import NoisyMLTError, cause
 
 
 def _empty_bytes(*args) -> bytes:
@@ -72,8 +72,7 @@ def load_pickle(data: bytes, source: str = "pickle") -> object:
         raise NoisyMLTError(f"{source}: refused to unpickle: global {exc.qualname} is not allowed (only numpy "
                             "arrays, dtypes and plain containers are; nothing in the file was run)") from exc
     except Exception as exc:  # UnpicklingError, EOFError, ValueError, ... on bad or hostile bytes
-        reason = " ".join(str(exc).split())[:200]
-        raise NoisyMLTError(f"{source}: not a readable pickle ({type(exc).__name__}: {reason})") from exc
+        raise NoisyMLTError(f"{source}: not a readable pickle ({cause(exc, 200)})") from exc
 
 
 def load_array_pickle(data: bytes, source: str = "pickle") -> np.ndarray:

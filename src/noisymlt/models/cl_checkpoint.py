@@ -32,7 +32,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from noisymlt.errors import NoisyMLTError
+from noisymlt.errors import NoisyMLTError, cause
 
 if TYPE_CHECKING:  # torch is imported where it is used: `noisymlt --help` and the data steps stay torch-free
     import torch
@@ -82,9 +82,8 @@ def read_cl_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError for a disallowed global, RuntimeError for a damaged archive, ...
-        reason = " ".join(str(exc).split())[:300]
         raise NoisyMLTError(f"{path}: not readable as a checkpoint of tensors and plain containers "
-                            f"(torch.load weights_only=True: {type(exc).__name__}: {reason})") from exc
+                            f"(torch.load weights_only=True: {cause(exc)})") from exc
     if not isinstance(obj, dict):
         raise NoisyMLTError(f"{path}: holds a {type(obj).__name__}, not an mmcv checkpoint (a dict with state_dict)")
     state = obj.get("state_dict", obj)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from noisymlt.errors import NoisyMLTError
+from noisymlt.errors import NoisyMLTError, cause
 
 KEEP = -1  # the outcome of a kept positive
 DROP = -2  # the outcome of a positive dropped without replacement
@@ -139,7 +139,7 @@ def read_matrix(path: str | Path, classes: list[str], what: str) -> np.ndarray:
         try:
             M = np.load(io.BytesIO(data), allow_pickle=False)
         except Exception as exc:  # ValueError (a pickled array), EOFError (empty), OSError, ...: not an array file
-            raise NoisyMLTError(f"{what}: {path}: not a readable .npy array ({type(exc).__name__}: {exc})") from exc
+            raise NoisyMLTError(f"{what}: {path}: not a readable .npy array ({cause(exc)})") from exc
         if not (np.issubdtype(M.dtype, np.integer) or np.issubdtype(M.dtype, np.floating) or M.dtype == bool):
             raise NoisyMLTError(f"{what}: {path}: holds {M.dtype} values; a matrix holds real numbers")
     else:
