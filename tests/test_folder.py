@@ -253,6 +253,12 @@ def _bad_case(tmp_path: Path, case: str) -> tuple[list, list[str], str, str]:
             image.verify()  # passes: only a full decode finds it
         rows.append(["cut.jpg", 1, 0, "train"])
         what = "image 'cut': image file 'cut.jpg' cannot be read as an image (OSError: image file is truncated"
+    elif case == "a NUL in the path":
+        rows.append(["d.png\0", 1, 0, "train"])
+        what = "image 'd': image path 'd.png\\x00' holds a NUL character"
+    elif case == "a name too long":
+        rows.append(["d" * 5000 + ".png", 1, 0, "train"])
+        what = "cannot be looked up (File name too long)"
     elif case == "class only in test":
         rows = [["a.png", 1, 0, "train"], ["b.png", 1, 0, "train"], ["c.png", 1, 1, "test"], ["d.png", 0, 1, "test"]]
         where, what = "", "labels.csv: class 'cat' has no training image (only 2 in the test part)"
@@ -262,7 +268,7 @@ def _bad_case(tmp_path: Path, case: str) -> tuple[list, list[str], str, str]:
 BAD_CASES = ["missing image", "unreadable image", "label not 0/1", "empty label", "no label", "duplicated id",
              "empty path", "absolute path", "bad split value", "wrong field count", "class only in test",
              "path out by ..", "symlink out", "one file, two spellings in two parts", "a link to another row's image",
-             "truncated jpeg"]
+             "truncated jpeg", "a NUL in the path", "a name too long"]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)

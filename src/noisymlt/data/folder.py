@@ -135,9 +135,13 @@ def check_image(file: Path, relative: str) -> str | None:
     failed later in a cache job, far from its row."""
     from PIL import Image
 
-    if not file.exists():
+    try:
+        exists, regular = file.exists(), file.is_file()
+    except OSError as exc:  # a name too long for the file system, a folder it may not enter
+        return f"image path {relative[:120]!r} cannot be looked up ({exc.strerror or exc})"
+    if not exists:
         return f"image file {relative!r} does not exist in the images folder"
-    if not file.is_file():
+    if not regular:
         return f"image path {relative!r} is not a file"
     try:
         with Image.open(file) as image:

@@ -24,6 +24,8 @@ class ImageFolder:
 
     def locate(self, relative: str) -> tuple[Path | None, str | None]:
         """(the file, None) when ``relative`` stays inside the folder once resolved, else (None, the problem)."""
+        if "\0" in relative:  # no file system takes it (os calls raise ValueError)
+            return None, f"{self.noun} {relative!r} holds a NUL character"
         if PurePosixPath(relative).is_absolute() or PureWindowsPath(relative).is_absolute():
             return None, f"{self.noun} {relative!r} is absolute; paths are relative to {self.name}"
         real = os.path.realpath(os.path.join(self.root, relative))
