@@ -5,8 +5,9 @@ write one part, and how long its drawn test split takes, beside the calibration 
     python scripts/benchmark_folder.py --json folder.json
     python scripts/benchmark_folder.py --images 2000 --size 256 --split-rows 100000
 
-The parse reads a CSV of ``--images`` rows over as many JPEGs of ``--size`` px (written first, not timed), opens
-and verifies each image with PIL (no full decode), and writes the train part; both parts read the whole table, so
+The parse reads a CSV of ``--images`` rows over as many JPEGs of ``--size`` px (written first, not timed), resolves
+each path inside the images folder, decodes each image in full with PIL (a truncated file is refused there), and
+writes the train part; both parts read the whole table, so
 a dataset's two parse jobs each take about this long. The split is noisymlt.data.splits.iterative_stratification on
 a synthetic ``--split-rows`` x 80 label matrix of falling class frequency.
 """

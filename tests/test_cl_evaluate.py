@@ -9,6 +9,7 @@ imresize, imnormalize, impad_to_multiple) is transcribed in numpy, independently
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import subprocess
@@ -292,6 +293,42 @@ def test_a_checkpoint_of_another_class_list_is_refused(tmp_path, cl_model, test_
     assert "not the test table's 4 in its order (first difference at index 0)" in capsys.readouterr().err
     # its spelling of a name (COCO's traffic_light for the annotation file's "traffic light") is the same class
     _same_classes({"CLASSES": ("traffic_light", "Hair_Drier")}, ["traffic light", "hair drier"], "ck.pth")
+
+
+def test_a_checkpoint_refused_after_its_predictions_leaves_the_folder_as_it_was(tmp_path, cl_model, test_set,
+                                                                               capsys):
+    """Its scores are NaN (a diverged model): refused when they are scored, after the predictions are made; the
+    folder keeps the earlier evaluation's files, and no temporary file is left beside it."""
+    broken = copy.deepcopy(cl_model)
+    with torch.no_grad():
+        broken.head1.fc_cls.weight.fill_(float("nan"))
+    checkpoint = tmp_path / "nan.pth"
+    digest = _checkpoint(broken, checkpoint)
+    out = tmp_path / "runs" / "cl"
+    out.mkdir(parents=True)
+    for name in ("predictions.npz", "metrics.json", "map.json", "manifest.json"):
+        (out / name).write_text(f"the earlier {name}")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main(_argv(test_set, checkpoint, digest, out, "--image-size", "32")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "holds non-finite values" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["cl"]
+
+
+def test_a_test_image_outside_the_images_folder_is_refused_before_any_prediction(tmp_path, cl_model, test_set,
+                                                                                 capsys):
+    table = test_set["table"]
+    escaped = LabelTable(image_ids=table.image_ids, classes=table.classes, labels=table.labels,
+                         paths=["../" + table.paths[0], *table.paths[1:]])
+    labels = write_labels(escaped, tmp_path / "test_labels.parquet")
+    checkpoint = tmp_path / "epoch_8.pth"
+    digest = _checkpoint(cl_model, checkpoint)
+    argv = _argv({**test_set, "labels": labels}, checkpoint, digest, tmp_path / "out")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{labels} row 1, image 'im00': image path '../images/im00.png' leads outside the images folder" in err
+    assert not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------------ the pipeline step

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -227,6 +228,37 @@ def _bad_case(tmp_path: Path, case: str) -> tuple[list, list[str], str, str]:
     elif case == "wrong field count":
         rows.append(["d.png", 1, 0])
         what = "image 'd': 3 fields where the header line has 4"
+    elif case == "path out by ..":
+        _image(tmp_path / "outside.png")
+        rows.append(["../outside.png", 1, 0, "train"])
+        what = "image path '../outside.png' leads outside the images folder"
+    elif case == "symlink out":
+        _image(tmp_path / "outside.png")
+        (images / "link.png").symlink_to(tmp_path / "outside.png")
+        rows.append(["link.png", 1, 0, "train"])
+        what = "image 'link': image path 'link.png' leads outside the images folder (to "
+    elif case == "one file, two spellings in two parts":
+        rows.append(["./c.png", 1, 0, "train"])  # c.png is a test image (line 4)
+        what = f"image './c': image path './c.png' is the same file as 'c.png' on {tmp_path / 'labels.csv'} line 4"
+    elif case == "a link to another row's image":
+        (images / "alias.png").symlink_to(images / "a.png")
+        rows.append(["alias.png", 1, 0, "test"])
+        what = "image 'alias': image path 'alias.png' is the same file as 'a.png' on"
+    elif case == "truncated jpeg":
+        pixels = np.random.default_rng(0).integers(0, 255, (96, 96, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(images / "cut.jpg", quality=90)
+        whole = (images / "cut.jpg").read_bytes()
+        (images / "cut.jpg").write_bytes(whole[:len(whole) * 2 // 3])  # headers whole, scan data cut
+        with Image.open(images / "cut.jpg") as image:
+            image.verify()  # passes: only a full decode finds it
+        rows.append(["cut.jpg", 1, 0, "train"])
+        what = "image 'cut': image file 'cut.jpg' cannot be read as an image (OSError: image file is truncated"
+    elif case == "a NUL in the path":
+        rows.append(["d.png\0", 1, 0, "train"])
+        what = "image 'd': image path 'd.png\\x00' holds a NUL character"
+    elif case == "a name too long":
+        rows.append(["d" * 5000 + ".png", 1, 0, "train"])
+        what = "cannot be looked up (File name too long)"
     elif case == "class only in test":
         rows = [["a.png", 1, 0, "train"], ["b.png", 1, 0, "train"], ["c.png", 1, 1, "test"], ["d.png", 0, 1, "test"]]
         where, what = "", "labels.csv: class 'cat' has no training image (only 2 in the test part)"
@@ -234,7 +266,9 @@ def _bad_case(tmp_path: Path, case: str) -> tuple[list, list[str], str, str]:
 
 
 BAD_CASES = ["missing image", "unreadable image", "label not 0/1", "empty label", "no label", "duplicated id",
-             "empty path", "absolute path", "bad split value", "wrong field count", "class only in test"]
+             "empty path", "absolute path", "bad split value", "wrong field count", "class only in test",
+             "path out by ..", "symlink out", "one file, two spellings in two parts", "a link to another row's image",
+             "truncated jpeg", "a NUL in the path", "a name too long"]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
@@ -254,6 +288,42 @@ def test_a_bad_row_is_named_by_file_line_image_and_problem(tmp_path, capsys, cas
     if where:
         assert problems[0].startswith(f"{labels} {where}, ")
     assert not (tmp_path / "t.parquet").exists()
+
+
+def test_the_same_file_in_the_test_labels_file_is_refused_naming_both_rows(wide, tmp_path):
+    _, images = wide
+    labels = _csv(tmp_path / "train.csv", ["image", "dog", "cat", "bird"], [r[:4] for r in WIDE])
+    test = _csv(tmp_path / "test.csv", ["image", "dog", "cat", "bird"], [["pets/../c.png", 1, 0, 0]])
+    with pytest.raises(NoisyMLTError) as caught:
+        folder.read_folder(labels, images, test_labels=test)
+    assert (f"{test} line 2, image 'pets/../c': image path 'pets/../c.png' is the same file as 'c.png' on "
+            f"{labels} line 4") in str(caught.value)
+
+
+def test_links_that_stay_inside_the_folder_and_a_linked_folder_are_read(wide, tmp_path, capsys):
+    labels, images = wide
+    elsewhere = tmp_path / "disk"
+    images.rename(elsewhere)
+    images.symlink_to(elsewhere)  # the images folder itself a link to another disk: allowed
+    (elsewhere / "pets" / "a.png").rename(elsewhere / "real_a.png")
+    (elsewhere / "pets" / "a.png").symlink_to(elsewhere / "real_a.png")  # a link inside to a file inside: allowed
+    rc, _, err = _parse(capsys, "--labels", labels, "--images", images, "--split-column", "split", "--part",
+                        "train_source", "--out", tmp_path / "t.parquet")
+    assert rc == 0, err
+    assert read_labels(tmp_path / "t.parquet").paths[0] == "pets/a.png"  # the row's spelling is kept
+
+
+@pytest.mark.parametrize("split,needle", [("train", "the test part would be empty (no row holds test in column "
+                                                    "'split')"),
+                                          ("test", "has no training image")])
+def test_a_parse_that_leaves_a_part_empty_says_so(tmp_path, split, needle):
+    images = tmp_path / "images"
+    rows = [[f"{k}.png", 1, 0, split] for k in range(3)] + [[f"{k + 3}.png", 0, 1, split] for k in range(3)]
+    for row in rows:
+        _image(images / row[0])
+    labels = _csv(tmp_path / "labels.csv", HEADER, rows)
+    with pytest.raises(NoisyMLTError, match=re.escape(needle)):
+        folder.read_folder(labels, images, split_column="split")
 
 
 def test_list_format_names_an_unknown_class_and_an_image_without_labels(tmp_path):

@@ -69,26 +69,37 @@ def layer_of(layers: list[tuple[str, dict]], key: str) -> str:
     return best or " + ".join(name for name, _ in layers)
 
 
+def project_root(layers: list[tuple[str, dict]]) -> Path | None:
+    """The project's folder: the one holding the first params file (params.yaml, beside the Snakefile), which the
+    workflow's jobs run in; None when no layer is a file."""
+    for name, _ in layers:
+        if Path(name).is_file():
+            return Path(name).resolve().parent
+    return None
+
+
 def check_layered(params: dict, layers: list[tuple[str, dict]]) -> None:
-    """validate_params on params merged from ``layers`` ((file, its settings), first to last): an error
-    names the file that set the offending key, then the key."""
+    """validate_params on params merged from ``layers`` ((file, its settings), first to last), the files they
+    name looked up in the project (project_root), never the current folder: an error names the file that set the
+    offending key, then the key."""
     try:
-        validate_params(params)
+        validate_params(params, root=project_root(layers))
     except ParamsError as exc:
         raise ParamsError(layer_of(layers, exc.key), exc.key, exc.detail) from None
 
 
-def validate_params(params: dict, source: str | None = None) -> None:
+def validate_params(params: dict, source: str | None = None, root: str | Path | None = None) -> None:
     """JSON-schema validation (unknown keys, types, ranges) plus the cross-references a schema
-    cannot express: grid entries must name configured datasets and registered methods. Errors are
-    ParamsError: ``source`` (the file), the dotted key, what is wrong."""
+    cannot express: grid entries must name configured datasets and registered methods. ``root``: the project's
+    folder, where the files the settings name (a folder dataset, a noise matrix) must be; None: not looked up.
+    Errors are ParamsError: ``source`` (the file), the dotted key, what is wrong."""
     check_schema(params, params_schema(), "", source)
 
     for name in params["grid"]["datasets"]:
         if name not in params["datasets"]:
             raise ParamsError(source, "grid.datasets", f"{name!r} has no block under datasets")
     for name, block in params["datasets"].items():
-        check_kind_options(name, block, source)
+        check_kind_options(name, block, source, root)
     gamma_lists = {"grid.gammas": params["grid"]["gammas"],
                    **{f"ablations.{n}.gammas": a["gammas"] for n, a in params.get("ablations", {}).items()}}
     for key, gammas in gamma_lists.items():
@@ -129,18 +140,18 @@ def validate_params(params: dict, source: str | None = None) -> None:
         check_options(block["family"], method_options(block), f"methods.{name}", source)
     validate_selection(params, source)
     check_batch_sizes(params, source)
-    check_noise_models(params, source)
+    check_noise_models(params, source, root)
 
 
-def check_noise_models(params: dict, source: str | None = None) -> None:
+def check_noise_models(params: dict, source: str | None = None, root: str | Path | None = None) -> None:
     """A listed model's settings suit the grid (noisymlt.data.noise_models: NoiseModel.problems): class_conditional's
-    matrix given and there, [CL]'s files there for every dataset and rate."""
+    matrix given and there, [CL]'s files there for every dataset and rate (files looked up under ``root``)."""
     from noisymlt.data.noise_models import noise_model
 
     grid = params["grid"]
     for name in grid.get("noise_models", []):
         options = params.get("noise", {}).get(name) or {}
-        for key, problem in noise_model(name).problems(options, list(grid["datasets"]), list(grid["gammas"])):
+        for key, problem in noise_model(name).problems(options, list(grid["datasets"]), list(grid["gammas"]), root):
             raise ParamsError(source, f"noise.{name}" + (f".{key}" if key else ""), problem)
 
 
@@ -163,8 +174,9 @@ def params_schema() -> dict:
     return schema
 
 
-def check_kind_options(name: str, block: dict, source: str | None = None) -> None:
-    """A kind's own block (the schema allows every kind's) only under a dataset of a kind that reads it."""
+def check_kind_options(name: str, block: dict, source: str | None = None, root: str | Path | None = None) -> None:
+    """A kind's own block (the schema allows every kind's) only under a dataset of a kind that reads it, and what
+    the kind finds wrong with it (DatasetKind.problems: settings that exclude each other, files not under ``root``)."""
     from noisymlt.data.kinds import all_kinds, dataset_kind
 
     kind, kinds = dataset_kind(block), all_kinds()
@@ -173,6 +185,8 @@ def check_kind_options(name: str, block: dict, source: str | None = None) -> Non
         if owners and key not in kind.options:
             raise ParamsError(source, f"datasets.{name}.{key}", f"kind {kind.name} reads no {key} block (kinds "
                                                                 f"that do: {', '.join(owners)})")
+    for key, problem in kind.problems(block, None if root is None else Path(root)):
+        raise ParamsError(source, f"datasets.{name}.{key}", problem)
 
 
 def training_images_bound(block: dict) -> int | None:

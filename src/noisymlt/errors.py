@@ -5,6 +5,12 @@ class NoisyMLTError(Exception):
     """Bad input or configuration. The message names the file or key and what is wrong."""
 
 
+def cause(exc: BaseException, limit: int = 300) -> str:
+    """A library's exception as one short line, its type first: the messages of pandas, pyarrow and torch span
+    lines, and a user's error is one line."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:limit]}"
+
+
 def describe_os_error(exc: OSError) -> str:
     """One line for a failed file operation: the file, the cause, and what to do for the common ones."""
     import errno

@@ -3,16 +3,45 @@
 The bytes go to a temporary name beside the target, which one rename then puts in place; until that rename
 the previous file (a checkpoint, a manifest) stays whole. A write that fails removes its temporary file and
 raises an OSError that names the file, told apart as a full disk where it is one (torch and numpy word that
-differently, or not at all).
+differently, or not at all). Before a command writes anything, ``check_outputs`` refuses an output that is one of
+its inputs or another of its outputs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
+
+
+def _same(a: str, b: str) -> bool:
+    """One file under two names: the same resolved path (symlinks, '..', './' followed), or, where both exist, the
+    same inode (a hard link; a case-insensitive file system's two spellings)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet
+        return False
+
+
+def check_outputs(inputs: Mapping[str, str | Path | None], outputs: Mapping[str, str | Path | None]) -> None:
+    """Refuse, before anything is written, an output that would replace one of the command's inputs or that another
+    of its outputs names too (``inputs``, ``outputs``: option -> path; None: not given)."""
+    given_in = [(k, str(v)) for k, v in inputs.items() if v is not None]
+    given_out = [(k, str(v)) for k, v in outputs.items() if v is not None]
+    for j, (name, out) in enumerate(given_out):
+        for other, path in given_in:
+            if _same(out, path):
+                raise NoisyMLTError(f"{out}: {name} is the input {other} ({path}); an output never replaces an input: "
+                                    f"give {name} another file")
+        for other, path in given_out[:j]:
+            if _same(out, path):
+                raise NoisyMLTError(f"{out}: {name} is also {other} ({path}); each output needs a file of its own")
 
 
 def write_failed(path: Path, exc: BaseException) -> OSError:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from noisymlt.core.files import write_json
+from noisymlt.core.files import check_outputs, write_json
 from noisymlt.data.labels import LabelTable, read_labels, write_labels
 from noisymlt.data.longtail import parse_id_list, select_ids
 from noisymlt.data.noise import noise_stats
@@ -168,6 +168,11 @@ def make_authors_noisy_table(pickle_path: str | Path, sha256: str, clean_labels:
     """Read [CL]'s file and the pipeline's clean table, write the noisy table (Parquet, atomically) and its stats
     JSON (default: OUT with .json); returns the stats."""
     pickle_path, ids_path, out = Path(pickle_path), Path(ids_path), Path(out)
+    stats_out = Path(stats_out) if stats_out else out.with_suffix(".json")
+    if out.suffix.lower() != ".parquet":
+        raise NoisyMLTError(f"{out}: --out must end in .parquet (a label table is written as Parquet)")
+    check_outputs({"--pickle": pickle_path, "--clean-labels": clean_labels, "--ids": ids_path},
+                  {"--out": out, "--stats": stats_out})
     sha = _sha256_arg(sha256)
     if gamma is not None and not 0.0 <= float(gamma) <= 1.0:
         raise NoisyMLTError(f"--gamma: noise rate must lie in [0, 1], got {gamma!r}")
@@ -188,7 +193,7 @@ def make_authors_noisy_table(pickle_path: str | Path, sha256: str, clean_labels:
     stats = authors_stats(noisy, file=pickle_path.name, sha256=sha, gamma=None if gamma is None else float(gamma),
                           extra=extra)
     write_labels(noisy, out)
-    write_json(Path(stats_out) if stats_out else out.with_suffix(".json"), stats)
+    write_json(stats_out, stats)
     return stats
 
 

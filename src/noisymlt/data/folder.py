@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import csv
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 
 import numpy as np
 
+from noisymlt.core.files import check_outputs
 from noisymlt.data.labels import CLEAN_PREFIX, RESERVED, LabelTable, write_labels
+from noisymlt.data.userpaths import ImageFolder
 from noisymlt.errors import NoisyMLTError
 
 PARTS = ("train_source", "test")
@@ -127,19 +129,23 @@ def default_id(path: str) -> str:
     return folder + slash + name
 
 
-def check_image(images: Path, relative: str) -> str | None:
-    """None if ``images/relative`` is an image PIL can open and verify (headers and structure, no full decode),
-    else the problem."""
+def check_image(file: Path, relative: str) -> str | None:
+    """None if ``file`` (the row's path ``relative``, resolved) is an image PIL decodes in full, else the problem.
+    A full decode, not verify(): verify reads headers and chunk checksums only, so a truncated JPEG passed it and
+    failed later in a cache job, far from its row."""
     from PIL import Image
 
-    file = images / relative
-    if not file.exists():
+    try:
+        exists, regular = file.exists(), file.is_file()
+    except OSError as exc:  # a name too long for the file system, a folder it may not enter
+        return f"image path {relative[:120]!r} cannot be looked up ({exc.strerror or exc})"
+    if not exists:
         return f"image file {relative!r} does not exist in the images folder"
-    if not file.is_file():
+    if not regular:
         return f"image path {relative!r} is not a file"
     try:
         with Image.open(file) as image:
-            image.verify()
+            image.load()
     except Exception as exc:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ... for a bad file
         return f"image file {relative!r} cannot be read as an image ({type(exc).__name__}: {exc})"
     return None
@@ -204,6 +210,7 @@ class Row:
     index: int
     image_id: str
     path: str
+    file: Path | None = None  # the image, resolved, once it is inside the folder and readable
     names: list[str] | None = None  # list format: the class names of the row
     vector: np.ndarray | None = None  # wide format: the 0/1 labels
     test: bool | None = None  # from the split column or the file (False until drawn); None: a bad split value
@@ -214,7 +221,7 @@ def _split_names(cell: str, separator: str) -> list[str]:
     return list(dict.fromkeys(t.strip() for t in tokens if t.strip()))
 
 
-def _read_row(sheet: Sheet, k: int, i: int, layout: Layout, images: Path, separator: str,
+def _read_row(sheet: Sheet, k: int, i: int, layout: Layout, images: ImageFolder, separator: str,
               problems: list[str]) -> Row:
     cell = dict(zip(sheet.columns, sheet.rows[i]))
     path = _text(cell.get(layout.image))  # a row short of fields lacks some cells
@@ -225,12 +232,13 @@ def _read_row(sheet: Sheet, k: int, i: int, layout: Layout, images: Path, separa
         found.append(sheet.bad_width[i])
     elif not path:
         found.append(f"no image path: column {layout.image!r} is empty")
-    elif PurePosixPath(path).is_absolute() or PureWindowsPath(path).is_absolute():
-        found.append(f"image path {path!r} is absolute; paths are relative to the images folder")
     else:
-        trouble = check_image(images, path)
+        file, trouble = images.locate(path)
+        trouble = trouble or check_image(file, path)
         if trouble:
             found.append(trouble)
+        else:
+            row.file = file
     if i not in sheet.bad_width:
         if layout.id and not image_id:
             found.append(f"no image id: column {layout.id!r} is empty")
@@ -327,9 +335,10 @@ def read_folder(labels: str | Path, images: str | Path, *, classes: list[str] | 
     problems: list[str] = []
     rows: list[Row] = []
     seen: dict[str, tuple[int, int]] = {}
+    folder = ImageFolder(images)
     for k, sheet in enumerate(sheets):
         for i in range(len(sheet.rows)):
-            row = _read_row(sheet, k, i, layout, images, separator, problems)
+            row = _read_row(sheet, k, i, layout, folder, separator, problems)
             rows.append(row)
             if not row.image_id or i in sheet.bad_width:
                 continue
@@ -338,8 +347,11 @@ def read_folder(labels: str | Path, images: str | Path, *, classes: list[str] | 
                 first = (f"{sheets[k0].unit} {sheets[k0].numbers[i0]}" if k0 == k
                          else f"{sheets[k0].where(i0)}; a test image must not be in the training table")
                 problems.append(f"{sheet.where(i)}, image {row.image_id!r}: duplicated image id, also on {first}")
-            else:
-                seen[row.image_id] = (k, i)
+                continue
+            seen[row.image_id] = (k, i)
+            twice = row.file and folder.claim(row.file, sheet.where(i), row.path)
+            if twice:  # another id, the same file: the ids alone would let one image into both parts
+                problems.append(f"{sheet.where(i)}, image {row.image_id!r}: {twice}")
 
     if layout.classes is None:  # list format without --classes: every name found, sorted
         layout.classes = sorted({n for row in rows if row.names for n in row.names})
@@ -380,6 +392,12 @@ def read_folder(labels: str | Path, images: str | Path, *, classes: list[str] | 
     else:
         meta.update(test_fraction=fraction, split_seed=seed)
     meta["images"] = {"train_source": int((~is_test).sum()), "test": int(is_test.sum())}
+    for part, count in meta["images"].items():
+        if count == 0:  # a part without images makes no table a later step can use
+            how = {"column": f"no row holds {'test' if part == 'test' else 'train'} in column {split_column!r}",
+                   "file": f"{test_labels} holds every row", "drawn": f"the test fraction {fraction} drew "
+                   f"{'none' if part == 'test' else 'all'} of {len(rows)} image(s)"}[kind]
+            raise NoisyMLTError(f"{labels}: the {part} part would be empty ({how}); each part needs one image or more")
     parts = {}
     for part, chosen in zip(PARTS, (~is_test, is_test)):
         picked = [r for r, keep in zip(rows, chosen) if keep]
@@ -387,17 +405,6 @@ def read_folder(labels: str | Path, images: str | Path, *, classes: list[str] | 
                                  labels=matrix[chosen].reshape(len(picked), len(index)),
                                  paths=[r.path for r in picked], meta={**meta, "part": part})
     return parts
-
-
-def write_part(table: LabelTable, out: str | Path) -> Path:
-    """write_labels, and no ``.tmp`` left behind when it fails or is interrupted (Ctrl-C included)."""
-    out = Path(out)
-    tmp = out.with_name(out.name + ".tmp")
-    try:
-        return write_labels(table, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _classes_arg(text: str) -> list[str]:
@@ -408,15 +415,13 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix.lower() != ".parquet":
         raise NoisyMLTError(f"{out}: --out must end in .parquet (a label table is written as Parquet)")
-    for given in (args.labels, args.test_labels):
-        if given is not None and out.resolve() == Path(given).resolve():
-            raise NoisyMLTError(f"{out}: --out would overwrite the labels file it reads")
+    check_outputs({"--labels": args.labels, "--test-labels": args.test_labels}, {"--out": out})
     parts = read_folder(args.labels, args.images, classes=args.classes, image_column=args.image_column,
                         id_column=args.id_column, labels_column=args.labels_column, separator=args.separator,
                         split_column=args.split_column, test_labels=args.test_labels,
                         test_fraction=args.test_fraction, split_seed=args.split_seed)
     table = parts[args.part]
-    write_part(table, out)
+    write_labels(table, out)
     counts = table.labels.sum(axis=0)
     print(f"{out}: {args.part} part, {len(table)} images ({len(parts['train_source'])} train_source / "
           f"{len(parts['test'])} test, split: {table.meta['split']}), {table.num_classes} classes, "

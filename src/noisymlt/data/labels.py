@@ -10,13 +10,15 @@ input wherever a Parquet table is.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from noisymlt.errors import NoisyMLTError
+from noisymlt.core.files import replacing, write_text
+from noisymlt.errors import NoisyMLTError, cause
 
 CLEAN_PREFIX = "clean_"
 RESERVED = ("image_id", "path")
@@ -72,10 +74,10 @@ class LabelTable:
 
 
 def write_labels(table: LabelTable, path: str | Path) -> Path:
-    """Write atomically (temp file + rename) so an interrupted step never leaves half a table."""
+    """Write atomically (noisymlt.core.files.replacing: temp file + rename, the temp file removed when the write
+    fails or is interrupted) so an interrupted step never leaves half a table."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     frame = table.to_frame()
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -86,8 +88,8 @@ def write_labels(table: LabelTable, path: str | Path) -> Path:
     # each column's values: a flipped byte that still parses (a dictionary page's 1 become 0) is caught on read
     meta[b"noisymlt"] = json.dumps({"classes": table.classes, **table.meta, "columns": list(frame.columns),
                                     "digests": column_digests(frame)}).encode()
-    pq.write_table(arrow.replace_schema_metadata(meta), tmp, write_page_checksum=True)
-    tmp.replace(path)
+    with replacing(path) as tmp:
+        pq.write_table(arrow.replace_schema_metadata(meta), tmp, write_page_checksum=True)
     return path
 
 
@@ -113,7 +115,9 @@ def read_labels(path: str | Path, noisy_only: bool = False) -> LabelTable:
     meta: dict = {}
     try:
         if path.suffix.lower() == ".csv":
-            frame = pd.read_csv(path, dtype={"image_id": str})
+            with warnings.catch_warnings():  # a row longer than the header: pandas would take its cells as an index
+                warnings.simplefilter("error", pd.errors.ParserWarning)
+                frame = pd.read_csv(path, dtype={"image_id": str}, index_col=False)
             if noisy_only:
                 frame = frame[[c for c in frame.columns if not str(c).startswith(CLEAN_PREFIX)]]
         else:
@@ -133,8 +137,16 @@ def read_labels(path: str | Path, noisy_only: bool = False) -> LabelTable:
     except Exception as exc:  # pyarrow/pandas raise many types for a damaged file
         hint = "; the file was damaged since it was written: delete it and rerun the workflow to rebuild it" \
             if "checksum" in str(exc).lower() else ""
-        raise NoisyMLTError(f"{path}: cannot read label table ({exc}){hint}") from exc
+        raise NoisyMLTError(f"{path}: cannot read label table ({cause(exc)}){hint}") from exc
+    if not (isinstance(meta, dict) and all(isinstance(meta.get(k, []), list) for k in ("columns", "classes"))
+            and isinstance(meta.get("digests", {}), dict)):
+        raise NoisyMLTError(f"{path}: its 'noisymlt' metadata is not the record noisymlt writes (written by another "
+                            "tool, or edited?)")
     return _table_from_frame(frame, path, meta)
+
+
+def _flag_cell(value) -> bool:
+    return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)) and value in (0, 1)
 
 
 def _table_from_frame(frame: pd.DataFrame, path: Path, meta: dict) -> LabelTable:
@@ -164,8 +176,11 @@ def _table_from_frame(frame: pd.DataFrame, path: Path, meta: dict) -> LabelTable
         bad = values.columns[values.isna().any()].tolist()
         raise NoisyMLTError(f"{path}: missing label values in column(s) {bad}")
     arr = values.to_numpy()
-    if not np.isin(arr, (0, 1)).all():
-        r, c = np.argwhere(~np.isin(arr, (0, 1)))[0]
+    # a column of text, lists or mixed cells: judged cell by cell (np.isin fails on a cell holding a sequence)
+    ok = (np.vectorize(_flag_cell, otypes=[bool])(arr) if arr.dtype == object and arr.size
+          else np.isin(arr, (0, 1)))
+    if not ok.all():
+        r, c = np.argwhere(~ok)[0]
         raise NoisyMLTError(
             f"{path}: label column '{class_cols[c]}' row {r} holds {arr[r, c]!r}; labels must be 0 or 1"
         )
@@ -186,8 +201,7 @@ def _table_from_frame(frame: pd.DataFrame, path: Path, meta: dict) -> LabelTable
 def write_class_split(split: dict[str, list[int]], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({g: [int(i) for i in split[g]] for g in GROUPS}, indent=1) + "\n")
-    return path
+    return write_text(path, json.dumps({g: [int(i) for i in split[g]] for g in GROUPS}, indent=1) + "\n")
 
 
 def read_class_split(path: str | Path) -> dict[str, list[int]]:
@@ -195,8 +209,11 @@ def read_class_split(path: str | Path) -> dict[str, list[int]]:
     path = Path(path)
     try:
         raw = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON, not UTF-8
         raise NoisyMLTError(f"{path}: cannot read class split ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise NoisyMLTError(f"{path}: a class split is a mapping of the groups {list(GROUPS)} to class indices, "
+                            f"(it holds {json.dumps(raw)[:60]})")
     if "middle" in raw and "medium" not in raw:
         raw["medium"] = raw.pop("middle")
     missing = [g for g in GROUPS if g not in raw]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from noisymlt.core.files import check_outputs
 from noisymlt.data.labels import (GROUPS, HEAD_MIN, TAIL_MAX, LabelTable, read_labels, split_from_counts,
                                   write_class_split, write_labels)
 from noisymlt.data.structure import scaled_thresholds
@@ -236,8 +237,10 @@ def count_summary(table: LabelTable, split: dict[str, list[int]]) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    table = read_labels(args.labels)
     out = Path(args.out)
+    check_outputs({"--labels": args.labels}, {"--out": out, "--split-out": Path(args.split_out) if args.split_out
+                                              else default_split_path(out)})
+    table = read_labels(args.labels)
     if args.source == "official":
         lists = official_lists()
         if args.dataset not in lists:

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.core.files import write_json
+from noisymlt.core.files import check_outputs, write_json
 from noisymlt.data.noise_models import DROP, KEEP, NOISE_MODULES, PAPER, noise_model
 
 
@@ -185,6 +185,11 @@ def make_noisy_table(
     from noisymlt.data.labels import LabelTable, read_labels, write_labels
 
     labels_path, out = Path(labels_path), Path(out)
+    stats_out = Path(stats_out) if stats_out else out.with_suffix(".json")
+    if out.suffix.lower() != ".parquet":
+        raise NoisyMLTError(f"{out}: --out must end in .parquet (a label table is written as Parquet)")
+    check_outputs({"--labels": labels_path, "--option matrix": (options or {}).get("matrix")},
+                  {"--out": out, "--stats": stats_out})
     gamma = _check_gamma(gamma, "--gamma")
     seed = _check_seed(seed, "--seed")
     chosen, options = noise_model(model), dict(options or {})
@@ -200,6 +205,9 @@ def make_noisy_table(
     _check_labels(table.labels, str(labels_path))  # so a refusal names the file
     prepared = chosen.prepare(options, list(table.classes), f"noise model {model}")
     noisy, info = inject_noise(table.labels, gamma, seed, model, prepared)
+    if not noisy.any():  # a table of negatives only trains nothing
+        raise NoisyMLTError(f"{labels_path}: noise model {chosen.name} at gamma {gamma} leaves no image with a "
+                            "positive label; nothing written")
     stats = noise_stats(table.labels, noisy, table.classes, info["transitions"], gamma=gamma, seed=seed,
                         model=chosen.name, dropped=info["dropped"])
     stats["source"] = labels_path.name
@@ -217,7 +225,7 @@ def make_noisy_table(
         ),
         out,
     )
-    write_json(Path(stats_out) if stats_out else out.with_suffix(".json"), stats)
+    write_json(stats_out, stats)
     return stats
 
 
@@ -239,6 +247,8 @@ def _run(args: argparse.Namespace) -> int:
         f"flip rate {stats['flip_rate']:.3f}, {stats['wrong_fraction']:.3f} of noisy labels wrong, "
         f"{stats['classes_without_noisy_positives']} class(es) without noisy positives"
         + (f", drop rate {stats['drop_rate']:.3f}" if stats.get("dropped_positives") else "")
+        + (f", {stats['images_without_noisy_labels']} image(s) left without any label"
+           if stats.get("images_without_noisy_labels") else "")
     )
     return 0
 

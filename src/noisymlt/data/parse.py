@@ -6,6 +6,7 @@ import argparse
 import re
 from pathlib import Path
 
+from noisymlt.core.files import check_outputs
 from noisymlt.data.labels import write_labels
 from noisymlt.errors import NoisyMLTError
 
@@ -22,6 +23,7 @@ def _run(args: argparse.Namespace) -> int:
     source = Path(args.source)
     if not source.exists():
         raise NoisyMLTError(f"{source}: --source does not exist")
+    check_outputs({"--source": source}, {"--out": args.out})
     if args.format == "voc":
         from noisymlt.data.voc import parse_voc
 

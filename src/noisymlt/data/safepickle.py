@@ -16,7 +16,14 @@ from functools import cache
 
 import numpy as np
 
-from noisymlt.errors import NoisyMLTError
+from noisymlt.errors import NoisyMLTError, cause
+
+
+def _empty_bytes(*args) -> bytes:
+    """bytes() as an empty array's pickle calls it; any argument (bytes(10**12) would fill memory) is refused."""
+    if args:
+        raise pickle.UnpicklingError("bytes() with arguments is not allowed")
+    return b""
 
 
 @cache
@@ -30,6 +37,8 @@ def allowed_globals() -> dict[tuple[str, str], object]:
         from numpy.core import multiarray, numeric  # type: ignore[no-redef]
     allowed: dict[tuple[str, str], object] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
                                               ("_codecs", "encode"): codecs.encode}
+    for mod in ("__builtin__", "builtins"):  # protocol 2 writes an empty array's data as bytes()
+        allowed[(mod, "bytes")] = _empty_bytes
     for mod in ("numpy.core", "numpy._core"):
         allowed[(f"{mod}.multiarray", "_reconstruct")] = multiarray._reconstruct
         allowed[(f"{mod}.multiarray", "scalar")] = multiarray.scalar
@@ -63,8 +72,7 @@ def load_pickle(data: bytes, source: str = "pickle") -> object:
         raise NoisyMLTError(f"{source}: refused to unpickle: global {exc.qualname} is not allowed (only numpy "
                             "arrays, dtypes and plain containers are; nothing in the file was run)") from exc
     except Exception as exc:  # UnpicklingError, EOFError, ValueError, ... on bad or hostile bytes
-        reason = " ".join(str(exc).split())[:200]
-        raise NoisyMLTError(f"{source}: not a readable pickle ({type(exc).__name__}: {reason})") from exc
+        raise NoisyMLTError(f"{source}: not a readable pickle ({cause(exc, 200)})") from exc
 
 
 def load_array_pickle(data: bytes, source: str = "pickle") -> np.ndarray:

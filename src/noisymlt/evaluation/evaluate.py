@@ -73,16 +73,18 @@ def map_summary(result: dict) -> dict:
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from noisymlt.core.codedeps import CLI
-    from noisymlt.core.files import write_json
+    from noisymlt.core.files import check_outputs, write_json
     from noisymlt.core.manifest import check_inputs, now, write_manifest
 
     started = now()
+    out = Path(args.out)
+    check_outputs({"--predictions": args.predictions, "--test-labels": args.test_labels, "--split": args.split},
+                  {"--out": out, "--map-out": args.map_out, "the manifest": out.with_name(out.stem + ".manifest.json")})
     check_inputs({"predictions": args.predictions})  # against the record of the run that wrote them
     result = evaluate_predictions(Path(args.predictions), Path(args.test_labels), Path(args.split))
     run_manifest = Path(args.predictions).with_name("manifest.json")
     if run_manifest.exists():
         result["run_id"] = json.loads(run_manifest.read_text()).get("run_id")
-    out = Path(args.out)
     write_json(out, result)
     outputs = {"metrics": out}
     if args.map_out:

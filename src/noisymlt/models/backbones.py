@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from noisymlt.errors import NoisyMLTError
+from noisymlt.errors import NoisyMLTError, cause
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def build_backbone(name: str, *, pretrained: bool = False, weights_path: str | N
             state = {k: v for k, v in state.items() if not k.startswith("fc.")}
             missing, _ = net.load_state_dict(state, strict=False)
         except Exception as exc:  # unpickling errors, non-dict files, shape mismatches
-            raise NoisyMLTError(f"train.weights_path: {path} is not a {name} state dict ({exc})") from exc
+            raise NoisyMLTError(f"train.weights_path: {path} is not a {name} state dict ({cause(exc)})") from exc
         if [k for k in missing if not k.startswith("fc.")]:
             raise NoisyMLTError(f"train.weights_path: {path} lacks backbone weights, e.g. {missing[:3]}")
         log.info("loaded backbone weights from %s", path)

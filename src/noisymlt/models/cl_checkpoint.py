@@ -32,7 +32,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from noisymlt.errors import NoisyMLTError
+from noisymlt.errors import NoisyMLTError, cause
 
 if TYPE_CHECKING:  # torch is imported where it is used: `noisymlt --help` and the data steps stay torch-free
     import torch
@@ -82,14 +82,14 @@ def read_cl_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # UnpicklingError for a disallowed global, RuntimeError for a damaged archive, ...
-        reason = " ".join(str(exc).split())[:300]
         raise NoisyMLTError(f"{path}: not readable as a checkpoint of tensors and plain containers "
-                            f"(torch.load weights_only=True: {type(exc).__name__}: {reason})") from exc
+                            f"(torch.load weights_only=True: {cause(exc)})") from exc
     if not isinstance(obj, dict):
         raise NoisyMLTError(f"{path}: holds a {type(obj).__name__}, not an mmcv checkpoint (a dict with state_dict)")
     state = obj.get("state_dict", obj)
     meta = obj.get("meta") if isinstance(obj.get("meta"), dict) else {}
-    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+    if (not isinstance(state, dict) or not state or not all(isinstance(k, str) for k in state)
+            or not all(isinstance(v, torch.Tensor) for v in state.values())):
         raise NoisyMLTError(f"{path}: 'state_dict' is not a mapping of names to tensors")
     if all(k.startswith("module.") for k in state):
         state = {k[len("module."):]: v for k, v in state.items()}
@@ -101,6 +101,10 @@ def infer_architecture(state: dict[str, torch.Tensor], source: str = "checkpoint
     for key in ("backbone.conv1.weight", "neck.fc.weight", "head.fc_cls.weight", "backbone1.conv1.weight"):
         if key not in state:
             raise NoisyMLTError(f"{source}: no key {key!r}; not a state dict of [CL]'s two-branch StitchUpClassifier")
+    for key in ("neck.fc.weight", "head.fc_cls.weight"):  # their first dimension sizes the model
+        if state[key].dim() != 2:
+            raise NoisyMLTError(f"{source}: {key} has shape {tuple(state[key].shape)}; a linear layer's weight is "
+                                "2-D (outputs x inputs)")
     blocks = tuple(len({int(m.group(1)) for k in state if (m := re.match(rf"backbone\.layer{i}\.(\d+)\.", k))})
                    for i in range(1, 5))
     bottleneck = any(re.match(r"backbone\.layer1\.0\.conv3\.", k) for k in state)
@@ -195,9 +199,10 @@ def convert_checkpoint(path: str | Path, out: str | Path, *, partner_bn: bool = 
     (atomically); returns the meta (architecture, source meta, dropped keys)."""
     import torch
 
-    from noisymlt.core.files import replacing
+    from noisymlt.core.files import check_outputs, replacing
     from noisymlt.core.manifest import file_sha256
 
+    check_outputs({"--checkpoint": path}, {"--out": out})
     state, cl_meta = read_cl_checkpoint(path)
     model, dropped = build_from_cl(state, source=str(path), partner_bn=partner_bn)
     meta = {"source": Path(path).name, "source_sha256": file_sha256(path), **infer_architecture(state, str(path)),

@@ -138,6 +138,21 @@ def predict(model, images: CLTestImages, device, batch_size: int, workers: int, 
     return {head: np.concatenate(v) if v else np.zeros((0, 0), np.float32) for head, v in outs.items()}
 
 
+def _check_paths(table, test_labels: str | Path, test_images: str | Path) -> None:
+    """Every test image inside ``test_images`` once resolved, and no file twice (noisymlt.data.userpaths), before
+    minutes of predictions."""
+    from noisymlt.data.userpaths import ImageFolder
+
+    if not Path(test_images).is_dir():
+        raise NoisyMLTError(f"{test_images}: the test images folder does not exist")
+    folder = ImageFolder(test_images)
+    for i, (image_id, relative) in enumerate(zip(table.image_ids, table.paths)):
+        file, problem = folder.locate(relative)
+        problem = problem or folder.claim(file, f"row {i + 1}", relative)
+        if problem:
+            raise NoisyMLTError(f"{test_labels} row {i + 1}, image {image_id!r}: {problem}")
+
+
 def _same_classes(cl_meta: dict, classes: list[str], source: str) -> None:
     """A checkpoint whose meta names its classes (mmcv saves CLASSES when the model has them) must list the test
     table's, in its order: a permuted class list would score every AP against another class's labels."""
@@ -159,7 +174,7 @@ def evaluate_checkpoint(checkpoint: str | Path, sha256: str, test_labels: str | 
     import torch
 
     from noisymlt.core.codedeps import CLI, digest
-    from noisymlt.core.files import replacing, write_json
+    from noisymlt.core.files import check_outputs, replacing, write_json
     from noisymlt.core.manifest import now, write_manifest
     from noisymlt.data.labels import read_class_split, read_labels
     from noisymlt.evaluation.evaluate import evaluate_predictions, map_summary
@@ -168,6 +183,10 @@ def evaluate_checkpoint(checkpoint: str | Path, sha256: str, test_labels: str | 
     from noisymlt.training.loaders import available_cores, resolve_workers
 
     started = now()
+    out = Path(out)
+    written = {name: out / name for name in ("predictions.npz", "metrics.json", "map.json", "manifest.json")}
+    check_outputs({"--checkpoint": checkpoint, "--test-labels": test_labels, "--split": split},
+                  {f"--out {name}": path for name, path in written.items()})
     sha = check_sha256(checkpoint, sha256)  # first: nothing else is read from a file that is not the one named
     if batch_size < 1 or image_size < 16:
         raise NoisyMLTError(f"--batch-size {batch_size} / --image-size {image_size}: need at least 1 and 16")
@@ -175,6 +194,7 @@ def evaluate_checkpoint(checkpoint: str | Path, sha256: str, test_labels: str | 
     read_class_split(split)  # a bad split fails before the predictions take minutes
     if table.paths is None:
         raise NoisyMLTError(f"{test_labels}: no 'path' column; the test images cannot be found")
+    _check_paths(table, test_labels, test_images)
     state, cl_meta = read_cl_checkpoint(checkpoint)
     arch = infer_architecture(state, str(checkpoint))
     if arch["num_classes"] != len(table.classes):
@@ -196,14 +216,16 @@ def evaluate_checkpoint(checkpoint: str | Path, sha256: str, test_labels: str | 
     scores = predict(model, CLTestImages(test_images, table.paths, image_size), dev, batch_size, workers, progress)
     seconds = time.perf_counter() - t0
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    pred_path = out / "predictions.npz"
-    with replacing(pred_path, out / "predictions.tmp.npz") as tmp:  # numpy keeps a name ending .npz
+    pred_path = written["predictions.npz"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # the predictions are scored from a file beside the folder, moved in once they pass: a checkpoint whose scores
+    # are refused (non-finite) leaves the folder as it was, never new predictions beside old metrics
+    with replacing(pred_path, out.parent / f".{out.name}.predictions.tmp.npz") as tmp:  # numpy keeps a .npz name
         np.savez_compressed(tmp, image_ids=np.array(table.image_ids), heads=np.array(list(HEADS)),
                             checkpoint_sha256=np.array(sha), code_digest=np.array(digest(*CLI, __name__)),
                             **{f"scores_{k}": v for k, v in scores.items()})
-    result = evaluate_predictions(pred_path, Path(test_labels), Path(split))
+        result = evaluate_predictions(tmp, Path(test_labels), Path(split))
+        out.mkdir(exist_ok=True)
     result["checkpoint"] = {"file": Path(checkpoint).name, "sha256": sha}
     metrics = write_json(out / "metrics.json", result)
     map_path = write_json(out / "map.json", map_summary(result))

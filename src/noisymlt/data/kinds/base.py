@@ -10,6 +10,7 @@ run as their `args` params.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
 
@@ -74,6 +75,12 @@ class DatasetKind:
         return None
 
     # ------------------------------------------------------------------ facts for checks and methods
+    def problems(self, block: dict, root: Path | None) -> list[tuple[str, str]]:
+        """What is wrong with the dataset's block beyond its schema, as (key under datasets.NAME, what), checked with
+        the params: settings that exclude each other, and, with the project's folder ``root`` (None: not looked
+        up), files it names that are not there."""
+        return []
+
     def training_images_bound(self, block: dict, longtail_max: int) -> int | None:
         """An upper bound on the training images of a dataset of this kind: its pool, and no more than classes x
         the long-tail profile's largest class count; None when unknown before the data are read."""

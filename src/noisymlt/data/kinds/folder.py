@@ -5,6 +5,7 @@ the block's ``folder`` (docs/datasets.md, "Add your own data")."""
 from __future__ import annotations
 
 from noisymlt.data.kinds.base import DatasetKind, register_kind
+from noisymlt.data.userpaths import ImageFolder
 
 FOLDER_SCHEMA = {
     "description": "a folder of images and a labels table (noisymlt.data.folder)",
@@ -28,6 +29,7 @@ FOLDER_SCHEMA = {
         "split_seed": {"type": "integer", "minimum": 0, "description": "seed of the drawn test split (default 0)"},
     },
 }
+TEST_SOURCES = ("split_column", "test_labels", "test_fraction")  # where the test part comes from: one at most
 # block key -> parse-folder option; the paths among them are under root
 _OPTIONS = {"image_column": "--image-column", "id_column": "--id-column", "labels_column": "--labels-column",
             "separator": "--separator", "split_column": "--split-column", "test_fraction": "--test-fraction",
@@ -39,6 +41,32 @@ class Folder(DatasetKind):
     options = {"folder": FOLDER_SCHEMA}
     # thresholds: no published values for a user's data: [CL]'s VOC-MLT ones (the base's) unless the block's
     # colearning.thresholds sets them
+
+    def problems(self, block, root):
+        opts, found = block["folder"], []
+        given = [key for key in TEST_SOURCES if key in opts]
+        if len(given) > 1:
+            found.append((f"folder.{given[1]}", f"the test part comes from one of {', '.join(given)}, not several"))
+        if "split_seed" in opts and given and given[0] != "test_fraction":
+            found.append(("folder.split_seed", f"seeds a drawn test part only (test_fraction), not one from "
+                                               f"{given[0]}"))
+        if root is None:
+            return found
+        base = root / opts["root"]
+        if not base.is_dir():
+            return found + [("folder.root", f"{opts['root']}: no such folder in the project ({root})")]
+        # the files sit under root, which DVC tracks as a whole: one outside it would be read untracked
+        inside = ImageFolder(base, f"the dataset's root {opts['root']}", "path")
+        for key, folder in (("labels", False), ("images", True), ("test_labels", False)):
+            if key not in opts and key != "images":
+                continue
+            name = opts.get(key, "images")
+            file, problem = inside.locate(name)
+            if problem is None and not (file.is_dir() if folder else file.is_file()):
+                problem = f"{name}: no such {'folder' if folder else 'file'} under {opts['root']}"
+            if problem:
+                found.append((f"folder.{key}", problem))
+        return found
 
     def raw_dir(self, block, raw_root):
         return block["folder"]["root"].rstrip("/")

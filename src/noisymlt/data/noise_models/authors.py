@@ -8,9 +8,7 @@ file is read. They drew one copy per rate, so every seed of a rate reads the sam
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from noisymlt.data.noise_models.base import NoiseModel, register_noise_model
+from noisymlt.data.noise_models.base import NoiseModel, missing_file, register_noise_model
 from noisymlt.errors import NoisyMLTError
 
 FILE = "class_freq_{gamma}noise.pkl"  # [CL]'s name of a rate's file (mlltn configs: ann_file)
@@ -47,7 +45,7 @@ class Authors(NoiseModel):
                                 "files, the id list, each rate's sha256; docs/noise-models.md)")
         return options[dataset]
 
-    def problems(self, options, datasets, gammas):
+    def problems(self, options, datasets, gammas, root=None):
         found = []
         for dataset in datasets:
             if dataset not in options:
@@ -56,8 +54,8 @@ class Authors(NoiseModel):
             block = options[dataset]
             found += [(f"{dataset}.sha256", f"no sha256 for noise rate {rate_text(g)} ({FILE.format(gamma=rate_text(g))})")
                       for g in gammas if rate_text(g) not in block["sha256"]]
-            found += [(dataset, f"{f}: no such file") for g in gammas if rate_text(g) in block["sha256"]
-                      for f in self.files(options, dataset, g) if not Path(f).is_file()]
+            found += [(dataset, problem) for g in gammas if rate_text(g) in block["sha256"]
+                      for f in self.files(options, dataset, g) if (problem := missing_file(f, root))]
         return found
 
     def files(self, options, dataset, gamma):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from noisymlt.errors import NoisyMLTError
+from noisymlt.errors import NoisyMLTError, cause
 
 KEEP = -1  # the outcome of a kept positive
 DROP = -2  # the outcome of a positive dropped without replacement
@@ -34,12 +34,14 @@ class NoiseModel:
         """The JSON schema of the model's block of settings, noise.NAME (from ``options``)."""
         return {"type": "object", "additionalProperties": False, "properties": dict(self.options)}
 
-    def problems(self, options: dict, datasets: list[str], gammas: list[float]) -> list[tuple[str, str]]:
+    def problems(self, options: dict, datasets: list[str], gammas: list[float], root: str | Path | None = None
+                 ) -> list[tuple[str, str]]:
         """What is wrong with the settings for a grid over ``datasets`` and ``gammas``: (key under noise.NAME, what),
-        checked with the params. Default: every option given, every file it names there."""
+        checked with the params. Default: every option given, every file it names there, relative paths under the
+        project's folder ``root`` (None: files not looked up)."""
         missing = [(key, "the model needs it") for key in self.options if options.get(key) is None]
         files = [] if missing else dict.fromkeys(f for d in datasets for g in gammas for f in self.files(options, d, g))
-        return missing + [("", f"{f}: no such file") for f in files if not Path(f).is_file()]
+        return missing + [("", problem) for f in files if (problem := missing_file(f, root))]
 
     def files(self, options: dict, dataset: str, gamma: float) -> list[str]:
         """Files the noise step reads for one noisy set besides the clean labels (a dependency of both routes)."""
@@ -70,6 +72,15 @@ class NoiseModel:
         """C x (C + 1): row i = where a clean positive of class i ends (column C: dropped) when its image holds the
         typical label set; models whose draw depends on the image (uniform) give the average over ``clean``."""
         raise NotImplementedError(f"noise model {self.name}: transition")
+
+
+def missing_file(path: str, root: str | Path | None) -> str | None:
+    """The problem when ``path`` (relative: to the project's folder ``root``) is not a file; None when it is, or
+    when ``root`` is None (not looked up). Jobs run in the project's folder, so that is where a relative path leads,
+    whatever the folder the check runs from."""
+    if root is None or (Path(root) / path).is_file():
+        return None
+    return f"{path}: no such file" + ("" if Path(path).is_absolute() else f" in the project ({root})")
 
 
 def register_noise_model(name: str):
@@ -112,18 +123,32 @@ def inverse_cdf(rows: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 def read_matrix(path: str | Path, classes: list[str], what: str) -> np.ndarray:
     """A C x C row-stochastic matrix from a CSV file (a header row of class names, then one row per class, its
-    first cell the class name) or a .npy array, checked: shape, class order, values in [0, 1], rows summing to 1."""
+    first cell the class name) or a .npy array (told by its bytes, whatever the suffix), checked: numbers, shape,
+    class order, values in [0, 1], rows summing to 1."""
+    import io
+
     path = Path(path)
     if not path.is_file():
         raise NoisyMLTError(f"{what}: {path}: no such file")
     C = len(classes)
-    if path.suffix == ".npy":
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise NoisyMLTError(f"{what}: {path}: cannot read it ({exc.strerror or exc})") from exc
+    if data.startswith(b"\x93NUMPY") or path.suffix.lower() == ".npy":
         try:
-            M = np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as exc:
-            raise NoisyMLTError(f"{what}: {path}: not a readable .npy array ({exc})") from exc
+            M = np.load(io.BytesIO(data), allow_pickle=False)
+        except Exception as exc:  # ValueError (a pickled array), EOFError (empty), OSError, ...: not an array file
+            raise NoisyMLTError(f"{what}: {path}: not a readable .npy array ({cause(exc)})") from exc
+        if not (np.issubdtype(M.dtype, np.integer) or np.issubdtype(M.dtype, np.floating) or M.dtype == bool):
+            raise NoisyMLTError(f"{what}: {path}: holds {M.dtype} values; a matrix holds real numbers")
     else:
-        lines = [line.split(",") for line in path.read_text().splitlines() if line.strip()]
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise NoisyMLTError(f"{what}: {path}: not UTF-8 text ({exc.reason} at byte {exc.start}); a matrix is a "
+                                "CSV file or a .npy array") from exc
+        lines = [line.split(",") for line in text.splitlines() if line.strip()]
         if not lines:
             raise NoisyMLTError(f"{what}: {path}: empty file")
         header = [c.strip() for c in lines[0][1:]]
@@ -141,6 +166,7 @@ def read_matrix(path: str | Path, classes: list[str], what: str) -> np.ndarray:
             raise NoisyMLTError(f"{what}: {path}: a cell is not a number ({exc})") from exc
     if M.shape != (C, C):
         raise NoisyMLTError(f"{what}: {path}: shape {M.shape}, the dataset has {C} classes: need {C} x {C}")
+    M = M.astype(np.float64)
     if not np.isfinite(M).all() or (M < 0).any() or (M > 1).any():
         raise NoisyMLTError(f"{what}: {path}: entries must be probabilities in [0, 1]")
     sums = M.sum(axis=1)
@@ -148,4 +174,4 @@ def read_matrix(path: str | Path, classes: list[str], what: str) -> np.ndarray:
     if bad.size:
         raise NoisyMLTError(f"{what}: {path}: row {classes[bad[0]]!r} sums to {sums[bad[0]]:.6g}, not 1 "
                             f"({bad.size} row(s) off)")
-    return M.astype(np.float64)
+    return M
