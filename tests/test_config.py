@@ -95,8 +95,8 @@ def test_a_bad_layer_is_named_with_the_key_in_one_short_line(tmp_path, capsys):
         assert str(info.value) == f"{layer}: {message}"
     from noisymlt.cli import main
 
-    assert main(["params", str(REPO / "params.yaml"), str(demo), str(layer), "--out", str(tmp_path / "d.yaml")]) == 2
-    assert capsys.readouterr().err == f"noisymlt params: error: {layer}: {message}\n"  # the last case, one line
+    assert main(["code-deps", "--params", str(REPO / "params.yaml"), str(demo), str(layer), "--digests"]) == 2
+    assert capsys.readouterr().err == f"noisymlt code-deps: error: {layer}: {message}\n"  # the last case, one line
     # a key set by the base file and left alone by the layers is the base file's
     broken = tmp_path / "params.yaml"
     broken.write_text((REPO / "params.yaml").read_text().replace("  momentum: 0.9", "  momentum: -0.9", 1))

@@ -121,7 +121,7 @@ def test_glove_is_read_from_its_file_only(tmp_path, monkeypatch):
     missing = tmp_path / "voc_glove.pkl"
     with pytest.raises(NoisyMLTError, match="embeddings: random") as err:
         glove.class_embeddings("voc", list(VOC_CLASSES), "glove", missing)
-    assert f"noisymlt step asset --out {missing}" in str(err.value)
+    assert f"snakemake {missing}" in str(err.value)
     with pytest.raises(NoisyMLTError, match="assets.glove.voc"):
         glove.class_embeddings("voc", list(VOC_CLASSES), "glove", None)
     # A file that is not a plain array pickle is refused without running anything.

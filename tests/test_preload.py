@@ -75,7 +75,7 @@ def code_deps_on_fifo(tmp_path) -> tuple[list[str], Path]:
     """A served command that waits until the test writes its params (as JSON) into a fifo, then succeeds."""
     fifo = tmp_path / "params.json"
     os.mkfifo(fifo)
-    return ["code-deps", "--params-json", str(fifo), "--method", "erm"], fifo
+    return ["code-deps", "--params", str(fifo), "--method", "erm"], fifo
 
 
 def feed(fifo: Path, timeout: float = 30.0) -> None:
@@ -227,7 +227,7 @@ def test_ctrl_c_gives_a_message_not_a_traceback(server, tmp_path):
     path, proc = server
     fifo = tmp_path / "never.json"
     os.mkfifo(fifo)
-    args = ["code-deps", "--params-json", str(fifo), "--method", "erm"]
+    args = ["code-deps", "--params", str(fifo), "--method", "erm"]
     served = served_client(path, args)
     child = wait_for_child(proc, served)
     served.send_signal(signal.SIGINT)

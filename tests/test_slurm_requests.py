@@ -77,7 +77,7 @@ def test_the_slurm_profile_sets_nothing_for_a_local_rule_and_routes_every_gpu_ru
     texts = [f.read_text() for f in sorted((REPO / "workflow/rules").glob("*.smk"))]
     local = localcluster.local_rules()
     bodies = {name: body for text in texts for name, body in rules_of(text).items()}
-    assert {"download", "fetch_train_images", "code_digests"} <= local <= set(bodies)
+    assert {"download", "fetch_train_images"} <= local <= set(bodies)
     gpu_rules = {name for name, body in bodies.items() if re.search(r"^\s+gpu=", body, re.M)}
     assert {"train", "train_candidate", "inference_time"} <= gpu_rules
     config = (REPO / "workflow/profiles/slurm/config.yaml").read_text()

@@ -1,13 +1,10 @@
-"""noisymlt.pipeline.paths: the arguments each step gets from params files, and the `noisymlt step` wrappers."""
+"""noisymlt.pipeline.paths: the arguments each step gets from params files."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 
-from noisymlt.cli import main
 from noisymlt.errors import NoisyMLTError
 from noisymlt.pipeline.paths import (grid_runs, image_root, longtail_argv, parse_argv, raw_argv, raw_marker, run_dir,
                             train_images_argv)
@@ -75,32 +72,3 @@ def test_grid_runs_follow_snakemakes_order_and_paths():
     assert run_dir(*two[4]) == "runs/voc/g0.3-uniform/s0/erm"
     assert run_dir(*runs[1]) == "runs/voc/g0.3/s0/ours"
     assert run_dir("voc", 0.50, 0, "erm") == "runs/voc/g0.5/s0/erm"
-
-
-def _demo_params_file(tmp_path) -> str:
-    import yaml
-
-    from noisymlt.config import load_params
-
-    repo = Path(__file__).resolve().parents[1]
-    params = load_params(repo / "params.yaml", repo / "workflow" / "profiles" / "demo" / "params.yaml")
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
-    return str(path)
-
-
-def test_train_images_step_for_a_kind_without_downloads_records_where_they_are(tmp_path, monkeypatch, capsys):
-    params = _demo_params_file(tmp_path)
-    monkeypatch.chdir(tmp_path)
-    assert main(["step", "train-images", "--params", params, "--dataset", "toy", "--ids", "unused.parquet",
-                 "--out", "data/toy/train_images"]) == 0
-    note = json.loads((tmp_path / "data/toy/train_images/manifest.json").read_text())
-    assert note == {"dataset": "toy", "kind": "toy", "train_images": "data/raw/toy/VOCdevkit/TOY"}
-
-
-def test_aggregate_step_names_the_grid_runs_that_are_missing(tmp_path, monkeypatch, capsys):
-    params = _demo_params_file(tmp_path)
-    monkeypatch.chdir(tmp_path)
-    assert main(["step", "aggregate", "--params", params, "--out", "results.parquet"]) == 2
-    err = capsys.readouterr().err
-    assert "have no metrics yet" in err and "runs/toy/g0.3/s0/" in err
