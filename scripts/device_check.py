@@ -347,7 +347,7 @@ def noisymlt(argv: list[str], work: Path, log_path: Path) -> None:
         status = main(argv)
     if status:
         tail = log_path.read_text().strip().splitlines()[-3:]
-        raise RuntimeError(f"noisymlt {argv[0]} {argv[1] if argv[0] == 'step' else ''}: exit status {status}; "
+        raise RuntimeError(f"noisymlt {argv[0]}: exit status {status}; "
                            f"log: {log_path}: " + " | ".join(tail))
 
 
@@ -406,7 +406,9 @@ def end_to_end(ctx: dict) -> dict:
     (work / "fixed.yaml").write_text(yaml.safe_dump(FIXED_LAYER))
     params.append(str(work / "fixed.yaml"))
     d, g, s, method = E2E["dataset"], E2E["gamma"], E2E["seed"], E2E["method"]
+    from noisymlt.config import load_params
     from noisymlt.pipeline import layout as L
+    from noisymlt.pipeline import paths
     from noisymlt.pipeline.paths import run_dir
 
     test, split = L.fill(L.TEST_LABELS, dataset=d), L.fill(L.CLASS_SPLIT, dataset=d)
@@ -415,22 +417,18 @@ def end_to_end(ctx: dict) -> dict:
               "quick_layer": QUICK_LAYER if ctx["quick"] else None, "fixed_layer": FIXED_LAYER, **E2E}
     try:
         t0 = time.perf_counter()
-        step = ["step"]
-        P = ["--params", *params]
-        noisymlt([*step, "raw", *P, "--dataset", d], work, log_path)
+        # the words the workflow's rules run (their `args` params: noisymlt.pipeline.paths), on these layers
+        P = load_params(*params)
+        noisymlt(paths.raw_argv(P, d), work, log_path)
         for part in ("train_source", "test"):
-            noisymlt([*step, "parse", *P, "--dataset", d, "--part", part,
-                      "--out", L.fill(L.LABELS, dataset=d, part=part)], work, log_path)
-        noisymlt([*step, "longtail", *P, "--dataset", d, "--labels", L.fill(L.SOURCE_LABELS, dataset=d),
-                  "--out", L.fill(L.TRAIN_LABELS, dataset=d), "--split-out", split], work, log_path)
+            noisymlt(paths.parse_argv(P, d, part, L.fill(L.LABELS, dataset=d, part=part)), work, log_path)
+        noisymlt(paths.longtail_argv(P, d, L.fill(L.SOURCE_LABELS, dataset=d), L.fill(L.TRAIN_LABELS, dataset=d),
+                                     split), work, log_path)
         noisy = L.fill(L.NOISY, dataset=d, gamma=g, seed=s)
-        noisymlt(["noise", "--labels", L.fill(L.TRAIN_LABELS, dataset=d), "--gamma", str(g), "--seed", str(s),
-                  "--out", noisy, "--stats", L.fill(L.NOISY_STATS, dataset=d, gamma=g, seed=s)], work, log_path)
-        noisymlt([*step, "pretrain", *P, "--name", "toy_glyphs", "--out", L.fill(L.PRETRAINED, name="toy_glyphs")],
-                 work, log_path)
+        noisymlt(paths.noise_argv(P, d, g, s, "cooccurrence"), work, log_path)
+        noisymlt(paths.pretrain_argv(P, "toy_glyphs", L.fill(L.PRETRAINED, name="toy_glyphs")), work, log_path)
         for part in ("train", "test"):
-            noisymlt([*step, "cache-images", *P, "--dataset", d, "--part", part,
-                      "--out", L.fill(L.CACHE, dataset=d, part=part)], work, log_path)
+            noisymlt(paths.cache_argv(P, d, part, L.fill(L.CACHE, dataset=d, part=part)), work, log_path)
         result["prepare_s"] = time.perf_counter() - t0
         for device in ("cpu", "cuda"):
             if device == "cuda" and ctx["device"] != "cuda":
@@ -443,9 +441,14 @@ def end_to_end(ctx: dict) -> dict:
                 continue
             run = run_dir(d, g, s, method, root=f"runs/{device}")
             t0 = time.perf_counter()
-            noisymlt([*step, "train", *P, "--dataset", d, "--method", method, "--gamma", str(g), "--seed", str(s),
-                      "--train-labels", noisy, "--test-labels", test, "--split", split, "--out", run,
-                      "--device", device], work, log_path)
+            resolved = paths.requested_config(P, d, method, g, s, None)  # the train rule's config param
+            (work / run).mkdir(parents=True, exist_ok=True)
+            (work / run / "requested_config.json").write_text(resolved + "\n")
+            loader = json.loads(resolved)["train"].get("loader", "pil")
+            noisymlt(["train", "--run-config", f"{run}/requested_config.json", "--train-labels", noisy,
+                      "--test-labels", test, "--split", split, "--train-images", paths.image_root(P, d, "train"),
+                      "--test-images", paths.image_root(P, d, "test"), *paths.cache_args(d, loader), "--out", run,
+                      "--no-progress", "--device", device], work, log_path)
             train_s = time.perf_counter() - t0
             noisymlt(["evaluate", "--predictions", f"{run}/predictions.npz", "--test-labels", test, "--split", split,
                       "--out", f"{run}/metrics.json"], work, log_path)

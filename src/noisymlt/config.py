@@ -14,7 +14,7 @@ import yaml
 
 from noisymlt.data.assets import with_asset_files
 from noisymlt.data.noise_models import PAPER
-from noisymlt.errors import NoisyMLTError
+from noisymlt.errors import NoisyMLTError, cause
 from noisymlt.methods.options import check_options, method_options
 from noisymlt.core.schema import ParamsError, check_schema
 
@@ -40,8 +40,12 @@ def load_params(*files: str | Path) -> dict:
         path = Path(f)
         try:
             layer = yaml.safe_load(path.read_text()) or {}
+        except yaml.MarkedYAMLError as exc:  # one line: where, and what the parser found there
+            mark = exc.problem_mark
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+            raise NoisyMLTError(f"{path}: cannot read parameters ({where}{exc.problem or exc.context})") from exc
         except (OSError, ValueError, yaml.YAMLError) as exc:
-            raise NoisyMLTError(f"{path}: cannot read parameters ({exc})") from exc
+            raise NoisyMLTError(f"{path}: cannot read parameters ({cause(exc)})") from exc
         if not isinstance(layer, dict):
             raise NoisyMLTError(f"{path}: top level must be a mapping")
         layers.append((str(path), layer))

@@ -359,7 +359,7 @@ def _add_asset_cli(subparsers) -> None:
         "fetch-asset",
         help="download one external file a run reads (ImageNet weights, GloVe vectors) and verify it",
         description=(
-            "Fetch URL into OUT (data/assets/GROUP/FILE for the params' assets entries: `noisymlt step asset` "
+            "Fetch URL into OUT (data/assets/GROUP/FILE for the params' assets entries: the rule fetch_asset "
             "fills the arguments in from them), through MIRROR if given (a URL or a local folder holding the "
             "file under its name), resuming and retrying, and verify its sha256 (or the given prefix of it) "
             "before it takes its place. URL may be a local path. Train jobs read these files and never fetch "
