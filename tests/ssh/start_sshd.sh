@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start an OpenSSH server on localhost for the DVC SSH-remote test (tests/test_dvc_demo.py), run as root.
+# Start an OpenSSH server on localhost for the DVC SSH-remote test (tests/test_dvc.py), run as root.
 #
 # Installs Debian's openssh-server when sshd is missing (unless NOISYMLT_SSHD_NO_INSTALL=1), then, in its own
 # folder (NOISYMLT_SSHD_DIR, default /run/noisymlt-sshd): a host key, a client key pair, and an sshd_config that
