@@ -45,6 +45,29 @@ RUN = "runs/toy/g0.5/s{}/{}/"
 VERSIONED = ("data/", "runs/", "reports/")
 
 
+def test_dvc_yaml_is_three_phase_stages_that_run_snakemake_and_each_rule_shows_its_command():
+    """dvc.yaml is short and hand-written: one stage a phase rule of the Snakefile, each running Snakemake with the
+    `dvc` block's profile and layers and versioning its folder; and every rule's shell is text in the rule."""
+    import re
+
+    text = (REPO / "dvc.yaml").read_text()
+    assert len(text.splitlines()) <= 120 and not (REPO / "workflow" / "dvc").exists()
+    stages = yaml.safe_load(text)["stages"]
+    assert list(stages) == ["data", "runs", "reports"]
+    for name, stage in stages.items():
+        assert stage["cmd"] == f"snakemake --profile ${{dvc.profile}} --configfile ${{dvc.configfiles}} -- {name}"
+        assert stage["outs"] == [{name: {"persist": True}}]
+        assert {"Snakefile", "workflow", "src/noisymlt"} <= set(stage["deps"]) and "dvc" in stage["params"]
+        assert re.search(rf"^rule {name}:\n    input:\n", (REPO / "Snakefile").read_text(), re.M)
+    assert stages["runs"]["deps"][0] == "data" and stages["reports"]["deps"][:2] == ["data", "runs"]
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    assert params["dvc"] == {"profile": "workflow/profiles/demo", "configfiles": "workflow/profiles/demo/params.yaml"}
+    for rules in sorted((REPO / "workflow" / "rules").glob("*.smk")):
+        shells = re.findall(r"^    shell:\n(.*?)(?=\n\S|\n\n|\Z)", rules.read_text(), re.M | re.S)
+        for shell in shells:
+            assert all(line.strip().startswith('"') for line in shell.splitlines()), (rules.name, shell)
+
+
 def _git(args: list, cwd: Path) -> str:
     who = {"GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@example.org", "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z"}
     env = {**os.environ, **who, **{k.replace("AUTHOR", "COMMITTER"): v for k, v in who.items()}}
