@@ -82,8 +82,9 @@ def _status(root: Path, *args: str) -> dict:
 
 def _versioned(root: Path) -> dict[str, str]:
     """sha256 of every file the stages version: their folders, without what .dvcignore leaves out (the raw files,
-    the running-time table's measurements)."""
-    return {p: h for p, h in output_digests(root).items() if not p.startswith(("data/raw/", "reports/inference_time_"))}
+    the running-time table's measurements, a retrained run's earlier files in previous/)."""
+    return {p: h for p, h in output_digests(root).items()
+            if not p.startswith(("data/raw/", "reports/inference_time_")) and "/previous/" not in p}
 
 
 @pytest.fixture(scope="module")
