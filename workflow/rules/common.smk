@@ -14,8 +14,8 @@ from noisymlt.config import check_layered, resolve_run
 from noisymlt.data import assets
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import run_digest
-from noisymlt.methods.options import stitchup_option
 from noisymlt.data.noise_models import PAPER
+from noisymlt.methods.options import stitchup_option
 from noisymlt.pipeline import layout, paths, step_code
 from noisymlt.pipeline import selection as S
 from noisymlt.report.style import dataset_title
@@ -258,6 +258,7 @@ def report_targets():
     ]
 
 
+@functools.lru_cache(maxsize=None)  # `all` and the data and runs phases ask for it; the config is fixed for the run
 def finished_work():
     """Every file a run writes or reads, for rule all. Snakemake deletes the outputs of a failed job and
     rebuilds a missing file only when a job that needs it has to run: after a bad input (a truncated image
@@ -275,23 +276,28 @@ def finished_work():
                                                             layout.TRAIN_LABELS, layout.CLASS_SPLIT)]
         files += [f"{array[:-len('.npy')]}.{ext}" for array in run_caches(w) for ext in ("npy", "json")]
         files += [raw_marker(dataset), train_images_ready(dataset), *run_files(w)]
-    return list(dict.fromkeys(files))
+    return tuple(dict.fromkeys(files))
+
+
+def selection_owners():
+    """(dataset, the method whose selection they read) for the runs the workflow trains, each pair once."""
+    runs = (r.split("|") for r in all_runs("{dataset}|{gamma}|{seed}|{method}"))
+    pairs = dict.fromkeys((d, S.owner(config, m)) for d, g, s, m in runs)
+    return [(dataset, who) for dataset, who in pairs if who is not None]
 
 
 def selection_data():
     """The selection's files under data/ (its held-out split, each selection set's fit / val parts and their image
     caches) for every method whose candidates the workflow trains."""
-    runs = (r.split("|") for r in all_runs("{dataset}|{gamma}|{seed}|{method}"))
     files = []
-    for dataset, method in dict.fromkeys((d, m) for d, g, s, m in runs):
-        who = S.owner(config, method)
-        if who is None:
-            continue
+    for dataset, who in selection_owners():
         files.append(layout.fill(layout.SELECT_SPLIT, dataset=dataset))
-        for gamma, seed in S.selection_sets(config):
+        sets = S.selection_sets(config)
+        for gamma, seed in sets:
             files += [layout.fill(layout.part(layout.SELECT_PART, part), dataset=dataset, gamma=gamma, seed=seed)
                       for part in ("fit", "val")]
-        w = SimpleNamespace(dataset=dataset, method=who, gamma="0.5", seed="0", noise="")
+        gamma, seed = sets[0]  # a candidate of the first set: its loader (the caches) is the method's, any set's
+        w = SimpleNamespace(dataset=dataset, method=who, gamma=str(gamma), seed=str(seed), noise="")
         files += [f"{array[:-len('.npy')]}.{ext}" for array in candidate_caches(w) for ext in ("npy", "json")]
     return list(dict.fromkeys(files))
 
@@ -379,13 +385,9 @@ def final_choice(w):
 def selection_targets():
     """Every stage file (every candidate's score and the choice) behind the runs the workflow trains; `all` asks
     for them."""
-    runs = (r.split("|") for r in all_runs("{dataset}|{gamma}|{seed}|{method}"))
-    pairs = dict.fromkeys((d, m) for d, g, s, m in runs)
     files = []
-    for dataset, method in pairs:
-        who = S.owner(config, method)
-        if who is not None:
-            files += [S.stage_file(dataset, who, k) for k in range(1, len(S.stages(config, who)) + 1)]
+    for dataset, who in selection_owners():
+        files += [S.stage_file(dataset, who, k) for k in range(1, len(S.stages(config, who)) + 1)]
     return list(dict.fromkeys(files))
 
 
