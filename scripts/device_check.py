@@ -441,10 +441,10 @@ def end_to_end(ctx: dict) -> dict:
                 continue
             run = run_dir(d, g, s, method, root=f"runs/{device}")
             t0 = time.perf_counter()
-            resolved = paths.requested_config(P, d, method, g, s, None)  # the train rule's config param
+            resolved = paths.final_run(P, d, method, g, s, None)  # the train rule's config param
             (work / run).mkdir(parents=True, exist_ok=True)
-            (work / run / "requested_config.json").write_text(resolved + "\n")
-            loader = json.loads(resolved)["train"].get("loader", "pil")
+            (work / run / "requested_config.json").write_text(paths.config_text(resolved) + "\n")
+            loader = resolved["train"].get("loader", "pil")
             noisymlt(["train", "--run-config", f"{run}/requested_config.json", "--train-labels", noisy,
                       "--test-labels", test, "--split", split, "--train-images", paths.image_root(P, d, "train"),
                       "--test-images", paths.image_root(P, d, "test"), *paths.cache_args(d, loader), "--out", run,
