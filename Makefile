@@ -22,8 +22,11 @@ $(STAMP): requirements.lock pyproject.toml
 
 env: $(STAMP)
 
+# The demo on every core, as many runs at once as the available memory holds (each train job asks for its measured
+# peak: workflow/profiles/demo/config.yaml); without /proc/meminfo, by the cores alone.
+DEMO_MEM_MB ?= $(shell awk '/^MemAvailable:/ {print int($$2 / 1024)}' /proc/meminfo 2>/dev/null)
 demo: $(STAMP)
-	$(VENV)/bin/snakemake --profile workflow/profiles/demo
+	$(VENV)/bin/snakemake --profile workflow/profiles/demo $(if $(DEMO_MEM_MB),--resources mem_mb=$(DEMO_MEM_MB))
 	@cat reports/table_total.md
 
 # dvc.yaml's stages run `snakemake` from PATH: the venv's. --no-scm only outside a git checkout (a copied tree).
@@ -61,15 +64,19 @@ smoke: $(STAMP)
 # the layers of .importlinter first: an upward import fails in seconds, before the suite; then the manual
 # (mkdocs.yml, docs/): a broken link or anchor fails --strict. Not --quiet: it hides the warnings that --strict
 # counts, and the build passes. Built into a temporary folder, removed after.
+# The suite runs on every core (pytest-xdist, one worker a core, at most 8: past that its longest test sets the wall
+# time); the SLURM and SSH tests go to one worker (tests/conftest.py). TEST_WORKERS=0: one process, as plain pytest.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 8 ] && n=8; echo $$n)
+PYTEST_XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir "$$site"; \
 	  status=$$?; rm -rf "$$site"; exit $$status
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_XDIST)
 
 test-fast: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -m "not slow and not slurm"
+	$(PY) -m pytest $(PYTEST_XDIST) -m "not slow and not slurm"
 
 # Snakemake's lints but the one asking each rule for a conda environment or container (none is offered: docs/slurm.md)
 lint: $(STAMP)

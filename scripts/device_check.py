@@ -17,7 +17,7 @@ is missing, or that the time budget no longer allows, is skipped with a line say
   smoke        the smoke profile (workflow/profiles/smoke: the paper's configuration, every method and
                ablation code path, one iteration an epoch) through Snakemake with --resources gpu=1, in a copy
                of the workflow under OUT/smoke (needs snakemake; skipped with --quick, since the test suite
-               runs it: tests/test_smoke.py).
+               runs it: tests/test_profile_smoke.py).
   cuda_tests   the test suite's `gpu`-marked tests (they skip without CUDA; the `--resources gpu=2`
                test also needs Snakemake, which the GPU machine lacks: it then skips and says so).
   throughput   scripts/benchmark_throughput.py: ResNet-50 @ 224, batch 32 and balanced 256, bf16, for
@@ -354,7 +354,7 @@ def noisymlt(argv: list[str], work: Path, log_path: Path) -> None:
 def smoke(ctx: dict) -> dict:
     """The smoke profile through Snakemake on this machine's device, in a copy of the workflow files."""
     if ctx["quick"] and not ctx["dry_run"]:
-        raise Skip("quick mode: the test suite runs the smoke profile (tests/test_smoke.py)")
+        raise Skip("quick mode: the test suite runs the smoke profile (tests/test_profile_smoke.py)")
     # in a temporary folder: its records and logs are kept in OUT/smoke, its checkpoints and caches are not
     work = Path(tempfile.mkdtemp(prefix="device_check_smoke_"))
     try:

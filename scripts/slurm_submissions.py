@@ -30,7 +30,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests/slurm"))
-import localcluster  # noqa: E402  (the local cluster's profile, shared with tests/test_slurm.py)
+import localcluster  # noqa: E402  (the local cluster's profile, shared with tests/test_profile_slurm.py)
 
 JSON = REPO / "docs/benchmarks/slurm_submissions.json"
 DOCS = REPO / "docs/slurm.md"

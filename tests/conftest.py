@@ -19,6 +19,65 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 SHARED_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 
+# Under pytest-xdist the workers share the cores, so a job with two torch threads (the pretraining) may find them
+# taken: OpenMP's idle threads then spin for their peers instead of sleeping. Two demo pretrainings at once on 2
+# cores took 24 s an epoch each so, 7 s with passive waiting, and the same losses: how an idle thread waits changes
+# no number. Set before torch loads its OpenMP, here and in every process the tests start.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+# The tests that use the one local SLURM cluster or SSH server (.ci/run starts both): under pytest-xdist they run in
+# one worker, one after another, as they would without it. test_dvc.py goes whole: its SSH test shares the module's
+# DVC repository with the others, which is then made once. (xdist's own --dist loadgroup reads xdist_group marks
+# through the test ids, which pytest 9.2 no longer lets it change: pytest-xdist issue 1386.)
+LOCAL_SERVICES = ("tests/test_profile_slurm.py::", "tests/test_dvc.py::")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup`: each test its own unit of work but the LOCAL_SERVICES tests, which are one."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LocalServicesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "local_services" if nodeid.startswith(LOCAL_SERVICES) else nodeid
+
+    return LocalServicesTogether(config, log)
+
+
+def _recorded_seconds() -> dict[str, float]:
+    """Each test's seconds in the committed reading of the suite (docs/benchmarks/tests.json), if there is one."""
+    import json
+
+    try:
+        return json.loads((Path(__file__).resolve().parents[1] / "docs/benchmarks/tests.json").read_text())["tests"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def pytest_collection_modifyitems(config, items):
+    """The long tests first, longest first (their seconds in the committed reading; a slow test it does not know yet
+    counts a minute; LOCAL_SERVICES as one, their sum), so that the workers of `make test` (pytest-xdist, one a core)
+    do not end on one long test each. Tests under 10 s keep their order after them, beside their module's (its
+    fixtures are made once). And every test marked slurm or ssh is among LOCAL_SERVICES, which keeps them in one
+    worker."""
+    recorded = _recorded_seconds()
+
+    def seconds(item) -> float:
+        slow = item.get_closest_marker("slow") or item.get_closest_marker("slurm")
+        return recorded.get(item.nodeid, 60.0 if slow else 0.0)
+
+    together = sum(seconds(item) for item in items if item.nodeid.startswith(LOCAL_SERVICES))
+    items.sort(key=lambda item: -together if item.nodeid.startswith(LOCAL_SERVICES)
+               else -seconds(item) if seconds(item) >= 10 else 0.0)
+    stray = [item.nodeid for item in items if (item.get_closest_marker("slurm") or item.get_closest_marker("ssh"))
+             and not item.nodeid.startswith(LOCAL_SERVICES)]
+    if stray:
+        raise pytest.UsageError(f"tests of the local SLURM cluster or SSH server outside LOCAL_SERVICES "
+                                f"(tests/conftest.py): {stray}")
+
 
 @pytest.fixture(autouse=True)
 def checkpoint_every_epoch(request, monkeypatch):
@@ -122,9 +181,6 @@ def reference_dir() -> Path:
 
 
 # ---------------------------------------------------------------- a tiny embedded dataset, built once per session
-TINY_TOY = {"n_trainval": 600, "n_test": 200, "size": 32}
-TINY_CACHE_SIZE = 40  # the demo's train.cache_size
-TINY_LONGTAIL = {"b": 6, "max_count": 150, "min_count": 4, "seed": 0}
 
 
 @pytest.fixture(scope="session")
@@ -134,6 +190,7 @@ def tiny_toy(tmp_path_factory):
     Returns a dict of paths: root (image folder), train_source, test, train, split, noisy, and the
     decoded-image caches train_cache / test_cache at the demo's cache size.
     """
+    from helpers import TINY_CACHE_SIZE, TINY_LONGTAIL, TINY_TOY
     from noisymlt.data.labels import split_from_counts, write_class_split, write_labels
     from noisymlt.data.longtail import pareto_subsample
     from noisymlt.data.noise import make_noisy_table
@@ -162,50 +219,52 @@ def tiny_toy(tmp_path_factory):
     return paths
 
 
-def interrupt_training(monkeypatch, trainer, at_call: int) -> None:
-    """Run ``trainer`` and stop it as Ctrl-C would (KeyboardInterrupt) in its ``at_call``-th training step."""
-    original, calls = trainer.method.training_loss, {"n": 0}
+# ---------------------------------------------------------------- projects built once per run, copied per test
+@pytest.fixture(scope="session")
+def demo_pretrained(tmp_path_factory) -> Path:
+    """A project copy with the demo profile's pretrained backbone made (`snakemake --profile workflow/profiles/demo
+    -- data/pretrained/toy_glyphs.pt`: the synthetic source task, a minute on two threads), which every demo run
+    and every run of the own-data page fine-tunes. Copy it with copy_build."""
+    from helpers import DEMO_PROFILE, project_copy, shared_build, snakemake
 
-    def dying(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == at_call:
-            raise KeyboardInterrupt
-        return original(*args, **kwargs)
+    def build(folder: Path) -> None:
+        project_copy(folder)
+        snakemake(folder, *DEMO_PROFILE, "--", "data/pretrained/toy_glyphs.pt", timeout=900)
 
-    monkeypatch.setattr(trainer.method, "training_loss", dying)
-    with pytest.raises(KeyboardInterrupt):
-        trainer.run()
-
-
-def tiny_params(method: str = "erm", **train_overrides) -> dict:
-    """params.yaml + the demo layer, shrunk to seconds-long CPU runs on ``tiny_toy``."""
-    from noisymlt.config import deep_merge, load_params
-
-    repo = Path(__file__).resolve().parents[1]
-    params = load_params(repo / "params.yaml", repo / "workflow" / "profiles" / "demo" / "params.yaml")
-    # A scratch backbone (no pretrained file to make) that trains whole: these tests check mechanics;
-    # the demo's pretrained resnet_tiny path has tests of its own (test_models, test_pretrain).
-    small = {"epochs": 2, "batch_size": 16, "balanced_batch_size": 32, "image_size": 32, "workers": 0,
-             "warmup_iters": 2, "lr_steps": [2], "eval_batch_size": 64, "epoch_length": "batches",
-             "backbone": "smallcnn", "weights_path": None, "trainable": "all", "frozen_bn": False}
-    overrides = {**small, **train_overrides}
-    params["train"] = deep_merge(params["train"], overrides)
-    for schedule in params["schedules"].values():  # a schedule's keys would win over the train block
-        schedule["train"] = {k: v for k, v in schedule.get("train", {}).items() if k not in overrides}
-    params["grid"]["methods"] = [method]
-    params["grid"].pop("clean_methods", None)  # the demo's clean column names methods this grid no longer has
-    return params
+    return shared_build(tmp_path_factory, "demo_pretrained", build)
 
 
-def toy_trainer(tiny_toy: dict, resolved: dict, out_dir, **kwargs):
-    """A Trainer over the ``tiny_toy`` files, on the CPU unless ``device`` says otherwise (kwargs:
-    train_labels override, limit_iters, keep_stale...)."""
-    from noisymlt.training.trainer import Trainer
+@pytest.fixture(scope="session")
+def own_data_project(tmp_path_factory, demo_pretrained) -> Path:
+    """docs/own-data.md's project (helpers.folder_project) with the page's data built: the folder dataset parsed,
+    split into train and test, its class split and noisy set, by the page's own command with the data targets; and
+    the demo's pretrained backbone, which its runs start from (demo_pretrained). Copy it with copy_build."""
+    from helpers import OWN_DATA_PAGE, commands, copy_build, folder_project, page, run_line, shared_build
 
-    kwargs.setdefault("train_labels", tiny_toy["noisy"])
-    kwargs.setdefault("device", "cpu")
-    if resolved["train"].get("loader") == "cache":
-        kwargs.setdefault("train_cache", tiny_toy["train_cache"])
-        kwargs.setdefault("test_cache", tiny_toy["test_cache"])
-    return Trainer(resolved, test_labels=tiny_toy["test"], split=tiny_toy["split"], train_images=tiny_toy["root"],
-                   test_images=tiny_toy["root"], out_dir=out_dir, progress=False, **kwargs)
+    text = page(OWN_DATA_PAGE, "Add your own data")
+    (command,) = commands(text)
+    targets = "reports/structure_mydata.md runs/mydata/g0.5/s0/erm/metrics.json"
+    assert targets in command, "the page's command changed"
+    data = ("data/mydata/train_labels.parquet data/mydata/test_labels.parquet data/mydata/class_split.json "
+            "data/mydata/noisy/g0.5_s0.parquet")
+
+    def build(folder: Path) -> None:
+        folder_project(copy_build(demo_pretrained, folder), text, copied=True)
+        run_line(command.replace(targets, data), folder)
+
+    return shared_build(tmp_path_factory, "own_data", build)
+
+
+@pytest.fixture(scope="session")
+def tiny_data_project(tmp_path_factory) -> Path:
+    """A project copy with helpers.TINY as its layer (tiny.yaml) and the workflow's data phase made (`snakemake
+    ... -- data`: the toy, its labels, long-tail subset, noisy sets, image caches, the selection's split and the
+    pretrained backbone): what every TINY run reads. Copy it with copy_build; a test's own layer over TINY (the
+    same data blocks) finds its data made."""
+    from helpers import TINY, project_copy, shared_build, snakemake, write_layer
+
+    def build(folder: Path) -> None:
+        project_copy(folder)
+        snakemake(folder, *write_layer(folder, TINY), "--", "data", timeout=900)
+
+    return shared_build(tmp_path_factory, "tiny_data", build)

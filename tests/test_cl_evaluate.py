@@ -1,8 +1,8 @@
 """`noisymlt eval-cl-checkpoint`: a checkpoint of [CL]'s code evaluated on a test set gives [CL]'s network's scores
 and the mAP of those scores, and the step that runs it in both routes.
 
-[CL]'s network is rebuilt here as tests/test_cl_checkpoint.py rebuilds it, with mmcv's ResNet-18 (BasicBlocks)
-in place of its ResNet-50 (same key layout, a fraction of the time), and its test-time ensemble transcribed from its
+[CL]'s network is rebuilt in tests/cl_network.py, with mmcv's ResNet-18 (BasicBlocks) in place of its ResNet-50
+(same key layout, a fraction of the time), and its test-time ensemble transcribed from its
 StitchUpClassifier.simple_test (0.1 * random + 0.9 * balanced, test_cfg.alpha). Its test pipeline (mmcv.imread,
 imresize, imnormalize, impad_to_multiple) is transcribed in numpy, independently of the command's torch version.
 """
@@ -22,62 +22,14 @@ import torch
 import yaml
 from torch import nn
 
+from cl_network import mmcv_checkpoint, randomise, stitchup_classifier18
 from noisymlt.cli import main
 from noisymlt.data.labels import LabelTable, read_labels, write_labels
-from test_cl_checkpoint import _StitchUpClassifier, _mmcv_checkpoint, _randomise
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog", "bird", "fish"]
 CL_MEAN = np.array([123.675, 116.28, 103.53], np.float32)  # configs/voc/LT_dual_resnet50.py, img_norm_cfg
 CL_STD = np.array([58.395, 57.12, 57.375], np.float32)
-
-
-# ------------------------------------------------------------------ [CL]'s network with mmcv's ResNet-18
-class _MMBasicBlock(nn.Module):
-    def __init__(self, inplanes: int, planes: int, stride: int):
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.relu = nn.ReLU()
-        self.downsample = None
-        if stride != 1 or inplanes != planes:
-            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride=stride, bias=False),
-                                            nn.BatchNorm2d(planes))
-
-    def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + (x if self.downsample is None else self.downsample(x)))
-
-
-class _MMResNet18(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        self.relu = nn.ReLU()
-        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
-        inplanes = 64
-        for i, stride in enumerate((1, 2, 2, 2)):
-            planes = 64 * 2 ** i
-            self.add_module(f"layer{i + 1}", nn.Sequential(_MMBasicBlock(inplanes, planes, stride),
-                                                           _MMBasicBlock(planes, planes, 1)))
-            inplanes = planes
-
-    def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        outs = []
-        for i in range(1, 5):
-            x = getattr(self, f"layer{i}")(x)
-            outs.append(x)
-        return tuple(outs)
-
-
-def _stitchup_classifier18(num_classes: int) -> nn.Module:
-    """[CL]'s StitchUpClassifier on ResNet-18 backbones: its PFC necks take the last stage's 512 channels."""
-    return _StitchUpClassifier(num_classes, backbone=_MMResNet18, in_channels=512)
 
 
 # ------------------------------------------------------------------ [CL]'s test pipeline, in numpy
@@ -149,7 +101,7 @@ def write_test_set(root: Path) -> dict:
 @pytest.fixture(scope="module")
 def cl_model():
     torch.manual_seed(0)
-    return _randomise(_stitchup_classifier18(len(CLASSES)), seed=7)
+    return randomise(stitchup_classifier18(len(CLASSES)), seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +118,7 @@ def torch_threads():
 
 
 def _checkpoint(model: nn.Module, path: Path) -> str:
-    _mmcv_checkpoint(model, path)
+    mmcv_checkpoint(model, path)
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -280,7 +232,7 @@ def test_a_wrong_sha256_is_refused_in_one_line_and_nothing_is_written(tmp_path, 
 def test_a_checkpoint_of_another_class_list_is_refused(tmp_path, cl_model, test_set, capsys):
     from noisymlt.training.cl_evaluate import _same_classes
 
-    model = _randomise(_stitchup_classifier18(5), seed=1)
+    model = randomise(stitchup_classifier18(5), seed=1)
     checkpoint = tmp_path / "five.pth"
     digest = _checkpoint(model, checkpoint)
     assert main(_argv(test_set, checkpoint, digest, tmp_path / "out")) == 2
@@ -357,17 +309,15 @@ def test_the_rule_runs_the_command_on_a_listed_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_step_evaluates_a_listed_checkpoint(tmp_path, cl_model):
+def test_the_step_evaluates_a_listed_checkpoint(tmp_path, cl_model, own_data_project):
     """On the own-data page's folder dataset: a layer listing a checkpoint makes `snakemake` (target all) plan its
     evaluation, which runs for real."""
-    from test_extension import page
-    from test_own_data import folder_project, run
+    from helpers import copy_build, run_line as run
 
     snakemake = Path(sys.executable).with_name("snakemake")
-    own = page(REPO / "docs" / "own-data.md", "Add your own data")
     layers = "--configfile workflow/profiles/demo/params.yaml mydata.yaml"
     target = "runs/mydata/authors/cl_mydata/metrics.json"
-    root = folder_project(tmp_path / "smk", own)
+    root = copy_build(own_data_project, tmp_path / "smk")  # folder_project, its data made (conftest)
     (root / "checkpoints").mkdir()
     digest = _checkpoint(cl_model, root / "checkpoints" / "epoch_8.pth")
     block = {"cl_mydata": {"dataset": "mydata", "file": "checkpoints/epoch_8.pth", "sha256": digest, "image_size": 64}}

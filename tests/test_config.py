@@ -105,9 +105,9 @@ def test_a_bad_layer_is_named_with_the_key_in_one_short_line(tmp_path, capsys):
 
 
 def test_snakemake_names_the_bad_params_file_and_key_in_one_line(tmp_path):
-    from test_workflow import SNAKEMAKE, copy_workflow
+    from helpers import SNAKEMAKE, project_copy
 
-    wf = copy_workflow(tmp_path)
+    wf = project_copy(tmp_path)
     (wf / "bad.yaml").write_text("methods: {erm: {colour: red}}\n")
     proc = subprocess.run([SNAKEMAKE, "-n", "--configfile", "workflow/profiles/demo/params.yaml", "bad.yaml"], cwd=wf,
                           capture_output=True, text=True, timeout=300)
@@ -177,7 +177,7 @@ def test_baselines_run_their_reference_recipes(paper):
 
 
 def test_ldam_scale_on_a_linear_head_is_refused(tiny_toy, tmp_path):
-    from conftest import tiny_params, toy_trainer
+    from helpers import tiny_params, toy_trainer
 
     params = tiny_params("ldam")
     params["methods"]["ldam"]["head"] = "linear"

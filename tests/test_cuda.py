@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 
-from conftest import tiny_params, toy_trainer
+from helpers import tiny_params, toy_trainer
 from noisymlt.config import load_params, resolve_run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -119,18 +118,17 @@ def test_two_train_jobs_under_resources_gpu_2_on_one_gpu(tmp_path, monkeypatch):
     pytest.importorskip("snakemake", reason="needs Snakemake (not installed here)")
     if torch.cuda.device_count() != 1:
         pytest.skip("needs exactly one CUDA device")
-    from test_workflow import SNAKEMAKE, TINY_LAYER, copy_workflow, snakemake
+    from helpers import SNAKEMAKE, TINY, project_copy, snakemake, write_layer
 
     if not Path(SNAKEMAKE).exists():
         pytest.skip(f"needs the snakemake command beside this interpreter ({SNAKEMAKE})")
     monkeypatch.setenv("NOISYMLT_GPU_LOCK_DIR", str(tmp_path / "locks"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    wf = copy_workflow(tmp_path)
-    (wf / "tiny.yaml").write_text(yaml.safe_dump(TINY_LAYER))
+    wf = project_copy(tmp_path)
+    args = write_layer(wf, TINY)
     runs = ["runs/toy/g0.5/s0/erm", "runs/toy/g0.5/s0/ours"]
     # targets first: a trailing target would be swallowed by --resources
-    snakemake(wf, *[f"{r}/predictions.npz" for r in runs], "--profile", "workflow/profiles/demo", "--configfile",
-              "workflow/profiles/demo/params.yaml", "tiny.yaml", "--cores", "2", "--resources", "gpu=2", timeout=900)
+    snakemake(wf, *[f"{r}/predictions.npz" for r in runs], *args, "--cores", "2", "--resources", "gpu=2", timeout=900)
     devices = [json.loads((wf / r / "manifest.json").read_text())["environment"]["device"] for r in runs]
     assert devices == ["cuda:0", "cuda:0"]
     spans = []

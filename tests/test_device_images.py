@@ -12,7 +12,7 @@ import torch
 from scipy import stats
 
 import noisymlt.training.device_images as dimg
-from conftest import tiny_params, toy_trainer
+from helpers import tiny_params, toy_trainer
 from noisymlt.config import resolve_run
 from noisymlt.errors import NoisyMLTError
 from noisymlt.training.augment import (

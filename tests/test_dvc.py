@@ -24,22 +24,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import BIN, DVC, REPO, SNAKEMAKE, output_digests, project_copy, run_tool
+from helpers import BIN, DVC, REPO, SNAKEMAKE, output_digests, project_copy, run_tool, tiny_layer
 
 SSHD_START, SSHD_STOP = REPO / "tests" / "ssh" / "start_sshd.sh", REPO / "tests" / "ssh" / "stop_sshd.sh"
 SSHD_DIR = Path(os.environ.get("NOISYMLT_SSHD_DIR", "/run/noisymlt-sshd"))  # start_sshd.sh's folder
 LAYER = "workflow/profiles/tiny/params.yaml"  # under workflow/: a dependency of every stage (docs/dvc.md)
-TINY = {
-    "grid": {"datasets": ["toy"], "gammas": [0.5], "seeds": [0, 1], "methods": ["erm", "db_focal"], "ablations": [],
-             "clean_methods": []},
-    "timing": {"methods": ["erm"], "trials": 1, "batch_sizes": [1]},
-    "datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 240, "n_test": 60, "size": 32, "scenes": "glyph"},
-                         "longtail": {"source": "pareto", "b": 6, "max": 60, "min": 3, "seed": 0, "groups": "fixed"}}},
-    "train": {"epochs": 1, "batch_size": 16, "warmup_iters": 2, "lr_steps": [1], "eval_batch_size": 64},
-    "schedules": {name: {"train": {"warmup_iters": 2, "epochs": 1, "lr_steps": [1]}} for name in ("db", "db_random")},
-    "pretrain": {"toy_glyphs": {"epochs": 1,
-                                "source": {"classes": 8, "images_per_class": 16, "held_out_per_class": 4}}},
-}
+# two seeds of ERM and DB-Focal, one epoch, on a smaller toy than TINY's
+TINY_DVC = tiny_layer({
+    "grid": {"gammas": [0.5], "seeds": [0, 1], "methods": ["erm", "db_focal"], "ablations": []},
+    "timing": {"methods": ["erm"], "batch_sizes": [1]},
+    "datasets": {"toy": {"toy": {"n_trainval": 240, "n_test": 60}, "longtail": {"max": 60, "min": 3}}},
+    "train": {"epochs": 1, "lr_steps": [1], "eval_batch_size": 64},
+    "schedules": {name: {"train": {"epochs": 1, "lr_steps": [1]}} for name in ("db", "db_random")},
+})
 LAYERS = f"workflow/profiles/demo/params.yaml {LAYER}"
 RUN = "runs/toy/g0.5/s{}/{}/"
 VERSIONED = ("data/", "runs/", "reports/")
@@ -95,7 +92,7 @@ def origin(tmp_path_factory) -> Path:
         pytest.skip(f"git, or dvc next to {sys.executable}, is not installed")
     root = project_copy(tmp_path_factory.mktemp("origin"))
     (root / LAYER).parent.mkdir(parents=True)
-    (root / LAYER).write_text(yaml.safe_dump(TINY, sort_keys=False))
+    (root / LAYER).write_text(yaml.safe_dump(TINY_DVC, sort_keys=False))
     params = (root / "params.yaml").read_text()
     assert "  configfiles: workflow/profiles/demo/params.yaml\n" in params
     (root / "params.yaml").write_text(params.replace("  configfiles: workflow/profiles/demo/params.yaml\n",

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import tiny_params, toy_trainer
+from helpers import tiny_params, toy_trainer
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.base import PublishedTargets
 from noisymlt.config import resolve_run
@@ -256,7 +256,7 @@ def test_fit_table_summarises_seeds_and_pools_pseudo_label_precision(tmp_path):
 
 
 def test_aggregate_carries_the_manifest_fit_record(tmp_path):
-    from test_report import fake_run
+    from fakes import fake_run
 
     path = fake_run(tmp_path, "ours", 0.5, 0, [0.5, 0.4, 0.3], heads=("ensemble", "random", "balanced"))
     manifest = json.loads(path.with_name("manifest.json").read_text())

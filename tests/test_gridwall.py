@@ -58,7 +58,7 @@ def test_run_cost_reads_a_finished_run(tmp_path):
 
 
 def test_run_cost_reads_what_a_trainer_writes(tiny_toy, tmp_path):
-    from conftest import tiny_params, toy_trainer
+    from helpers import tiny_params, toy_trainer
     from noisymlt.config import resolve_run
 
     resolved = resolve_run(tiny_params("erm"), "toy", "erm", 0.5, 0)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import TINY_CACHE_SIZE, tiny_params, toy_trainer
+from helpers import TINY_CACHE_SIZE, tiny_params, toy_trainer
 from noisymlt.data.imagecache import build_cache, index_path, open_cache
 from noisymlt.data.labels import read_labels, write_labels
 from noisymlt.errors import NoisyMLTError

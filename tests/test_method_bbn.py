@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_params, toy_trainer
+from helpers import tiny_params, toy_trainer
 from noisymlt.errors import NoisyMLTError
 from noisymlt.models.backbones import SmallCNN, build_backbone
 from noisymlt.models.bbn import BBNNet, bbn_alpha

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import tiny_params, toy_trainer
+from helpers import tiny_params, toy_trainer
 from noisymlt.data.labels import read_labels
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import TrainContext

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_params, toy_trainer
+from helpers import tiny_params, toy_trainer
 from noisymlt.data import glove
 from noisymlt.data.kinds import kind_of
 from noisymlt.data.classes import VOC_CLASSES

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_params, toy_trainer
+from helpers import tiny_params, toy_trainer
 from noisymlt.config import resolve_run
 
 ALL_METHODS = sorted(tiny_params()["methods"])

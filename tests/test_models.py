@@ -88,7 +88,7 @@ def test_prior_bias_init_puts_every_linear_heads_outputs_at_the_class_frequencie
 
 
 def test_trainer_applies_the_prior_bias_only_when_asked(tiny_toy, tmp_path):
-    from conftest import tiny_params, toy_trainer
+    from helpers import tiny_params, toy_trainer
     from noisymlt.models.heads import Head
     from noisymlt.config import resolve_run
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import interrupt_training, tiny_params, toy_trainer
+from helpers import interrupt_training, tiny_params, toy_trainer
 from noisymlt.cli import main
 from noisymlt.data.labels import read_labels, write_labels
 from noisymlt.errors import NoisyMLTError

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import tiny_params
+from helpers import tiny_params
 
 from noisymlt.pipeline import preload
 

@@ -100,7 +100,7 @@ def test_a_clean_run_records_the_probe_of_its_pretrained_trunk_and_a_noisy_run_d
     as fit_probe_map and the fit table sets it beside the run's own mAP."""
     import json
 
-    from conftest import tiny_params, toy_trainer
+    from helpers import tiny_params, toy_trainer
 
     from noisymlt.config import resolve_run
     from noisymlt.report.aggregate import fit_rows

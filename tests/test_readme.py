@@ -48,12 +48,12 @@ def test_the_readme_shows_the_demo_datasets_structure_beside_voc_mlts():
 
 
 def test_demo_numbers_carry_the_structure_report_of_their_dataset(tmp_path):
-    from test_report import fake_run
-    from test_structure_report import _files
+    from fakes import fake_run
+    from fakes import structure_files
 
     from noisymlt.report.aggregate import aggregate
 
-    files = _files(tmp_path)
+    files = structure_files(tmp_path)
     out = tmp_path / "reports" / "structure_toy.json"
     assert main(["structure", "--labels", str(files["labels"]), "--split", str(files["split"]), "--test-labels",
                  str(files["test_labels"]), "--out", str(out), "--dataset", "toy"]) == 0
@@ -71,7 +71,7 @@ def test_demo_numbers_carry_the_structure_report_of_their_dataset(tmp_path):
 
 
 def test_demo_numbers_are_the_mean_and_t_interval_over_seeds(tmp_path):
-    from test_report import fake_run
+    from fakes import fake_run
 
     from noisymlt.report.aggregate import aggregate
 
@@ -97,7 +97,7 @@ def test_the_readme_shows_every_number_as_the_table_does(tmp_path):
     table shows with two): the same digits for every mean and CI."""
     import re
 
-    from test_report import fake_run
+    from fakes import fake_run
 
     from noisymlt.report.aggregate import aggregate
     from noisymlt.report.tables import write_table
@@ -125,19 +125,19 @@ def test_readme_markers_are_required(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_sentinel_runs_still_give_the_committed_numbers_on_any_cpu(tmp_path):
+def test_demo_sentinel_runs_still_give_the_committed_numbers_on_any_cpu(tmp_path, demo_pretrained):
     """Retrain, through the demo profile, the single runs docs/demo_numbers.json records (ERM, DB-Focal and Ours,
     first seed, middle noise rate). On the numerics fingerprint that made the README's numbers (or one of
     docs/numerics_readings.json) each must give its recorded total mAP exactly; on another CPU type it must land
     inside its 95% prediction interval of one run (noisymlt.report.sentinels)."""
-    from test_workflow import copy_workflow, snakemake
+    from helpers import copy_build, snakemake
 
     from noisymlt.report.sentinels import check, read_readings
 
     sentinels = json.loads((REPO / "docs" / "demo_numbers.json").read_text())["sentinels"]
     readings = read_readings(REPO / "docs" / "numerics_readings.json")
     assert {key.split("/")[0] for key in sentinels["runs"]} == {"erm", "db_focal", "ours"}
-    wf = copy_workflow(tmp_path)
+    wf = copy_build(demo_pretrained, tmp_path / "wf")  # the demo's backbone made (conftest): its data and runs here
     runs = {key: "runs/toy/g{1}/s{2}/{0}".format(*key.split("/")) for key in sentinels["runs"]}
     snakemake(wf, "--profile", "workflow/profiles/demo", *(f"{r}/metrics.json" for r in runs.values()), timeout=2400)
     verdicts = []

@@ -570,7 +570,7 @@ def test_mlgcn_logits_and_gradients_match_gcn_resnet(seed):
 def test_mlgcn_trains_its_gcn_at_the_reference_ratio_to_its_backbone(tiny_toy, tmp_path):
     # ML-GCN's optimiser: the GCN at 1 / lrp = 10x the backbone's rate; the backbone keeps the recipe's lr.
     # The trainer applies the factor at every step (warm-up included), so its groups are compared after a run.
-    from conftest import tiny_params, toy_trainer
+    from helpers import tiny_params, toy_trainer
     from noisymlt.config import resolve_run
     from noisymlt.training.schedule import lr_at
 

@@ -10,37 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fakes import fake_run
 from noisymlt.cli import main
 from noisymlt.report.aggregate import aggregate
 from noisymlt.report.tables import mean_ci, write_table
-
-
-def fake_run(root, method, gamma, seed, maps, heads=("main",)):
-    """A run folder as train + evaluate leave it: files and the manifests that record their hashes."""
-    from noisymlt.core.manifest import file_sha256
-
-    run = root / "runs" / "toy" / f"g{gamma:g}" / f"s{seed}" / method
-    run.mkdir(parents=True)
-    (run / "noisy.parquet").write_bytes(f"{gamma}-{seed}".encode())
-    # predictions as `noisymlt train` writes them, down to the code that trained their checkpoint
-    np.savez(run / "predictions.npz", run=np.array(f"{method}-{gamma}-{seed}"), code_digest=np.array("d1"))
-
-    def rec(name):
-        return {"path": str(run / name), "sha256": file_sha256(run / name)}
-
-    manifest = {
-        "run_id": f"{method}-{gamma}-{seed}", "run": {"dataset": "toy", "method": method, "gamma": gamma, "seed": seed},
-        "git": {"commit": "abc", "dirty": False}, "code_digest": "d1",
-        "inputs": {"train_labels": rec("noisy.parquet")}, "outputs": {"predictions": rec("predictions.npz")},
-    }
-    (run / "manifest.json").write_text(json.dumps(manifest))
-    metrics = {"classes": ["a", "b"], "heads": {}}
-    for h, m in zip(heads, maps):
-        metrics["heads"][h] = {"ap": [m, m], "map": {"total": m, "head": m, "medium": m, "tail": m}}
-    (run / "metrics.json").write_text(json.dumps(metrics))
-    (run / "metrics.manifest.json").write_text(json.dumps(
-        {"inputs": {"predictions": rec("predictions.npz")}, "outputs": {"metrics": rec("metrics.json")}}))
-    return run / "metrics.json"
 
 
 def test_mean_ci_is_student_t():

@@ -123,9 +123,9 @@ def test_no_selection_job_of_the_workflow_names_a_test_or_clean_label_file(tmp_p
     """The demo's plan with Ours' selection in the run (the layer its record came from): the split, parts,
     candidate and select jobs read noisy tables, their parts and the candidates' own files, never the test table,
     the clean subset or a final run's clean-label log."""
-    from test_workflow import copy_workflow
+    from helpers import project_copy
 
-    wf = copy_workflow(tmp_path)
+    wf = project_copy(tmp_path)
     proc = subprocess.run([SNAKEMAKE, "--profile", "workflow/profiles/demo", "-n", "--printshellcmds", "--configfile",
                            "workflow/profiles/demo/params.yaml", "workflow/profiles/demo/select_ours.yaml"], cwd=wf,
                           capture_output=True, text=True, timeout=300)
@@ -244,7 +244,7 @@ def test_a_choice_enters_the_final_config_and_its_run_id():
 
 def test_the_selected_thresholds_are_the_ones_the_method_applies(tiny_toy):
     """The pseudo-label vectors Ours builds from a chosen alpha / beta: alpha on head classes, beta on tail ones."""
-    from conftest import tiny_params
+    from helpers import tiny_params
     from noisymlt.data.labels import read_class_split
     from noisymlt.methods import load_family
     from noisymlt.methods.base import TrainContext

@@ -76,9 +76,9 @@ def test_a_record_that_is_not_the_runs_choice_is_refused_with_the_reason(demo, t
 
 
 def test_snakemake_refuses_a_record_that_ours_does_not_train_with_naming_the_file(tmp_path):
-    from test_workflow import SNAKEMAKE, copy_workflow
+    from helpers import SNAKEMAKE, project_copy
 
-    wf = copy_workflow(tmp_path)
+    wf = project_copy(tmp_path)
     rec = json.loads((REPO / RECORD).read_text())
     rec["chosen"]["alpha"] = 0.9
     (wf / "other.json").write_text(json.dumps(rec))

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import tiny_params, toy_trainer
+from helpers import tiny_params, toy_trainer
 from noisymlt.config import resolve_run
 from noisymlt.errors import NoisyMLTError
 from noisymlt.training.speed import StepLog, compile_mode, make_sgd

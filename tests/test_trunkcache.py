@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import interrupt_training, tiny_params, toy_trainer
+from helpers import interrupt_training, tiny_params, toy_trainer
 from noisymlt.errors import NoisyMLTError
 from noisymlt.config import resolve_run, validate_params
 from noisymlt.training.augment import augment

@@ -232,9 +232,9 @@ def _saved(obj):
 
 def _keys_of_cl():
     """[CL]'s state dict of a 3-class ResNet-18 StitchUpClassifier (random weights), as its checkpoints hold it."""
-    from test_cl_evaluate import _stitchup_classifier18
+    from cl_network import stitchup_classifier18
 
-    return dict(_stitchup_classifier18(len(CLASSES)).state_dict())
+    return dict(stitchup_classifier18(len(CLASSES)).state_dict())
 
 
 def _checkpoint_cases():

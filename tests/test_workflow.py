@@ -15,26 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-
-
-def copy_workflow(dest: Path) -> Path:
-    """The workflow files only (the package is installed), so tests never touch the checkout's data: params.yaml,
-    the root Snakefile, its default profile (profiles/default) and workflow/ (rules, other profiles, captions)."""
-    shutil.copy(REPO / "params.yaml", dest / "params.yaml")
-    shutil.copy(REPO / "Snakefile", dest / "Snakefile")
-    shutil.copytree(REPO / "profiles", dest / "profiles")
-    shutil.copytree(REPO / "workflow", dest / "workflow", symlinks=True)
-    (dest / "src").symlink_to(REPO / "src")  # the schema symlink points into src/
-    return dest
-
-
-def snakemake(cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
+from helpers import REPO, SNAKEMAKE, TINY, copy_build, project_copy, snakemake, tiny_layer, write_layer
 
 
 def other_venv(where: Path) -> Path:
@@ -72,7 +53,7 @@ def test_lint_is_clean(tmp_path):
     spec = importlib.util.spec_from_file_location("lint_workflow", REPO / "scripts" / "lint_workflow.py")
     lint_workflow = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lint_workflow)
-    found = lint_workflow.lints(copy_workflow(tmp_path))
+    found = lint_workflow.lints(project_copy(tmp_path))
     assert found, "no lint read: did Snakemake's text change?"  # each rule has the one left out
     assert {title for _, title in found} == {lint_workflow.NOT_OFFERED}, found
 
@@ -81,7 +62,7 @@ def test_paper_dry_run_plans_the_full_grid(tmp_path):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     grid = params["grid"]
     # The README's form: target first (a trailing target would be swallowed by --resources).
-    plan_cpu, proc = child_cpu_seconds(lambda: snakemake(copy_workflow(tmp_path), "reports/table_total.tex", "all",
+    plan_cpu, proc = child_cpu_seconds(lambda: snakemake(project_copy(tmp_path), "reports/table_total.tex", "all",
                                                          "--cores", "8", "--resources", "gpu=2", "-n", "--quiet",
                                                          "rules"))
     counts = job_counts(proc.stdout + proc.stderr)
@@ -124,7 +105,7 @@ def test_paper_dry_run_plans_the_full_grid(tmp_path):
 def test_a_failed_download_shows_its_reason_under_the_readme_command(tmp_path):
     """No internet (here: a mirror folder without the files): the README's bare command prints the reason, and
     what else to do, in the terminal; the default workflow profile turns on show-failed-logs."""
-    wf = copy_workflow(tmp_path)
+    wf = project_copy(tmp_path)
     params = yaml.safe_load((wf / "params.yaml").read_text())
     params["download"] = {"mirror": str(tmp_path / "empty_mirror"), "retries": 0}
     (tmp_path / "empty_mirror").mkdir()
@@ -157,7 +138,7 @@ def test_no_software_deployment_method_is_offered(tmp_path):
     assert not (REPO / "workflow" / "envs").exists()
     for rules in sorted((REPO / "workflow" / "rules").glob("*.smk")):
         assert not re.search(r"^\s+(conda|container|envmodules):", rules.read_text(), re.M), rules.name
-    proc = subprocess.run([SNAKEMAKE, "--sdm", "conda", "-n"], cwd=copy_workflow(tmp_path), capture_output=True,
+    proc = subprocess.run([SNAKEMAKE, "--sdm", "conda", "-n"], cwd=project_copy(tmp_path), capture_output=True,
                           text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "noisymlt: --software-deployment-method (conda) is not offered" in out, out[-3000:]
@@ -181,7 +162,7 @@ main()
 
 
 def test_report_rule_graph_shows_each_rule_once(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", RULEGRAPH], cwd=copy_workflow(tmp_path), capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", RULEGRAPH], cwd=project_copy(tmp_path), capture_output=True,
                           text=True, timeout=300)
     nodes = next(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("NODES"))
     assert {"cache_train_images", "cache_test_images", "train", "figure_map_vs_gamma"} <= set(nodes)
@@ -196,7 +177,7 @@ def test_a_train_job_writes_its_config_trains_on_it_and_evaluates(tmp_path):
     """One job per run: it writes its resolved config (a param, so a changed config reruns it) to
     requested_config.json, trains on that file and evaluates the predictions; no job of its own for either.
     A model-selection candidate alike (a final run's config waits for its method's choice in a dry run)."""
-    proc = snakemake(copy_workflow(tmp_path), "runs/voc/g0.5/s0/ours/metrics.json", "--cores", "1", "-n",
+    proc = snakemake(project_copy(tmp_path), "runs/voc/g0.5/s0/ours/metrics.json", "--cores", "1", "-n",
                      "--printshellcmds")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-2000:]
@@ -223,33 +204,10 @@ def test_a_train_job_writes_its_config_trains_on_it_and_evaluates(tmp_path):
     assert not rules & {"run_config", "evaluate", "candidate_config", "evaluate_candidate"}
 
 
-TINY_LAYER = {
-    # ERM and Ours at two noise rates, the K sweep (Ours variants) at 0.5: every kind of table and figure
-    "grid": {"datasets": ["toy"], "gammas": [0.5, 0.9], "seeds": [0], "methods": ["erm", "ours"], "ablations": ["ab_k"],
-             "clean_methods": []},
-    "ablations": {"ab_k": {"methods": ["ours_no_pseudo", "ours_k3"], "seeds": [0]}},  # the demo's: three
-    "timing": {"methods": ["erm", "ours"], "trials": 1, "batch_sizes": [1, 64]},
-    "datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 600, "n_test": 200, "size": 32, "scenes": "glyph"},
-                         "longtail": {"source": "pareto", "b": 6, "max": 150, "min": 4, "seed": 0, "groups": "fixed"}}},
-    "train": {"epochs": 2, "batch_size": 16, "balanced_batch_size": 32, "image_size": 32, "warmup_iters": 2,
-              "lr_steps": [2], "workers": 0},
-    # a schedule's keys win over the train block: the demo's recipes set their own epochs
-    "schedules": {name: {"train": {"warmup_iters": 2, "epochs": 2, "lr_steps": [2]}}
-                  for name in ("db", "db_random")},
-    # the demo's pretrained backbone through the real rule, in seconds: a small source task, one epoch
-    "pretrain": {"toy_glyphs": {"epochs": 1, "source": {"classes": 8, "images_per_class": 16, "held_out_per_class": 4}}},
-    # the demo's model selection (Ours: lr, then alpha x beta) in the run, as the layer select_ours.yaml runs it,
-    # on two values each
-    "selection": {"methods": {"ours": [["lr"], ["alpha", "beta"]]},
-                  "grids": {"lr": [0.02, 0.08], "alpha": [0.9, 0.7], "beta": [0.1]}},
-}
-
-
 @pytest.mark.slow
-def test_demo_profile_runs_end_to_end(tmp_path):
-    wf = copy_workflow(tmp_path)
-    (wf / "tiny.yaml").write_text(yaml.safe_dump(TINY_LAYER))
-    args = ("--profile", "workflow/profiles/demo", "--configfile", "workflow/profiles/demo/params.yaml", "tiny.yaml")
+def test_demo_profile_runs_end_to_end(tmp_path, tiny_data_project):
+    wf = copy_build(tiny_data_project, tmp_path / "wf")  # TINY's data made (conftest); the runs and reports here
+    args = write_layer(wf, TINY)
     snakemake(wf, *args, timeout=900)
     table = (wf / "reports" / "table_total.md").read_text()
     assert re.search(r"\| ERM \| _?\*?\*?\d+\.\d\d", table) and "| Ours-balance |" in table, table
@@ -347,7 +305,7 @@ def test_demo_profile_runs_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_rerun_restores_what_a_bad_input_made_snakemake_delete(tmp_path):
+def test_a_rerun_restores_what_a_bad_input_made_snakemake_delete(tmp_path, tiny_data_project):
     """A bad input makes a finished run's train job rerun and fail, and Snakemake deletes that job's outputs
     (predictions, manifests). Once the input is fixed (restored as it was, or deleted as the message says),
     a plain rerun must bring every one of them back, although the tables downstream are up to date."""
@@ -355,11 +313,9 @@ def test_a_rerun_restores_what_a_bad_input_made_snakemake_delete(tmp_path):
 
     import pyarrow.parquet as pq
 
-    wf = copy_workflow(tmp_path)
-    layer = {**TINY_LAYER, "grid": {**TINY_LAYER["grid"], "gammas": [0.5], "methods": ["erm"], "ablations": []},
-             "timing": {**TINY_LAYER["timing"], "methods": ["erm"], "batch_sizes": [1]}}
-    (wf / "tiny.yaml").write_text(yaml.safe_dump(layer))
-    args = ("--profile", "workflow/profiles/demo", "--configfile", "workflow/profiles/demo/params.yaml", "tiny.yaml")
+    wf = copy_build(tiny_data_project, tmp_path / "wf")  # TINY's data made (conftest): one ERM run of it here
+    args = write_layer(wf, tiny_layer({"grid": {"gammas": [0.5], "methods": ["erm"], "ablations": []},
+                                       "timing": {"methods": ["erm"], "batch_sizes": [1]}}))
     snakemake(wf, *args, timeout=900)
     run = wf / "runs" / "toy" / "g0.5" / "s0" / "erm"
     finished = {p.name: p.read_bytes() for p in run.iterdir() if p.name in ("predictions.npz", "metrics.json")}

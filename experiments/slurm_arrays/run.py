@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path[:0] = [str(REPO / "tests/slurm"), str(REPO / "tests")]
 import localcluster  # noqa: E402
-from test_slurm import DATA_TARGETS, TINY_PARAMS  # noqa: E402
+from test_profile_slurm import DATA_TARGETS, TINY_PARAMS  # noqa: E402
 
 METHODS = ["erm", "rs", "focal", "rs_focal", "ldam"]
 LIMIT_S = 150

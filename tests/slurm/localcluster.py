@@ -1,7 +1,7 @@
 """The SLURM profile on the single-node cluster of this machine (start_cluster.sh): a copy of the project, the real
 profile changed only where the local node differs from a GPU cluster, and sbatch calls counted.
 
-Shared by tests/test_slurm.py and scripts/slurm_submissions.py (which measures how many sbatch calls a grid takes).
+Shared by tests/test_profile_slurm.py and scripts/slurm_submissions.py (which measures how many sbatch calls a grid takes).
 Only a cluster on this machine is used: on a real cluster's login node a temporary folder would not be on the
 compute nodes' file system.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start a single-node SLURM cluster on this machine, for tests/test_slurm.py (run as root).
+# Start a single-node SLURM cluster on this machine, for tests/test_profile_slurm.py (run as root).
 #
 # Installs Debian's slurm-wlm + munge when missing, writes /etc/slurm/slurm.conf for one node
 # (this host: its CPUs and memory, one default partition, no accounting, no cgroups, so it also
@@ -8,7 +8,7 @@
 #
 # The node declares 4 fake GPUs (GRES gpu:4 over character devices /dev/noisymlt-fakegpu[0-3], made with
 # mknod as copies of /dev/null), so that `sbatch --gpus=N` gets CUDA_VISIBLE_DEVICES from slurmd as on a GPU
-# node (tests/test_slurm.py, packed runs); where mknod is refused the node has no GRES and those tests skip.
+# node (tests/test_profile_slurm.py, packed runs); where mknod is refused the node has no GRES and those tests skip.
 #
 # Idempotent: a cluster that already answers is left alone; daemons already running (per their
 # pid files) are not started twice. Stop it with tests/slurm/stop_cluster.sh.

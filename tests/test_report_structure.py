@@ -10,32 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fakes import SCALED, TRAIN, label_table, structure_files
 from noisymlt.cli import main
-from noisymlt.data.labels import LabelTable, write_class_split, write_labels
+from noisymlt.data.labels import LabelTable, write_labels
 from noisymlt.data.structure import REFERENCE, structure_stats
-
-# Ten training images of four classes, counted by hand: a 7, b 5, c 2, d 1 (15 labels); the one image with d holds a
-TRAIN = ["a", "a b", "a b", "a c", "a", "b", "a d", "b c", "a", "b"]
-# Six test images: a 3, b 1, c 4, d 2; two without a label
-TEST = ["a c", "a c d", "a b c", "c d", "", ""]
-CLASSES = ["a", "b", "c", "d"]
-SCALED = {"rule": "scaled", "head_min": 5, "tail_max": 2}  # head: a, b; medium: c; tail: d
-
-
-def _table(rows: list[str], meta: dict | None = None) -> LabelTable:
-    y = np.array([[c in row.split() for c in CLASSES] for row in rows], dtype=np.uint8)
-    return LabelTable([f"im{i:02d}" for i in range(len(rows))], CLASSES, y, meta=meta or {})
-
-
-def _files(tmp_path: Path, groups: dict | None = SCALED, split: dict | None = None) -> dict:
-    files = {"labels": tmp_path / "data" / "tiny" / "train_labels.parquet",
-             "split": tmp_path / "data" / "tiny" / "class_split.json",
-             "test_labels": tmp_path / "data" / "tiny" / "test_labels.parquet"}
-    write_labels(_table(TRAIN, {"groups": groups} if groups else None), files["labels"])
-    write_labels(_table(TEST), files["test_labels"])
-    write_class_split(split or {"head": [0, 1], "medium": [2], "tail": [3]}, files["split"])
-    return files
-
 
 def _run(tmp_path: Path, files: dict) -> int:
     return main(["structure", "--labels", str(files["labels"]), "--split", str(files["split"]),
@@ -44,11 +22,11 @@ def _run(tmp_path: Path, files: dict) -> int:
 
 
 def test_the_report_holds_the_statistics_counted_by_hand(tmp_path):
-    files = _files(tmp_path)
+    files = structure_files(tmp_path)
     assert _run(tmp_path, files) == 0
     record = json.loads((tmp_path / "reports" / "structure_tiny.json").read_text())
     stats = record["stats"]
-    # counted by hand from TRAIN and TEST above
+    # counted by hand from fakes.TRAIN and fakes.TEST
     assert (stats["images"], stats["classes"], stats["largest_class"], stats["smallest_class"]) == (10, 4, 7, 1)
     assert stats["labels_per_image"] == pytest.approx(1.5) and stats["imbalance_ratio"] == pytest.approx(7.0)
     assert (stats["head_min"], stats["tail_max"]) == (5, 2)  # the thresholds the label table records
@@ -68,7 +46,7 @@ def test_the_report_holds_the_statistics_counted_by_hand(tmp_path):
     assert stats["test_hub_share_of_images"] == pytest.approx(0.5)
     assert record["class_counts"] == {"train": [7, 5, 2, 1], "test": [3, 1, 4, 2]}
     # and what the library function gives on the same matrices
-    want = structure_stats(_table(TRAIN).labels, test_counts=[3, 1, 4, 2], test_images=6, head_min=5, tail_max=2)
+    want = structure_stats(label_table(TRAIN).labels, test_counts=[3, 1, 4, 2], test_images=6, head_min=5, tail_max=2)
     assert json.loads(json.dumps(want)) == stats
     assert record["thresholds"] == {"rule": "scaled", "head_min": 5, "tail_max": 2, "recorded": True,
                                     "text": "head >= 5 images, tail < 2: VOC-MLT's 100 / 20 scaled to 10 of its "
@@ -89,7 +67,7 @@ def test_the_report_holds_the_statistics_counted_by_hand(tmp_path):
 
 
 def test_the_page_names_its_files_thresholds_and_values_beside_the_references(tmp_path):
-    files = _files(tmp_path)
+    files = structure_files(tmp_path)
     assert _run(tmp_path, files) == 0
     md = (tmp_path / "reports" / "structure_tiny.md").read_text()
     for path in files.values():
@@ -110,18 +88,18 @@ def test_the_page_names_its_files_thresholds_and_values_beside_the_references(tm
 
 
 def test_a_class_split_other_than_the_recorded_thresholds_give_stops_the_step(tmp_path, capsys):
-    files = _files(tmp_path, split={"head": [0], "medium": [1, 2], "tail": [3]})  # b (5 images) is head at 5 / 2
+    files = structure_files(tmp_path, split={"head": [0], "medium": [1, 2], "tail": [3]})  # b (5 images) is head at 5 / 2
     assert _run(tmp_path, files) == 2
     err = capsys.readouterr().err
     assert f"{files['split']}: class 'b' (5 images) is medium there, but head at the thresholds" in err
     assert str(files["labels"]) in err and "noisymlt longtail" in err
-    bad = _files(tmp_path / "bad", groups={"rule": "scaled", "head_min": "many"})
+    bad = structure_files(tmp_path / "bad", groups={"rule": "scaled", "head_min": "many"})
     assert _run(tmp_path / "bad", bad) == 2
     assert "metadata key 'groups' must hold rule, head_min and tail_max" in capsys.readouterr().err
 
 
 def test_a_table_without_the_record_is_read_with_spec_1s_thresholds_and_says_so(tmp_path):
-    files = _files(tmp_path, groups=None, split={"head": [], "medium": [], "tail": [0, 1, 2, 3]})
+    files = structure_files(tmp_path, groups=None, split={"head": [], "medium": [], "tail": [0, 1, 2, 3]})
     assert _run(tmp_path, files) == 0
     record = json.loads((tmp_path / "reports" / "structure_tiny.json").read_text())
     assert record["thresholds"]["recorded"] is False and record["stats"]["groups"] == {"head": 0, "medium": 0, "tail": 4}
@@ -134,7 +112,7 @@ def test_a_subset_with_a_references_statistics_is_called_that_reference(tmp_path
     reference's (here a reference made of the tiny table's own statistics; VOC-MLT's own labels: the next test)."""
     from noisymlt.report import structure as report
 
-    files = _files(tmp_path)
+    files = structure_files(tmp_path)
     assert _run(tmp_path, files) == 0
     stats = json.loads((tmp_path / "reports" / "structure_tiny.json").read_text())["stats"]
     other = {**stats, "test_images": 4952, "train_test_rank_correlation": 0.5}  # its own test set: still the subset
@@ -173,14 +151,14 @@ def test_voc_mlt_reports_as_voc_mlt_itself(tmp_path, reference_dir):
 def test_the_group_table_states_the_thresholds_when_they_are_scaled(tmp_path):
     import html
 
-    from test_report import fake_run
+    from fakes import fake_run
 
     from noisymlt.report.aggregate import aggregate
 
     runs = [fake_run(tmp_path, "erm", 0.5, seed, [0.6]) for seed in range(2)]
     results = tmp_path / "results.parquet"
     aggregate(runs).to_parquet(results)
-    scaled, fixed = _files(tmp_path / "scaled"), _files(tmp_path / "fixed", groups={**SCALED, "rule": "fixed"})
+    scaled, fixed = structure_files(tmp_path / "scaled"), structure_files(tmp_path / "fixed", groups={**SCALED, "rule": "fixed"})
     note = "Groups by training images per class: head >= 5 images, tail < 2: VOC-MLT's 100 / 20 scaled to 10 of its"
     for files, shown in ((scaled, True), (fixed, False)):
         out = files["labels"].parent / "table_groups_toy.tex"
@@ -199,15 +177,13 @@ def test_the_group_table_states_the_thresholds_when_they_are_scaled(tmp_path):
 def test_the_workflow_writes_the_structure_report_of_its_dataset(tmp_path):
     """The rule through Snakemake on a small toy (seconds): the report of the pipeline's own files, with the groups of
     its class split, and nothing to do on a second call."""
-    import yaml
-    from test_workflow import copy_workflow, snakemake
+    from helpers import project_copy, snakemake, tiny_layer, write_layer
 
-    wf = copy_workflow(tmp_path)
+    wf = project_copy(tmp_path)
     layer = {"datasets": {"toy": {"toy": {"seed": 0, "n_trainval": 300, "n_test": 100, "size": 32, "scenes": "glyph"},
                                   "longtail": {"source": "pareto", "b": 6, "max": 60, "min": 2, "seed": 0,
                                                "groups": "scaled"}}}}
-    (wf / "tiny.yaml").write_text(yaml.safe_dump(layer))
-    args = ("--profile", "workflow/profiles/demo", "--configfile", "workflow/profiles/demo/params.yaml", "tiny.yaml")
+    args = write_layer(wf, tiny_layer(layer))  # the toy's blocks replace TINY's
     snakemake(wf, "reports/structure_toy.md", *args, timeout=300)  # target first: --configfile takes what follows
     record = json.loads((wf / "reports" / "structure_toy.json").read_text())
     split = json.loads((wf / "data" / "toy" / "class_split.json").read_text())

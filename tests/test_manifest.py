@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import tiny_params, toy_trainer
+from helpers import tiny_params, toy_trainer
 from noisymlt.cli import main
 from noisymlt.config import resolve_run
 from noisymlt.core.manifest import check_inputs, file_sha256, now, producer_record, write_manifest

@@ -1,7 +1,7 @@
 """The manual's "Noise models" page (docs/noise-models.md), followed in copies of the project: its example model
 module is all a new noise model takes (and changes no existing set's code digest), and [CL]'s published noisy labels,
 laid out as the page says, become a run's noisy set through the workflow. (Its two-model grid runs in
-tests/test_own_data.py, on that page's dataset.)"""
+tests/test_page_own_data.py, on that page's dataset.)"""
 
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ import pytest
 import yaml
 
 from noisymlt.data.labels import LabelTable, read_labels, write_labels
-from helpers import BIN, SNAKEMAKE, project_copy, tool_env as _env
-from test_extension import blocks, page
-from test_own_data import commands, folder_project, run
+from helpers import (BIN, SNAKEMAKE, blocks, commands, copy_build, page, project_copy, run_line as run,
+                     tool_env as _env)
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "noise-models.md"
@@ -70,7 +69,7 @@ def test_the_pages_model_module_is_all_a_new_model_takes(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_authors_labels_become_a_noisy_set_as_the_page_says(tmp_path):
+def test_the_authors_labels_become_a_noisy_set_as_the_page_says(tmp_path, own_data_project):
     if not SNAKEMAKE.exists():
         pytest.skip(f"snakemake is not installed next to {sys.executable}")
     text = page(PAGE, "Noise models")
@@ -79,7 +78,7 @@ def test_the_authors_labels_become_a_noisy_set_as_the_page_says(tmp_path):
     given = layer["noise"]["authors"]["voc"]
     own = page(OWN_DATA, "Add your own data")
     (smk,) = commands(own)
-    root = folder_project(tmp_path / "project", own)
+    root = copy_build(own_data_project, tmp_path / "project")  # folder_project, its data made (conftest)
     # the clean subset first (its ids and rows are what [CL]'s file must match)
     run(smk.replace("reports/structure_mydata.md runs/mydata/g0.5/s0/erm/metrics.json",
                     "data/mydata/train_labels.parquet"), root)

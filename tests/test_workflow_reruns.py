@@ -17,7 +17,8 @@ import sys
 import pytest
 import yaml
 
-from helpers import SNAKEMAKE, output_digests, run_tool as _run, tiny_params, tool_env, workflow_copy
+from helpers import (SNAKEMAKE, output_digests, project_copy, run_tool as _run, tiny_layer, tool_env,
+                     write_layer)
 
 METHODS = ["erm", "bbn", "db_focal", "ours"]  # BBN's family; DB-Focal and Ours use the DB loss; ERM neither
 RUN = "runs/toy/g0.5/s0/{}/"
@@ -47,20 +48,24 @@ EDITS = {
 }
 
 
-def _params() -> dict:
-    from helpers import REPO
-    from noisymlt.config import load_params
+# The toy grid: the four METHODS at one noise rate and seed, one epoch, on a smaller toy than TINY's; Ours selects
+# its values in the run (TINY's selection) on one selection set: 4 candidates. A scratch backbone: no pretraining.
+LAYER = tiny_layer({
+    "grid": {"gammas": [0.5], "seeds": [0], "methods": METHODS, "ablations": []},
+    "timing": {"methods": ["erm"], "batch_sizes": [1]},
+    "datasets": {"toy": {"toy": {"n_trainval": 240, "n_test": 60}, "longtail": {"max": 60, "min": 3}}},
+    "train": {"epochs": 1, "lr_steps": [1], "balanced_batch_size": 16, "eval_batch_size": 64, "weights_path": None},
+    "schedules": {name: {"train": {"epochs": 1, "lr_steps": [1]}} for name in ("db", "db_random")},
+    "selection": {"seeds": [0]},
+})
 
-    params = tiny_params()
-    full = load_params(REPO / "params.yaml")
-    params["methods"] = {m: full["methods"][m] for m in METHODS}
-    params["grid"]["methods"] = METHODS
-    demo = load_params(REPO / "params.yaml", REPO / "workflow" / "profiles" / "demo" / "params.yaml",
-                       REPO / "workflow" / "profiles" / "demo" / "select_ours.yaml")  # Ours' selection in the run
-    params["selection"]["methods"] = {m: demo["selection"]["methods"][m] for m in METHODS}  # Ours selects
-    params["selection"]["seeds"] = [0]  # one selection set: 4 candidates
-    params["train"]["balanced_batch_size"] = 16  # seconds, not minutes, for Ours' balanced branch
-    return params
+
+def _edit_layer(smk, change: dict) -> None:
+    """The test's layer file (tiny.yaml) with ``change`` merged over it, as a user edits a params file."""
+    from noisymlt.config import deep_merge
+
+    path = smk / "tiny.yaml"
+    path.write_text(yaml.safe_dump(deep_merge(yaml.safe_load(path.read_text()), change), sort_keys=False))
 
 
 def _outputs(root) -> dict[str, str]:
@@ -95,9 +100,10 @@ def _check(tool: str, name: str, changed: set[str], retrains: set, predicts: set
 def test_an_edit_changes_exactly_the_results_it_can_reach(tmp_path, capsys):
     if not SNAKEMAKE.exists():
         pytest.skip(f"snakemake is not installed next to {sys.executable}")
-    smk = workflow_copy(tmp_path / "smk", _params())
-    _run([SNAKEMAKE, "--cores", "2"], smk, timeout=1200)
-    assert "Nothing to be done" in _run([SNAKEMAKE, "-n"], smk)
+    smk = project_copy(tmp_path / "smk")
+    args = write_layer(smk, LAYER)
+    _run([SNAKEMAKE, *args], smk, timeout=1200)  # the demo profile: two cores
+    assert "Nothing to be done" in _run([SNAKEMAKE, *args, "-n"], smk)
     first = _outputs(smk)
 
     counts = {}
@@ -107,10 +113,10 @@ def test_an_edit_changes_exactly_the_results_it_can_reach(tmp_path, capsys):
         assert text.count(old) >= 1, (name, old)
         path.write_text(text.replace(old, new, 1))
         before = _outputs(smk)
-        _run([SNAKEMAKE, "--cores", "2"], smk, timeout=1200)
+        _run([SNAKEMAKE, *args], smk, timeout=1200)
         after = _outputs(smk)
         counts[name] = _check("snakemake", name, _changed(before, after), retrains, predicts, allowed)
-        assert "Nothing to be done" in _run([SNAKEMAKE, "-n"], smk), name
+        assert "Nothing to be done" in _run([SNAKEMAKE, *args, "-n"], smk), name
         if name == "the evaluation":  # the finished checkpoints predict the same bytes; only the metrics move
             in_runs = {p for p in _changed(before, after) if p.startswith("runs/")}
             assert {RUN.format(m) + "metrics.json" for m in METHODS} <= in_runs, sorted(in_runs)
@@ -124,11 +130,11 @@ def test_an_edit_changes_exactly_the_results_it_can_reach(tmp_path, capsys):
             assert after == first, sorted(_changed(first, after))
     with capsys.disabled():
         print("\noutcome of each edit:", json.dumps(counts, indent=1))
-    _selection_reruns_exactly_its_final_runs(smk)
-    _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, tmp_path / "through")
+    _selection_reruns_exactly_its_final_runs(smk, args)
+    _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, args, tmp_path / "through")
 
 
-def _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, through) -> None:
+def _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, args, through) -> None:
     """Code unchanged, a longer ERM schedule: a copy of the project trains it through; the project itself is stopped
     as Ctrl-C stops it (checkpoints every epoch), then run again: the run resumes its own checkpoint and ends with
     the copy's bytes."""
@@ -139,17 +145,14 @@ def _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, through) -> Non
     import time
 
     epochs = 60
-    params = yaml.safe_load((smk / "params.yaml").read_text())
-    params["methods"]["erm"]["train"] = {**params["methods"]["erm"].get("train", {}), "epochs": epochs,
-                                         "lr_steps": [epochs]}
-    (smk / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _edit_layer(smk, {"methods": {"erm": {"train": {"epochs": epochs, "lr_steps": [epochs]}}}})
     shutil.copytree(smk, through, symlinks=True)
-    _run([SNAKEMAKE, "--cores", "2"], through, timeout=1200)
+    _run([SNAKEMAKE, *args], through, timeout=1200)
 
     run = smk / RUN.format("erm")
     env = {**tool_env(smk), "NOISYMLT_CHECKPOINT_SECONDS": "0"}
     # its own process group, which Ctrl-C in a terminal signals as a whole: Snakemake, the job, the trainer
-    proc = subprocess.Popen([str(SNAKEMAKE), "--cores", "2"], cwd=smk, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([str(SNAKEMAKE), *args], cwd=smk, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
@@ -165,7 +168,7 @@ def _an_interrupted_run_resumes_to_the_uninterrupted_result(smk, through) -> Non
     stopped_at = torch.load(run / "checkpoint.pt", weights_only=True)["epoch"]
     assert 2 <= stopped_at < epochs, (stopped_at, out[-3000:])
     assert not (run / "predictions.npz").exists()
-    _run([SNAKEMAKE, "--cores", "2", "--rerun-incomplete"], smk, timeout=1200)
+    _run([SNAKEMAKE, *args, "--rerun-incomplete"], smk, timeout=1200)
     job_log = (smk / "logs" / "train" / "toy_g0.5_s0_erm.log").read_text()
     assert f"resumed {RUN.format('erm')}checkpoint.pt from epoch {stopped_at}" in job_log, job_log[-2000:]
     for name in ("checkpoint.pt", "predictions.npz", "manifest.json"):
@@ -177,7 +180,7 @@ def _ran(text: str) -> list[tuple[str, str]]:
     return re.findall(r"(?:rule|checkpoint) (\w+):\n(?:    \w+: .*\n)*?    wildcards: (.*)", text)
 
 
-def _selection_reruns_exactly_its_final_runs(smk) -> None:
+def _selection_reruns_exactly_its_final_runs(smk, args) -> None:
     """A redone selection that chooses the same values reruns nothing downstream; a changed choice retrains
     exactly the final runs that read it (Ours here)."""
     stage2 = json.loads((smk / "runs/toy/select/ours/stage2.json").read_text())
@@ -188,14 +191,12 @@ def _selection_reruns_exactly_its_final_runs(smk) -> None:
     record = json.loads(metrics.read_text())
     record["heads"]["ensemble"]["map"]["total"] = 0.001
     metrics.write_text(json.dumps(record))
-    ran = _ran(_run([SNAKEMAKE, "--cores", "2"], smk, timeout=600))
+    ran = _ran(_run([SNAKEMAKE, *args], smk, timeout=600))
     assert {rule for rule, _ in ran} <= {"select", "readme_numbers"} and ("select", "dataset=toy, method=ours, stage=2") in ran, ran
     # the grid keeps only the alpha that lost: the choice changes, no candidate retrains
     lost = next(a for a in (0.9, 0.7) if a != stage2["chosen"]["alpha"])
-    params = yaml.safe_load((smk / "params.yaml").read_text())
-    params["selection"]["grids"]["alpha"] = [lost]
-    (smk / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    ran = _ran(_run([SNAKEMAKE, "--cores", "2"], smk, timeout=600))
+    _edit_layer(smk, {"selection": {"grids": {"alpha": [lost]}}})
+    ran = _ran(_run([SNAKEMAKE, *args], smk, timeout=600))
     assert {w for rule, w in ran if rule == "train"} == {"dataset=toy, gamma=0.5, noise=, seed=0, method=ours"}, ran
     # (the grid edit reruns stage 1's select, a checkpoint, so Snakemake replans stage 2's remaining candidate:
     # it cannot know stage 1's choice before the checkpoint ran)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import SNAKEMAKE, project_copy
+from helpers import SNAKEMAKE, blocks, copy_build, page
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,26 +26,15 @@ REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "add-a-method.md"
 
 
-def page(path: Path, title: str) -> str:
-    """A manual page, which must be the one titled TITLE."""
-    text = path.read_text()
-    assert text.startswith(f"# {title}\n"), f"{path} is not the page '{title}'"
-    return text
-
-
-def blocks(text: str, language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
-
-
 @pytest.mark.slow
-def test_the_readme_adds_a_loss_and_a_family_and_nothing_else(tmp_path):
+def test_the_readme_adds_a_loss_and_a_family_and_nothing_else(tmp_path, demo_pretrained):
     if not SNAKEMAKE.exists():
         pytest.skip(f"snakemake is not installed next to {sys.executable}")
     text = page(PAGE, "Add a method")
     modules, methods = blocks(text, "python"), blocks(text, "yaml")
     commands = [line for b in blocks(text, "bash") for line in b.splitlines() if "snakemake" in line]
     assert len(modules) == 2 and len(methods) == 2 and len(commands) == 1, "the page's shape changed"
-    root = project_copy(tmp_path / "project")
+    root = copy_build(demo_pretrained, tmp_path / "project")  # the project, the demo's backbone made (conftest)
 
     for module in modules:
         path = module.splitlines()[0].removeprefix("# ").strip()

@@ -87,7 +87,10 @@ def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> N
     tiny = tmp_path / "tiny_params.yaml"
     tiny.write_text(yaml.safe_dump(TINY_PARAMS))
     configfiles = [work / "workflow/profiles/demo/params.yaml", tiny]
-    prof_dir = write_test_profile(tmp_path, work, partition, configfiles)
+    # one rule asks for two cores (the node has two): its sbatch call must ask for them (cpus_per_task: threads)
+    real_threads = yaml.safe_load((work / "workflow/profiles/slurm/config.yaml").read_text())["set-threads"]
+    threads = {**real_threads, "train": 1, "train_candidate": 1, "table_fit": 2}
+    prof_dir = write_test_profile(tmp_path, work, partition, configfiles, **{"set-threads": threads})
     bin_dir, calls = sbatch_counter(tmp_path)
 
     snakemake = [sys.executable, "-m", "snakemake", "--nocolor"]
@@ -124,6 +127,13 @@ def test_slurm_profile_runs_the_toy_workflow_through_sbatch(tmp_path: Path) -> N
     assert [c for c in submitted if "--array=" in c] == [c for c in submitted if "train_candidate" in c]
     assert len([c for c in submitted if "train_candidate" in c]) == 1
     assert all("--requeue" in c for c in submitted)  # a preempted job comes back
+    checked = set()
+    for call in submitted:  # each rule's job asks for the rule's threads as CPUs (a group's job for its jobs')
+        rule = re.search(r"--comment rule_(\w+)", call).group(1).split("_wildcards_")[0]  # rule_<name>_wildcards_<values>
+        if rule in SLURM_SINGLE_RULES | ARRAY_RULES:
+            assert f"--cpus-per-task={2 if rule == 'table_fit' else 1} " in call, call[:600]
+            checked.add(rule)
+    assert checked == SLURM_SINGLE_RULES | ARRAY_RULES, checked
     # The plugin writes every task's command into the array's sbatch command line, which must stay under the 128 KiB
     # one argument may hold (past it, the plugin falls back to a job script that runs the first task's job in every
     # task): the profile's cap on tasks a call, at this call's bytes per task, leaves a quarter of it free.

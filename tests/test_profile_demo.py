@@ -77,3 +77,28 @@ def test_each_recipes_epochs_are_the_shortest_that_pass_the_probe():
         rep = {"db": "db_focal"}.get(recipe, "erm")
         assert resolve_run(demo, "toy", method, 0.5, 0)["train"]["epochs"] == \
             resolve_run(demo, "toy", rep, 0.5, 0)["train"]["epochs"], method
+
+
+def test_the_demo_runs_on_every_core_and_each_run_asks_for_its_measured_peak_memory():
+    """The profile fixes no core count; each train job holds at least the largest peak measured for a demo run
+    (scripts/benchmark_demo_memory.py, every method of the grid), and `make demo` gives Snakemake the machine's
+    available memory: runs at once = min(cores, memory / peak)."""
+    import json
+    import subprocess
+
+    import yaml
+
+    profile = yaml.safe_load((REPO / "workflow/profiles/demo/config.yaml").read_text())
+    measured = json.loads((REPO / "docs/benchmarks/demo_memory.json").read_text())
+    demo = load_params(REPO / "params.yaml", REPO / "workflow/profiles/demo/params.yaml")
+    assert profile["cores"] == "all"
+    assert set(measured["methods"]) == set(demo["grid"]["methods"])
+    largest = max(row["peak_rss_mib"] for row in measured["methods"].values())
+    assert largest == measured["largest_peak_rss_mib"]
+    for rule in ("train", "train_candidate"):
+        assert profile["set-resources"][rule]["mem_mb"] >= largest, rule
+    mem_mb = profile["set-resources"]["train"]["mem_mb"]  # docs/demo.md's example follows the profile's request
+    page = " ".join((REPO / "docs/demo.md").read_text().split())
+    assert f"at {mem_mb}, 8 cores and 8 GiB run {min(8, 8 * 1024 // mem_mb)}." in page
+    plan = subprocess.run(["make", "-n", "demo", "DEMO_MEM_MB=4321"], cwd=REPO, capture_output=True, text=True)
+    assert "snakemake --profile workflow/profiles/demo --resources mem_mb=4321" in plan.stdout, plan.stdout

@@ -3,87 +3,41 @@ and a CSV runs through the structure report and one training run, and the page's
 kind takes. Then, on the same copy, the grid of the "Noise models" page (docs/noise-models.md): a second noise model
 beside the paper's, through to the main table, which shows both.
 
-The images are written here, as the page describes them (a folder and a labels table); every other file the runs
-need comes from the page's blocks: the params layer, the commands, the kind module and its dataset block.
+The images are written as the page describes them (a folder and a labels table: helpers.write_folder); every other
+file the runs need comes from the page's blocks: the params layer, the commands, the kind module and its dataset block.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
 from noisymlt.data.labels import read_labels
-from helpers import BIN, SNAKEMAKE, project_copy, tool_env as _env
-from test_extension import blocks, page
+from helpers import (BIN, OWN_DATA_CLASSES as CLASSES, SNAKEMAKE, blocks, commands, copy_build, page, project_copy,
+                     run_line as run, tool_env as _env)
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "own-data.md"
 NOISE_PAGE = REPO / "docs" / "noise-models.md"
-CLASSES = ["cat", "dog", "bird", "fish"]
-COLOURS = np.array([[220, 40, 40], [40, 200, 40], [40, 40, 220], [200, 200, 40]], np.uint8)
-
-
-def write_folder(root: Path, images: int = 400, seed: int = 0) -> None:
-    """The page's example set: 32 px grey images with a coloured square a label, labels.csv in the wide form."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    (root / "images").mkdir(parents=True)
-    with open(root / "labels.csv", "w", newline="") as f:
-        rows = csv.writer(f)
-        rows.writerow(["image", *CLASSES])
-        for i in range(images):
-            y = (rng.random(len(CLASSES)) < [0.6, 0.35, 0.2, 0.1]).astype(int)
-            if not y.any():
-                y[rng.integers(len(CLASSES))] = 1
-            pixels = np.full((32, 32, 3), 128, np.uint8)
-            for c in np.flatnonzero(y):
-                x0, y0 = rng.integers(0, 20, 2)
-                pixels[y0:y0 + 12, x0:x0 + 12] = COLOURS[c]
-            Image.fromarray(pixels).save(root / "images" / f"{i:03d}.png")
-            rows.writerow([f"{i:03d}.png", *y])
-
-
-def commands(text: str) -> list[str]:
-    return [line for b in blocks(text, "bash") for line in b.splitlines() if line.strip()]
-
-
-def run(line: str, root: Path, timeout: float = 900) -> str:
-    """One of the page's command lines, in the copy, with this interpreter's tools first on PATH."""
-    done = subprocess.run(line, shell=True, cwd=root, env=_env(root), capture_output=True, text=True, timeout=timeout,
-                          executable="/bin/bash")
-    assert done.returncode == 0, f"{line}\n{done.stdout[-3000:]}{done.stderr[-5000:]}"
-    return done.stdout + done.stderr
-
-
-def folder_project(root: Path, text: str) -> Path:
-    project_copy(root)
-    layer = blocks(text, "yaml")[0]
-    name = layer.splitlines()[0].removeprefix("# ").strip()
-    (root / name).write_text(layer)
-    block = yaml.safe_load(layer)["datasets"]["mydata"]["folder"]
-    write_folder(root / block["root"])
-    return root
 
 
 @pytest.mark.slow
-def test_a_folder_dataset_runs_as_the_page_says(tmp_path):
+def test_a_folder_dataset_runs_as_the_page_says(tmp_path, own_data_project):
     if not SNAKEMAKE.exists():
         pytest.skip(f"snakemake is not installed next to {sys.executable}")
     text = page(PAGE, "Add your own data")
     (smk,) = commands(text)
     assert smk.startswith("snakemake "), "the page's command changed"
 
-    root = folder_project(tmp_path / "smk", text)
-    run(smk, root)  # the demo profile sets two cores
+    # the page's project, its data made by the same command (conftest.own_data_project): the rest runs here
+    root = copy_build(own_data_project, tmp_path / "smk")
+    run(smk, root)
     md = (root / "reports/structure_mydata.md").read_text()
     train, test = (read_labels(root / f"data/mydata/{part}_labels.parquet") for part in ("train", "test"))
     assert len(train) + len(test) == 400 and len(test) / 400 == pytest.approx(0.25, abs=0.02)  # test_fraction
