@@ -98,6 +98,8 @@ def plant(defect: Defect) -> dict:
         status, out, seconds = _pytest(defect.tests)
     finally:
         path.write_bytes(original)
+    if status not in (0, 1):  # not a verdict: pytest could not collect or run the tests
+        raise SystemExit(f"{defect.name}: pytest exited {status} without running the tests:\n{out[-3000:]}")
     failed = re.findall(r"^FAILED (\S+)", out, re.M)
     errors = re.findall(r"^ERROR (\S+)", out, re.M)
     return {"defect": defect.name, "what": defect.what, "file": defect.path, "tests": list(defect.tests),

@@ -34,6 +34,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 LOCAL_SERVICES = ("tests/test_profile_slurm.py::", "tests/test_dvc.py::")
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist (-p no:xdist) must not refuse it
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup`: each test its own unit of work but the LOCAL_SERVICES tests, which are one."""
     if config.getvalue("dist") != "loadgroup":
