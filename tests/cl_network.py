@@ -21,6 +21,8 @@ from torch import nn
 
 # ------------------------------------------------------------------ [CL]'s network, as its code lays it out
 class MMBottleneck(nn.Module):
+    expansion = 4
+
     def __init__(self, inplanes: int, planes: int, stride: int):
         super().__init__()
         self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
@@ -42,19 +44,44 @@ class MMBottleneck(nn.Module):
         return self.relu(out + (x if self.downsample is None else self.downsample(x)))
 
 
-class MMResNet50(nn.Module):
-    def __init__(self):
+class MMBasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, inplanes: int, planes: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU()
+        self.downsample = None
+        if stride != 1 or inplanes != planes:
+            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride=stride, bias=False),
+                                            nn.BatchNorm2d(planes))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+
+
+class MMResNet(nn.Module):
+    """mmcv's ResNet: the stem, stages layer1-4 of ``block`` (``blocks`` of them a stage, the stride in the first),
+    all four stage outputs returned (out_indices=(0, 1, 2, 3))."""
+
+    def __init__(self, block: type, blocks: tuple[int, int, int, int]):
         super().__init__()
         self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU()
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
         inplanes = 64
-        for i, (blocks, stride) in enumerate(zip((3, 4, 6, 3), (1, 2, 2, 2))):
+        for i, (count, stride) in enumerate(zip(blocks, (1, 2, 2, 2))):
             planes = 64 * 2 ** i
-            layer = [MMBottleneck(inplanes, planes, stride)]
-            layer += [MMBottleneck(planes * 4, planes, 1) for _ in range(blocks - 1)]
-            inplanes = planes * 4
+            layer = [block(inplanes, planes, stride)]
+            layer += [block(planes * block.expansion, planes, 1) for _ in range(count - 1)]
+            inplanes = planes * block.expansion
             self.add_module(f"layer{i + 1}", nn.Sequential(*layer))
 
     def forward(self, x):
@@ -63,7 +90,17 @@ class MMResNet50(nn.Module):
         for i in range(1, 5):
             x = getattr(self, f"layer{i}")(x)
             outs.append(x)
-        return tuple(outs)  # out_indices=(0, 1, 2, 3)
+        return tuple(outs)
+
+
+class MMResNet50(MMResNet):
+    def __init__(self):
+        super().__init__(MMBottleneck, (3, 4, 6, 3))
+
+
+class MMResNet18(MMResNet):
+    def __init__(self):
+        super().__init__(MMBasicBlock, (2, 2, 2, 2))
 
 
 class PFC(nn.Module):
@@ -130,50 +167,6 @@ def mmcv_checkpoint(model: nn.Module, path, *, legacy: bool = False, prefix: str
     torch.save({"meta": {"mmcv_version": "1.3.12", "time": time.asctime(), "epoch": 8, "iter": 296},
                 "state_dict": state, "optimizer": opt.state_dict()}, path,
                _use_new_zipfile_serialization=not legacy)
-
-
-
-# ------------------------------------------------------------------ [CL]'s network with mmcv's ResNet-18
-class MMBasicBlock(nn.Module):
-    def __init__(self, inplanes: int, planes: int, stride: int):
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.relu = nn.ReLU()
-        self.downsample = None
-        if stride != 1 or inplanes != planes:
-            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride=stride, bias=False),
-                                            nn.BatchNorm2d(planes))
-
-    def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + (x if self.downsample is None else self.downsample(x)))
-
-
-class MMResNet18(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        self.relu = nn.ReLU()
-        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
-        inplanes = 64
-        for i, stride in enumerate((1, 2, 2, 2)):
-            planes = 64 * 2 ** i
-            self.add_module(f"layer{i + 1}", nn.Sequential(MMBasicBlock(inplanes, planes, stride),
-                                                           MMBasicBlock(planes, planes, 1)))
-            inplanes = planes
-
-    def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        outs = []
-        for i in range(1, 5):
-            x = getattr(self, f"layer{i}")(x)
-            outs.append(x)
-        return tuple(outs)
 
 
 def stitchup_classifier18(num_classes: int) -> nn.Module:

@@ -70,9 +70,11 @@ def pytest_collection_modifyitems(config, items):
         slow = item.get_closest_marker("slow") or item.get_closest_marker("slurm")
         return recorded.get(item.nodeid, 60.0 if slow else 0.0)
 
-    together = sum(seconds(item) for item in items if item.nodeid.startswith(LOCAL_SERVICES))
-    items.sort(key=lambda item: -together if item.nodeid.startswith(LOCAL_SERVICES)
-               else -seconds(item) if seconds(item) >= 10 else 0.0)
+    own = {item.nodeid: seconds(item) for item in items}
+    together = sum(s for nodeid, s in own.items() if nodeid.startswith(LOCAL_SERVICES))
+    first = {nodeid: together if nodeid.startswith(LOCAL_SERVICES) else s if s >= 10 else 0.0
+             for nodeid, s in own.items()}
+    items.sort(key=lambda item: -first[item.nodeid])
     stray = [item.nodeid for item in items if (item.get_closest_marker("slurm") or item.get_closest_marker("ssh"))
              and not item.nodeid.startswith(LOCAL_SERVICES)]
     if stray:
@@ -250,7 +252,7 @@ def own_data_project(tmp_path_factory, demo_pretrained) -> Path:
             "data/mydata/noisy/g0.5_s0.parquet")
 
     def build(folder: Path) -> None:
-        folder_project(copy_build(demo_pretrained, folder), text, copied=True)
+        folder_project(copy_build(demo_pretrained, folder), text)
         run_line(command.replace(targets, data), folder)
 
     return shared_build(tmp_path_factory, "own_data", build)

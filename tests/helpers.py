@@ -180,14 +180,12 @@ def write_folder(root: Path, images: int = 400, seed: int = 0) -> None:
             rows.writerow([f"{i:03d}.png", *y])
 
 
-def folder_project(root: Path, text: str | None = None, copied: bool = False) -> Path:
-    """A project copy set up as docs/own-data.md says: the page's first YAML block written as the layer file it
-    names, and its example images where the layer's folder block points (``copied``: root holds the copy already)."""
+def folder_project(root: Path, text: str | None = None) -> Path:
+    """The project copy in ``root`` set up as docs/own-data.md says: the page's first YAML block written as the layer
+    file it names, and its example images where the layer's folder block points."""
     import yaml
 
     text = text if text is not None else page(OWN_DATA_PAGE, "Add your own data")
-    if not copied:
-        project_copy(root)
     layer = blocks(text, "yaml")[0]
     name = layer.splitlines()[0].removeprefix("# ").strip()
     (root / name).write_text(layer)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import SNAKEMAKE, blocks, copy_build, page
+from helpers import SNAKEMAKE, blocks, commands as page_commands, copy_build, page
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ def test_the_readme_adds_a_loss_and_a_family_and_nothing_else(tmp_path, demo_pre
         pytest.skip(f"snakemake is not installed next to {sys.executable}")
     text = page(PAGE, "Add a method")
     modules, methods = blocks(text, "python"), blocks(text, "yaml")
-    commands = [line for b in blocks(text, "bash") for line in b.splitlines() if "snakemake" in line]
+    commands = [line for line in page_commands(text) if "snakemake" in line]
     assert len(modules) == 2 and len(methods) == 2 and len(commands) == 1, "the page's shape changed"
     root = copy_build(demo_pretrained, tmp_path / "project")  # the project, the demo's backbone made (conftest)
 
