@@ -4,7 +4,8 @@
 Runs what `make test` runs after its lint and manual build (pytest on TEST_WORKERS workers, the SLURM and SSH
 tests in one of them), with a JUnit report, and writes the wall time, the calibration before and after
 (scripts/calibration.py: machines here differ 2x from one day to the next), the counts, the 20 slowest tests and
-every test's seconds (setup + call + teardown, as JUnit counts them).
+every test's seconds (setup + call + teardown, as JUnit counts them) and CPU seconds (scripts/test_cpu_seconds.py:
+its worker and the children it waited for; the SLURM jobs run under slurmd and are not in it).
 
     python scripts/benchmark_tests.py --json docs/benchmarks/tests.json          # ~15 min on 2 cores
     python scripts/benchmark_tests.py --workers 0 --json serial.json             # one process
@@ -51,7 +52,15 @@ def read_junit(path: Path) -> dict:
     return tests
 
 
-def summary(tests: dict, wall_s: float, workers: int, before: dict, after: dict) -> dict:
+def read_cpu(folder: Path) -> dict[str, float]:
+    """Each test's CPU seconds, from the files scripts/test_cpu_seconds.py wrote (a file a worker)."""
+    readings = {}
+    for path in sorted(folder.glob("*.json")):
+        readings.update(json.loads(path.read_text()))
+    return readings
+
+
+def summary(tests: dict, wall_s: float, workers: int, before: dict, after: dict, cpu: dict | None = None) -> dict:
     counts = {k: sum(1 for t in tests.values() if t["outcome"] == k) for k in ("passed", "failed", "skipped")}
     slowest = sorted(tests.items(), key=lambda kv: -kv[1]["s"])[:20]
     return {
@@ -62,8 +71,10 @@ def summary(tests: dict, wall_s: float, workers: int, before: dict, after: dict)
         "sum_of_tests_s": round(sum(t["s"] for t in tests.values()), 1), **counts,
         "calibration": {"before": before, "after": after},
         "minutes_per_torch_s": round(wall_s / 60 / ((before["torch_s"] + after["torch_s"]) / 2), 2),
-        "slowest": [{"test": name, "s": t["s"]} for name, t in slowest],
+        "slowest": [{"test": name, "s": t["s"], **({"cpu_s": cpu[name]} if name in (cpu or {}) else {})}
+                    for name, t in slowest],
         "tests": {name: t["s"] for name, t in sorted(tests.items())},
+        **({"tests_cpu_s": dict(sorted(cpu.items()))} if cpu else {}),
     }
 
 
@@ -83,23 +94,29 @@ def main() -> int:
     if args.from_junit:
         if args.wall_s is None or args.calibration is None:
             parser.error("--from-junit needs --wall-s and --calibration")
-        tests, wall_s, cpu_s = read_junit(args.from_junit), args.wall_s, None
+        tests, wall_s, cpu_s, cpu = read_junit(args.from_junit), args.wall_s, None, None
         before, after = (json.loads(path.read_text()) for path in args.calibration)
     else:
         before = calibrate()
         with tempfile.TemporaryDirectory() as tmp:
             report = Path(tmp) / "junit.xml"
             xdist = ["-n", str(args.workers), "--dist", "loadgroup"] if args.workers else []
-            start, cpu = time.perf_counter(), _children_cpu_s()
+            readings = Path(tmp) / "cpu"
+            readings.mkdir()
+            env = {**os.environ, "NOISYMLT_TEST_CPU_DIR": str(readings),
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "scripts"), os.environ.get("PYTHONPATH")]))}
+            start, started_cpu = time.perf_counter(), _children_cpu_s()
             proc = subprocess.run([sys.executable, "-m", "pytest", *xdist, "-p", "no:cacheprovider",
-                                   f"--junitxml={report}", *args.pytest_args], cwd=REPO)
-            wall_s, cpu_s = time.perf_counter() - start, _children_cpu_s() - cpu
+                                   "-p", "test_cpu_seconds", f"--junitxml={report}", *args.pytest_args],
+                                  cwd=REPO, env=env)
+            wall_s, cpu_s = time.perf_counter() - start, _children_cpu_s() - started_cpu
+            cpu = read_cpu(readings)
             if not report.exists():
                 print(f"pytest wrote no report (exit {proc.returncode})", file=sys.stderr)
                 return 1
             tests = read_junit(report)
         after = calibrate()
-    record = summary(tests, wall_s, args.workers, before, after)
+    record = summary(tests, wall_s, args.workers, before, after, cpu)
     record["cpu_s"] = None if cpu_s is None else round(cpu_s, 1)  # user + system of the processes pytest waited for
     args.json.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{record['passed']} passed, {record['failed']} failed, {record['skipped']} skipped in {wall_s:.0f} s "
