@@ -255,6 +255,8 @@ def report_targets():
         # the numbers the README quotes (the demo's grid: one dataset)
         *([L.README_NUMBERS] if len(datasets) == 1 else []),
         *[L.ext(L.fill(fig, dataset=d), "png") for d in figure_datasets() for fig in (L.NOISE_FIGURE, L.PSEUDO_FIGURE)],
+        # how well each method's ranking of suspect labels finds the wrong ones, where the grid has noisy runs
+        *([L.ext(L.fill(L.DETECTION_TABLE, dataset=d), "tex") for d in datasets] if paths.suspect_levels(config) else []),
     ]
 
 

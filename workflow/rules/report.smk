@@ -303,3 +303,51 @@ rule figure_pseudo_labels:
         "$NOISYMLT_CLI pseudo-label-figure --run {params.run} --train-labels {input.noisy} --clean-labels "
         "{input.clean} --split {input.split} --train-images {params.train_images} --out {output.png} > {log} "
         "2>&1"
+
+
+# The training labels each noisy main-grid run disputes, ranked by each scorer that applies to it (its prediction,
+# Ours' pseudo-label rule, DivideMix's label refinement, cleanlab), and how well each ranking finds the labels that
+# are really wrong (the clean subset knows them): noisymlt.inference.suspects. One job a (dataset, method) over its
+# runs: a job a run would cost Snakemake more than the scoring. The runs' checkpoints sit beside their manifests.
+
+
+rule suspects:
+    input:
+        manifests=lambda w: [f"{paths.run_dir(w.dataset, g, s, w.method, n)}/manifest.json"
+                             for n, g, s in paths.suspect_levels(config)],
+        clean=layout.TRAIN_LABELS,
+    output:
+        csv=[layout.ext(paths.suspects_stem("{dataset}", "{method}", level), "csv")
+             for level in paths.suspect_levels(config)],
+        json=[layout.ext(paths.suspects_stem("{dataset}", "{method}", level), "json")
+              for level in paths.suspect_levels(config)],
+    params:
+        runs=lambda w: [paths.run_dir(w.dataset, g, s, w.method, n) for n, g, s in paths.suspect_levels(config)],
+        code=code("suspects"),
+    log:
+        "logs/report/suspects_{dataset}_{method}.log",
+    benchmark:
+        "benchmarks/report/suspects_{dataset}_{method}.tsv"
+    shell:
+        "$NOISYMLT_CLI suspects --run {params.runs} --out {output.csv} --clean-labels {input.clean} > {log} 2>&1"
+
+
+rule table_detection:
+    input:
+        lambda w: [layout.ext(paths.suspects_stem(w.dataset, m, level), "json")
+                   for m in GRID["methods"] for level in paths.suspect_levels(config)],
+    output:
+        tex=layout.ext(layout.DETECTION_TABLE, "tex"),
+        md=layout.ext(layout.DETECTION_TABLE, "md"),
+        csv=layout.ext(layout.DETECTION_TABLE, "csv"),
+    params:
+        labels=method_labels(),
+        methods=" ".join(GRID["methods"]),
+        code=code("detection-table"),
+    log:
+        "logs/report/label_detection_{dataset}.log",
+    benchmark:
+        "benchmarks/report/label_detection_{dataset}.tsv"
+    shell:
+        "$NOISYMLT_CLI detection-table --records {input} --out {output.tex} --methods {params.methods} "
+        "--labels {params.labels:q} > {log} 2>&1"

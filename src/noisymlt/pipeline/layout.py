@@ -74,6 +74,9 @@ INFERENCE_TIME = "reports/inference_time_{dataset}"
 NOISE_FIGURE = "reports/noise_level_{dataset}"
 PSEUDO_FIGURE = "reports/pseudo_labels_{dataset}"
 README_NUMBERS = "reports/readme_numbers.json"
+# a main-grid run's suspect training labels (.csv) and how well its rankings find the wrong ones (.json)
+SUSPECTS = "reports/suspects/{dataset}/g{gamma}{noise}_s{seed}_{method}"
+DETECTION_TABLE = "reports/label_detection_{dataset}"
 
 
 def gtag(gamma: float | str) -> str:

@@ -216,6 +216,21 @@ def grid_runs(params: dict) -> list[Run]:
             + [Run(d, CLEAN, int(s), m) for d in g["datasets"] for s in g["seeds"] for m in g.get("clean_methods", [])])
 
 
+def suspect_levels(params: dict) -> list[tuple[str, float, int]]:
+    """(noise model, rate, seed) of each noisy set the main grid trains on, in grid order: the runs whose suspect
+    labels the detection table scores (a clean run has no wrong label to find)."""
+    g = params["grid"]
+    return [(n, float(gm), int(s)) for n in noise_models(params) for gm in g["gammas"] if float(gm) > 0
+            for s in g["seeds"]]
+
+
+def suspects_stem(dataset: str, method: str, level: tuple[str, float, int]) -> str:
+    """The files of one run's suspect labels (layout.SUSPECTS, .csv and .json), a field left as a pattern where
+    ``dataset`` or ``method`` is one ("{dataset}")."""
+    noise, gamma, seed = level
+    return L.SUSPECTS.format(dataset=dataset, method=method, gamma=L.gtag(gamma), seed=seed, noise=L.noise_tag(noise))
+
+
 def ablation_runs(params: dict, name: str) -> list[Run]:
     """Every run of the ablation block ``name`` (the paper's noise model, as the paper's ablations)."""
     block = params["ablations"][name]

@@ -1,0 +1,193 @@
+"""`noisymlt export`: a finished run's model as TorchScript and ONNX, checked against the run's own scores.
+
+The exported graph is the run's network with its method's prediction for one head (the reported one unless
+``--head``: Ours' ensemble mixes its two branches' logits inside it) and the sigmoid: normalised images in,
+per-class scores out, float32, any batch size. What comes before it, the decoding and resizing of
+noisymlt.inference.run_model (``transform_of``), is written step by step in ``model.json`` beside it, with the
+input size, mean and std, the classes in output order, the run, its run id and checkpoint, and each file's sha256.
+
+Each file is checked before the command succeeds: the first images (up to 16) of the run's test table, put
+through the run's test-time transform, go through the exported model on the CPU, and its scores must equal the
+run's predictions.npz within a tolerance: TorchScript 1e-6, ONNX Runtime 1e-5 (absolute, on scores in [0, 1]);
+the largest difference found is recorded. The tolerances bound float32 kernel differences, not model changes:
+the traced graph runs PyTorch's own kernels, ONNX Runtime its own convolutions and reductions (on a ResNet-18 here
+3e-7 at most). A run predicted in another precision (bf16 autocast on a GPU) is checked against an fp32 forward of
+the run's own model instead, and model.json says so.
+
+ONNX needs the ``onnx`` and ``onnxscript`` packages (the torch.export-based exporter) and ``onnxruntime`` for the
+check; both are in the project's environment. ``--formats torchscript`` skips it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from noisymlt.errors import NoisyMLTError
+
+TOLERANCE = {"torchscript": 1e-6, "onnx": 1e-5}
+FILES = {"torchscript": "model.torchscript.pt", "onnx": "model.onnx"}
+CHECK_IMAGES = 16
+
+
+def scores_module(trainer, head: str):
+    """The run's network and its method's ``head`` prediction, with the sigmoid, as one eval-mode module."""
+    import torch
+
+    class Scores(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = trainer.model
+
+        def forward(self, images):
+            return torch.sigmoid(trainer.method.predict(self.model, images)[head].float())
+
+    return Scores().eval()
+
+
+def check_images(trainer):
+    """The first test images as the exported model takes them (the run's test-time transform, normalised),
+    and their row count."""
+    import torch
+
+    dataset = trainer.images.eval_dataset("test")
+    count = min(CHECK_IMAGES, len(dataset))
+    batch = torch.stack([dataset[i] for i in range(count)])
+    return trainer.images.eval_images(batch).float().cpu().contiguous(), count
+
+
+@contextlib.contextmanager
+def plain_pooling():
+    """The neck's global average pooling as ``maps.mean(dim=(2, 3))``, which is its forward: the autograd Function
+    around it (noisymlt.models.heads, for a faster backward in training) is opaque to tracing and export. Patched
+    for the export only: editing heads.py would be an edit of every run's code, which retrains them."""
+    from noisymlt.models import heads
+
+    kept = heads.global_average
+    heads.global_average = lambda maps: maps.mean(dim=(2, 3))
+    try:
+        yield
+    finally:
+        heads.global_average = kept
+
+
+def export_torchscript(module, example, path: Path) -> None:
+    import torch
+
+    with torch.no_grad(), plain_pooling():
+        traced = torch.jit.trace(module, (example,), check_trace=False)
+    traced.save(str(path))
+
+
+def run_torchscript(path: Path, images) -> np.ndarray:
+    import torch
+
+    loaded = torch.jit.load(str(path), map_location="cpu").eval()
+    with torch.no_grad():
+        return loaded(images).numpy()
+
+
+def export_onnx(module, example, path: Path) -> None:
+    import io
+
+    import torch
+
+    import logging
+
+    for name in ("onnx_ir", "onnxscript"):  # each optimisation pass logs a line at INFO
+        logging.getLogger(name).setLevel(logging.WARNING)
+    batch = torch.export.Dim("batch", min=1)
+    with contextlib.redirect_stdout(io.StringIO()), plain_pooling():  # the exporter's progress lines: not shown
+        torch.onnx.export(module, (example,), str(path), input_names=["images"], output_names=["scores"],
+                          dynamic_shapes=({0: batch},), dynamo=True, verbose=False)
+
+
+def run_onnx(path: Path, images) -> np.ndarray:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: images.numpy()})[0]
+
+
+def _onnx_missing() -> str | None:
+    import importlib.util
+
+    missing = [name for name in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(name) is None]
+    return f"ONNX needs the package(s) {', '.join(missing)} (pip install them)" if missing else None
+
+
+def export_run(run: Path, out: Path, *, head: str | None = None, formats=("torchscript", "onnx")) -> dict:
+    """Write the run's model in ``formats`` into OUT with model.json; returns that record."""
+    import torch
+
+    from noisymlt.core.manifest import file_sha256
+    from noisymlt.inference.run_model import load_run, recorded_heads, transform_of
+
+    heads = recorded_heads(run)
+    head = head or heads[0]
+    if head not in heads:
+        raise NoisyMLTError(f"--head {head}: the run's heads are {', '.join(heads)}")
+    if "onnx" in formats and (why := _onnx_missing()):
+        raise NoisyMLTError(f"{why}, or export --formats torchscript")
+    trainer = load_run(run, device="cpu")
+    module = scores_module(trainer, head)
+    images, count = check_images(trainer)
+    with np.load(Path(run) / "predictions.npz", allow_pickle=False) as npz:
+        recorded = npz[f"scores_{head}"][:count]
+    # the run's scores are another device's or precision's (a GPU, bf16): check against its own fp32 forward
+    ran_on = str(json.loads((Path(run) / "manifest.json").read_text()).get("device", "cpu"))
+    precision = trainer.precision if ran_on == "cpu" else f"{ran_on}'s precision"
+    if precision != "fp32":
+        with torch.no_grad():
+            recorded = module(images).numpy()
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"run": str(run), "run_id": trainer.run_id, "checkpoint_sha256": trainer.checkpoint_sha256,
+              "code_digest": trainer.code_digest, "method": trainer.cfg["method"], "head": head,
+              "classes": list(trainer.train_table.classes),
+              "input": {"name": "images", "shape": ["batch", 3, transform_of(trainer.cfg)["image_size"],
+                                                    transform_of(trainer.cfg)["image_size"]]},
+              "output": {"name": "scores", "shape": ["batch", len(trainer.train_table.classes)],
+                         "meaning": "sigmoid score a class, in the order of 'classes'"},
+              "transform": transform_of(trainer.cfg),
+              "checked": {"images": f"the first {count} of the run's test table",
+                          "against": "predictions.npz" if precision == "fp32" else
+                          f"an fp32 forward of the run's model (the run predicted in {precision})"},
+              "files": {}}
+    for fmt in formats:
+        path = out / FILES[fmt]
+        (export_torchscript if fmt == "torchscript" else export_onnx)(module, images, path)
+        got = (run_torchscript if fmt == "torchscript" else run_onnx)(path, images)
+        diff = float(np.abs(got - recorded).max())
+        if not diff <= TOLERANCE[fmt]:
+            raise NoisyMLTError(f"{path}: its scores differ from the run's by {diff:.3g} on the check images, more "
+                                f"than the {TOLERANCE[fmt]:g} allowed; the file is not a faithful export")
+        record["files"][fmt] = {"file": path.name, "sha256": file_sha256(path), "max_abs_difference": diff,
+                                "tolerance": TOLERANCE[fmt]}
+    (out / "model.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    record = export_run(Path(args.run), Path(args.out), head=args.head, formats=tuple(args.formats))
+    for fmt, rec in record["files"].items():
+        print(f"{fmt}: {Path(args.out) / rec['file']} (largest difference from the run's scores "
+              f"{rec['max_abs_difference']:.2g}, allowed {rec['tolerance']:g})")
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser(
+        "export", help="a finished run's model as TorchScript and ONNX, checked against its own scores",
+        description="Export a finished run's model (network, the method's prediction for one head, sigmoid) as "
+                    "TorchScript and ONNX, each checked against the run's predictions.npz, with model.json "
+                    "beside them: input size, mean and std, the preprocessing steps, the classes.")
+    p.add_argument("--run", required=True, help="a finished run's folder (runs/DATASET/gGAMMA/sSEED/METHOD)")
+    p.add_argument("--out", required=True, help="the folder to write model.torchscript.pt, model.onnx, model.json")
+    p.add_argument("--head", help="the head to export (default: the run's reported head)")
+    p.add_argument("--formats", nargs="+", choices=sorted(FILES), default=["torchscript", "onnx"],
+                   help="what to write (default: both)")
+    p.set_defaults(func=_cmd_export)
