@@ -259,6 +259,20 @@ def own_data_project(tmp_path_factory, demo_pretrained) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_runs_project(tmp_path_factory, tiny_data_project) -> Path:
+    """tiny_data_project with helpers.TINY_RUNS as its layer (tiny.yaml) and its detection table made: a finished
+    run of each method family at gamma 0.5, seeds 0 and 1, each with its suspect labels. Copy it with copy_build."""
+    from helpers import TINY_RUNS, copy_build, shared_build, snakemake, tiny_layer, write_layer
+
+    def build(folder: Path) -> None:
+        copy_build(tiny_data_project, folder)
+        snakemake(folder, *write_layer(folder, tiny_layer(TINY_RUNS)), "--", "reports/label_detection_toy.tex",
+                  timeout=900)
+
+    return shared_build(tmp_path_factory, "tiny_runs", build)
+
+
+@pytest.fixture(scope="session")
 def tiny_data_project(tmp_path_factory) -> Path:
     """A project copy with helpers.TINY as its layer (tiny.yaml) and the workflow's data phase made (`snakemake
     ... -- data`: the toy, its labels, long-tail subset, noisy sets, image caches, the selection's split and the

@@ -222,6 +222,13 @@ TINY = {
 }
 
 
+# conftest's tiny_runs_project: a run of each method family (single-branch ERM, BBN, ML-GCN, DivideMix, Ours) at one
+# noise rate and two seeds, with the detection table of their suspect labels (noisymlt.inference)
+TINY_RUNS = {"grid": {"gammas": [0.5], "seeds": [0, 1], "methods": ["erm", "bbn", "mlgcn", "dividemix", "ours"],
+                      "ablations": []},
+             "timing": {"methods": ["erm"], "batch_sizes": [1]}}
+
+
 def tiny_layer(*changes: dict) -> dict:
     """TINY with each change merged over it as Snakemake layers config files (a dict merges key by key, anything
     else replaces): the one small configuration of the tests that run the workflow."""

@@ -1,4 +1,5 @@
-"""`noisymlt export`: a finished run's model as TorchScript and ONNX, checked against the run's own scores.
+"""`noisymlt export`: a finished run's model as TorchScript, a torch.export program and ONNX, each checked against the
+run's own scores.
 
 The exported graph is the run's network with its method's prediction for one head (the reported one unless
 ``--head``: Ours' ensemble mixes its two branches' logits inside it) and the sigmoid: normalised images in,
@@ -8,14 +9,16 @@ input size, mean and std, the classes in output order, the run, its run id and c
 
 Each file is checked before the command succeeds: the first images (up to 16) of the run's test table, put
 through the run's test-time transform, go through the exported model on the CPU, and its scores must equal the
-run's predictions.npz within a tolerance: TorchScript 1e-6, ONNX Runtime 1e-5 (absolute, on scores in [0, 1]);
+run's predictions.npz within a tolerance: TorchScript and the exported program (``model.pt2``, torch.export.save;
+load it with torch.export.load(...).module(): PyTorch deprecates TorchScript from 2.14 on) 1e-6, ONNX Runtime 1e-5
+(absolute, on scores in [0, 1]);
 the largest difference found is recorded. The tolerances bound float32 kernel differences, not model changes:
 the traced graph runs PyTorch's own kernels, ONNX Runtime its own convolutions and reductions (on a ResNet-18 here
 3e-7 at most). A run predicted in another precision (bf16 autocast on a GPU) is checked against an fp32 forward of
 the run's own model instead, and model.json says so.
 
 ONNX needs the ``onnx`` and ``onnxscript`` packages (the torch.export-based exporter) and ``onnxruntime`` for the
-check; both are in the project's environment. ``--formats torchscript`` skips it.
+check; all three are in the project's environment. ``--formats torchscript exported_program`` skips it.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ import numpy as np
 
 from noisymlt.errors import NoisyMLTError
 
-TOLERANCE = {"torchscript": 1e-6, "onnx": 1e-5}
-FILES = {"torchscript": "model.torchscript.pt", "onnx": "model.onnx"}
+TOLERANCE = {"torchscript": 1e-6, "exported_program": 1e-6, "onnx": 1e-5}
+FILES = {"torchscript": "model.torchscript.pt", "exported_program": "model.pt2", "onnx": "model.onnx"}
 CHECK_IMAGES = 16
 
 
@@ -62,17 +65,17 @@ def check_images(trainer):
 
 @contextlib.contextmanager
 def plain_pooling():
-    """The neck's global average pooling as ``maps.mean(dim=(2, 3))``, which is its forward: the autograd Function
-    around it (noisymlt.models.heads, for a faster backward in training) is opaque to tracing and export. Patched
-    for the export only: editing heads.py would be an edit of every run's code, which retrains them."""
-    from noisymlt.models import heads
+    """Global average pooling as ``maps.mean(dim=(2, 3))``, which is its forward: the autograd Function that every
+    model pools through (noisymlt.models.heads, for a faster backward in training) is opaque to tracing and
+    export. Patched for the export only: an edit of heads.py would be an edit of every run's code, which retrains
+    them all."""
+    from noisymlt.models.heads import _GlobalAverage
 
-    kept = heads.global_average
-    heads.global_average = lambda maps: maps.mean(dim=(2, 3))
+    _GlobalAverage.apply = staticmethod(lambda maps: maps.mean(dim=(2, 3)))
     try:
         yield
     finally:
-        heads.global_average = kept
+        del _GlobalAverage.apply  # torch.autograd.Function's own again
 
 
 def export_torchscript(module, example, path: Path) -> None:
@@ -89,6 +92,21 @@ def run_torchscript(path: Path, images) -> np.ndarray:
     loaded = torch.jit.load(str(path), map_location="cpu").eval()
     with torch.no_grad():
         return loaded(images).numpy()
+
+
+def export_program(module, example, path: Path) -> None:
+    import torch
+
+    with torch.no_grad(), plain_pooling():
+        program = torch.export.export(module, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    torch.export.save(program, str(path))
+
+
+def run_program(path: Path, images) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return torch.export.load(str(path)).module()(images).numpy()
 
 
 def export_onnx(module, example, path: Path) -> None:
@@ -120,7 +138,11 @@ def _onnx_missing() -> str | None:
     return f"ONNX needs the package(s) {', '.join(missing)} (pip install them)" if missing else None
 
 
-def export_run(run: Path, out: Path, *, head: str | None = None, formats=("torchscript", "onnx")) -> dict:
+WRITERS = {"torchscript": (export_torchscript, run_torchscript), "exported_program": (export_program, run_program),
+           "onnx": (export_onnx, run_onnx)}
+
+
+def export_run(run: Path, out: Path, *, head: str | None = None, formats=tuple(FILES)) -> dict:
     """Write the run's model in ``formats`` into OUT with model.json; returns that record."""
     import torch
 
@@ -132,7 +154,7 @@ def export_run(run: Path, out: Path, *, head: str | None = None, formats=("torch
     if head not in heads:
         raise NoisyMLTError(f"--head {head}: the run's heads are {', '.join(heads)}")
     if "onnx" in formats and (why := _onnx_missing()):
-        raise NoisyMLTError(f"{why}, or export --formats torchscript")
+        raise NoisyMLTError(f"{why}, or export --formats torchscript exported_program")
     trainer = load_run(run, device="cpu")
     module = scores_module(trainer, head)
     images, count = check_images(trainer)
@@ -159,8 +181,9 @@ def export_run(run: Path, out: Path, *, head: str | None = None, formats=("torch
               "files": {}}
     for fmt in formats:
         path = out / FILES[fmt]
-        (export_torchscript if fmt == "torchscript" else export_onnx)(module, images, path)
-        got = (run_torchscript if fmt == "torchscript" else run_onnx)(path, images)
+        write, run_file = WRITERS[fmt]
+        write(module, images, path)
+        got = run_file(path, images)
         diff = float(np.abs(got - recorded).max())
         if not diff <= TOLERANCE[fmt]:
             raise NoisyMLTError(f"{path}: its scores differ from the run's by {diff:.3g} on the check images, more "
@@ -181,13 +204,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def add_cli(sub) -> None:
     p = sub.add_parser(
-        "export", help="a finished run's model as TorchScript and ONNX, checked against its own scores",
+        "export", help="a finished run's model as TorchScript, torch.export and ONNX, checked against its scores",
         description="Export a finished run's model (network, the method's prediction for one head, sigmoid) as "
-                    "TorchScript and ONNX, each checked against the run's predictions.npz, with model.json "
+                    "TorchScript, a torch.export program and ONNX, each checked against the run's predictions.npz, "
+                    "with model.json "
                     "beside them: input size, mean and std, the preprocessing steps, the classes.")
     p.add_argument("--run", required=True, help="a finished run's folder (runs/DATASET/gGAMMA/sSEED/METHOD)")
-    p.add_argument("--out", required=True, help="the folder to write model.torchscript.pt, model.onnx, model.json")
+    p.add_argument("--out", required=True,
+                   help="the folder to write model.torchscript.pt, model.pt2, model.onnx and model.json")
     p.add_argument("--head", help="the head to export (default: the run's reported head)")
-    p.add_argument("--formats", nargs="+", choices=sorted(FILES), default=["torchscript", "onnx"],
-                   help="what to write (default: both)")
+    p.add_argument("--formats", nargs="+", choices=list(FILES), default=list(FILES),
+                   help="what to write (default: all three)")
     p.set_defaults(func=_cmd_export)

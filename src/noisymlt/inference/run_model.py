@@ -32,6 +32,8 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".we
 def recorded_heads(run_dir: Path) -> list[str]:
     """The run's prediction heads, its reported one first, as its predictions.npz lists them."""
     path = Path(run_dir) / "predictions.npz"
+    if not Path(run_dir).is_dir():
+        raise NoisyMLTError(f"{run_dir}: no such run folder")
     if not path.is_file():
         raise NoisyMLTError(f"{path}: missing; {run_dir} is not a finished training run")
     try:

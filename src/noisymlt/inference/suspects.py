@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from noisymlt.data.noise_models import PAPER
 from noisymlt.errors import NoisyMLTError
 
 log = logging.getLogger(__name__)
@@ -230,7 +231,7 @@ def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, d
     write_suspects(out, trainer, scored, wrong)
     record = {"run": str(run), "run_id": trainer.run_id, "method": trainer.cfg["method"],
               "dataset": trainer.cfg["dataset"], "gamma": float(trainer.cfg["gamma"]), "seed": int(trainer.cfg["seed"]),
-              "noise_model": (trainer.cfg.get("noise") or {}).get("model", "paper"),
+              "noise_model": (trainer.cfg.get("noise") or {}).get("model", PAPER),  # the paper's: not in the config
               "checkpoint_sha256": trainer.checkpoint_sha256, "table": out.name, "scorers": {}}
     for name, (score, flagged) in scored.items():
         rec = {"how": HOW[name], "flagged": int(flagged.sum())}
