@@ -1,0 +1,164 @@
+"""Suspect labels (noisymlt.inference.suspects) and the detection table (noisymlt.report.detection).
+
+Each scorer against the rule it stands for, written out here: the pseudo-label scorer flags exactly the labels
+noisymlt.methods.pseudo_labels changes, the DivideMix scorer those its label refinement moves across 0.5, cleanlab's
+ranking is the model's (self-confidence of a binary label); the detection numbers against sklearn; and on conftest's
+tiny_runs_project, a cell of the detection table against an independent computation from a run's scores (read
+through `noisymlt predict`) and the clean labels.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import copy_build, tool_env
+
+
+def _labels(rng, n=60, c=7):
+    noisy = (rng.random((n, c)) < 0.3).astype(np.float64)
+    noisy[np.arange(n), rng.integers(0, c, n)] = 1.0  # every image a label
+    return noisy
+
+
+def test_the_pseudo_label_scorer_flags_what_the_rule_changes():
+    import torch
+
+    from noisymlt.inference.suspects import pseudo_label_scores
+    from noisymlt.methods.pseudo_labels import pseudo_labels
+
+    rng = np.random.default_rng(0)
+    noisy = _labels(rng)
+    qs = [rng.random(noisy.shape) for _ in range(2)]
+    thresholds = [(rng.uniform(0.5, 1.0, noisy.shape[1]), rng.uniform(0.0, 0.5, noisy.shape[1])) for _ in range(2)]
+    thresholds[1][0][2], thresholds[1][1][3] = 1.0, 0.0  # one group's thresholds off (alpha 1, beta 0)
+    score, flagged = pseudo_label_scores(noisy, [(q, a, b) for q, (a, b) in zip(qs, thresholds)])
+    changed = np.zeros(noisy.shape, dtype=bool)
+    for q, (alpha, beta) in zip(qs, thresholds):
+        corrected = pseudo_labels(torch.as_tensor(noisy), torch.as_tensor(q), torch.as_tensor(alpha),
+                                  torch.as_tensor(beta)).numpy()
+        changed |= corrected != noisy
+    assert np.array_equal(flagged, changed) and changed.any() and not changed.all()
+    # the margin past the threshold that fired: a given 0 by q - alpha, a given 1 by beta - q
+    r, c = np.argwhere(flagged & (noisy == 0))[0]
+    assert score[r, c] == pytest.approx(max(q[r, c] - a[c] for q, (a, _) in zip(qs, thresholds)))
+
+
+def test_the_dividemix_scorer_flags_what_its_refinement_moves_across_one_half():
+    import torch
+
+    from noisymlt.inference.suspects import dividemix_scores
+    from noisymlt.methods.dividemix import refine_labels
+
+    rng = np.random.default_rng(1)
+    noisy = _labels(rng)
+    nets = [(rng.random(len(noisy)), rng.random(noisy.shape)) for _ in range(2)]
+    score, flagged = dividemix_scores(noisy, nets)
+    moved = np.mean([np.abs(refine_labels(torch.as_tensor(noisy), torch.as_tensor(w), torch.as_tensor(p)).numpy()
+                            - noisy) for w, p in nets], axis=0)
+    assert np.allclose(score, moved) and np.array_equal(flagged, moved > 0.5) and flagged.any()
+
+
+def test_cleanlabs_ranking_is_the_models_own_and_its_flags_are_confident_learnings():
+    from cleanlab.multilabel_classification.filter import find_multilabel_issues_per_class
+
+    from noisymlt.inference.suspects import cleanlab_scores, model_scores, ranks
+
+    rng = np.random.default_rng(2)
+    truth = _labels(rng, n=200)
+    noisy = np.where(rng.random(truth.shape) < 0.15, 1 - truth, truth)  # labels a model trained on the truth disputes
+    probs = np.clip(0.6 * truth + 0.4 * rng.random(truth.shape), 0, 1)
+    score, flagged = cleanlab_scores(noisy, probs)
+    model, model_flags = model_scores(noisy, probs)
+    assert np.allclose(score, model) and np.array_equal(ranks(score), ranks(model))
+    labels = [list(np.flatnonzero(row)) for row in noisy]
+    assert np.array_equal(flagged, find_multilabel_issues_per_class(labels, probs, low_memory=False))
+    assert not np.array_equal(flagged, model_flags)  # confident learning's thresholds are not 0.5
+
+
+def test_detection_numbers_against_sklearn_and_by_hand():
+    from sklearn.metrics import average_precision_score
+
+    from noisymlt.inference.suspects import detection
+
+    rng = np.random.default_rng(3)
+    wrong = rng.random((50, 6)) < 0.1
+    score = rng.random(wrong.shape) + 0.5 * wrong
+    flagged = score > 0.9
+    got = detection(score, flagged, wrong)
+    n = int(wrong.sum())
+    top = np.argsort(-score.ravel())[:n]  # no ties among random floats
+    assert got["wrong"] == n and got["entries"] == wrong.size and got["flagged"] == int(flagged.sum())
+    assert got["precision_at_wrong"] == pytest.approx(wrong.ravel()[top].mean())
+    assert got["flag_precision"] == pytest.approx(wrong[flagged].mean())
+    assert got["flag_recall"] == pytest.approx((wrong & flagged).sum() / n)
+    assert got["ap"] == pytest.approx(average_precision_score(wrong.ravel(), score.ravel()))
+    assert detection(score, flagged, np.zeros_like(wrong))["ap"] is None  # no wrong label: nothing to find
+
+
+@pytest.fixture(scope="module")
+def project(tiny_runs_project, tmp_path_factory):
+    return copy_build(tiny_runs_project, tmp_path_factory.mktemp("suspects") / "project")
+
+
+def test_the_suspects_table_lists_the_flagged_labels_in_rank_order(project):
+    from noisymlt.data.labels import read_labels
+
+    noisy = read_labels(project / "data/toy/noisy/g0.5_s0.parquet")
+    clean = read_labels(project / "data/toy/train_labels.parquet")
+    where = {str(i): k for k, i in enumerate(noisy.image_ids)}
+    column = {c: k for k, c in enumerate(noisy.classes)}
+    for method, natural in (("erm", "model"), ("dividemix", "dividemix"), ("ours", "pseudo_labels")):
+        with open(project / f"reports/suspects/toy/g0.5_s0_{method}.csv", newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        record = json.loads((project / f"reports/suspects/toy/g0.5_s0_{method}.json").read_text())
+        assert set(record["scorers"]) == {"model", "cleanlab", *({natural} - {"model"})}, method
+        assert rows and [int(r[f"{natural}_rank"]) for r in rows] == sorted(int(r[f"{natural}_rank"]) for r in rows)
+        for row in rows:
+            i, c = where[row["image"]], column[row["class"]]
+            assert int(row["given"]) == int(noisy.labels[i, c] > 0.5)
+            assert int(row["wrong"]) == int((noisy.labels[i, c] > 0.5) != (clean.labels[i, c] > 0.5))
+            assert any(row[f"{s}_flagged"] == "1" for s in record["scorers"])
+        for scorer, rec in record["scorers"].items():  # every flagged label is a row, and only those
+            assert sum(r[f"{scorer}_flagged"] == "1" for r in rows) == rec["flagged"], (method, scorer)
+
+
+def test_a_cell_of_the_detection_table_equals_an_independent_computation(project, tmp_path):
+    """ERM's AP at gamma 0.5: for each seed, the run's training-image scores (through `noisymlt predict`), scored
+    |noisy - p| against the labels where noisy and clean differ, by sklearn; then the mean over the seeds."""
+    from sklearn.metrics import average_precision_score
+
+    from noisymlt.data.labels import read_labels
+
+    clean = read_labels(project / "data/toy/train_labels.parquet")
+    aps, hits = [], []
+    for seed in (0, 1):
+        noisy_file = f"data/toy/noisy/g0.5_s{seed}.parquet"
+        out = tmp_path / f"s{seed}.csv"
+        done = subprocess.run([sys.executable, "-m", "noisymlt", "predict", "--run", f"runs/toy/g0.5/s{seed}/erm",
+                               "--labels", noisy_file, "--images", "data/raw/toy/VOCdevkit/TOY", "--out", str(out),
+                               "--no-progress"], cwd=project, env=tool_env(project), capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        with open(out, newline="") as fh:
+            rows = list(csv.reader(fh))[1:]
+        probs = np.array([[float(v) for v in row[2:-1]] for row in rows])
+        noisy = read_labels(project / noisy_file)
+        assert [r[0] for r in rows] == [str(i) for i in noisy.image_ids] == [str(i) for i in clean.image_ids]
+        wrong = (noisy.labels > 0.5) != (clean.labels > 0.5)
+        score = np.abs(noisy.labels - probs)
+        aps.append(average_precision_score(wrong.ravel(), score.ravel()))
+        top = np.argsort(-score.ravel(), kind="stable")[:wrong.sum()]
+        hits.append(wrong.ravel()[top].mean())
+    table = {(r["method"], r["scorer"], r["measure"]): r
+             for r in csv.DictReader(open(project / "reports/label_detection_toy.csv", newline=""))}
+    assert float(table[("erm", "model", "ap")]["mean"]) == pytest.approx(np.mean(aps), rel=1e-5)
+    assert float(table[("erm", "model", "precision_at_wrong")]["mean"]) == pytest.approx(np.mean(hits), rel=1e-5)
+    md = (project / "reports/label_detection_toy.md").read_text()
+    erm = next(line for line in md.splitlines() if line.startswith("| ERM | its prediction |"))
+    assert erm.split(" | ")[2].startswith(f"{100 * np.mean(aps):.2f} ± "), erm
