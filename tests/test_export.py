@@ -33,7 +33,7 @@ def _preprocess(files, record: dict):
 
     transform = record["transform"]
     size = transform["image_size"]
-    cache = int(transform["steps"][1].split(" x ")[0].split()[-1])  # "resize to 40 x 40 with PIL's bilinear ..."
+    cache = transform["cache_size"]
     mean = torch.tensor(transform["mean"]).view(1, 3, 1, 1)
     std = torch.tensor(transform["std"]).view(1, 3, 1, 1)
     batch = []

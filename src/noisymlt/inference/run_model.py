@@ -93,7 +93,8 @@ def transform_of(cfg: dict) -> dict:
         steps.append(f"resize to {size} x {size} with PIL's bilinear filter (Image.BILINEAR)")
     steps += ["to float32 (N, 3, H, W), channels RGB, values 0-255",
               "subtract the mean and divide by the std, per channel"]
-    return {"image_size": size, "layout": "NCHW float32, RGB", "pixel_range": "0-255 before normalising",
+    cache = int(tcfg["cache_size"]) if tcfg.get("loader") == "cache" else None
+    return {"image_size": size, "cache_size": cache, "layout": "NCHW float32, RGB", "pixel_range": "0-255 before normalising",
             "mean": [round(float(v), 4) for v in IMAGENET_MEAN], "std": [round(float(v), 4) for v in IMAGENET_STD],
             "steps": steps}
 
