@@ -323,13 +323,18 @@ rule suspects:
               for level in paths.suspect_levels(config)],
     params:
         runs=lambda w: [paths.run_dir(w.dataset, g, s, w.method, n) for n, g, s in paths.suspect_levels(config)],
+        train_images=lambda w: image_root(w.dataset, "train"),  # read only by a run without the image cache
         code=code("suspects"),
+    # at paper scale every run predicts its training images again (ResNet-50 at 224 px): a GPU when there is one
+    resources:
+        gpu=1,
     log:
         "logs/report/suspects_{dataset}_{method}.log",
     benchmark:
         "benchmarks/report/suspects_{dataset}_{method}.tsv"
     shell:
-        "$NOISYMLT_CLI suspects --run {params.runs} --out {output.csv} --clean-labels {input.clean} > {log} 2>&1"
+        "$NOISYMLT_CLI suspects --run {params.runs} --out {output.csv} --clean-labels {input.clean} --train-images "
+        "{params.train_images} --device auto > {log} 2>&1"
 
 
 rule table_detection:
