@@ -59,12 +59,12 @@ TINY_PARAMS = {
 DATA_TARGETS = ["data/toy/noisy/g0.5_s0.parquet", "data/toy/test_labels.parquet", "data/toy/class_split.json",
                 "data/pretrained/toy_glyphs.pt",
                 "data/toy/select/g0.5_s0_fit.parquet", "data/toy/cache/select_fit.npy", "data/toy/cache/select_val.npy"]
-SLURM_GROUPS = {"report": ["aggregate", "figure_map_vs_gamma", "table_detection", "table_total"]}
+SLURM_GROUPS = {"report": ["aggregate", "figure_map_vs_gamma", "table_total"]}
 GROUP_JOBS = {"report": 1}  # sbatch jobs per group
 ARRAY_RULES = {"train", "train_candidate"}  # the profile's slurm-array-jobs
 # one sbatch job each
 SLURM_SINGLE_RULES = {"cache_train_images", "cache_test_images", "readme_numbers", "table_groups", "table_fit",
-                      "suspects"}
+                      "suspects", "table_detection"}
 
 
 def local_partition() -> str:
