@@ -147,6 +147,7 @@ def export_run(run: Path, out: Path, *, head: str | None = None, formats=tuple(F
     """Write the run's model in ``formats`` into OUT with model.json; returns that record."""
     import torch
 
+    from noisymlt.core.files import write_json
     from noisymlt.core.manifest import file_sha256
     from noisymlt.inference.run_model import load_run, recorded_heads, transform_of
 
@@ -191,7 +192,7 @@ def export_run(run: Path, out: Path, *, head: str | None = None, formats=tuple(F
                                 f"than the {TOLERANCE[fmt]:g} allowed; the file is not a faithful export")
         record["files"][fmt] = {"file": path.name, "sha256": file_sha256(path), "max_abs_difference": diff,
                                 "tolerance": TOLERANCE[fmt]}
-    (out / "model.json").write_text(json.dumps(record, indent=1) + "\n")
+    write_json(out / "model.json", record)
     return record
 
 

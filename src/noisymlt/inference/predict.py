@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 from pathlib import Path
 
@@ -132,9 +131,12 @@ def write_table(out: Path, names: list[str], classes: list[str], scores: dict[st
 def _cmd_predict(args: argparse.Namespace) -> int:
     from noisymlt.inference.run_model import ImageFiles, load_run, recorded_heads, transform_of
 
+    from noisymlt.core.files import check_outputs, write_json
+
     out = Path(args.out)
     if out.suffix not in (".csv", ".parquet"):
         raise NoisyMLTError(f"--out {out}: a .csv or .parquet file")
+    check_outputs({"--labels": args.labels, "--list": args.list}, {"--out": out, "the record": out.with_suffix(".json")})
     rule = parse_threshold(args.threshold)
     known = recorded_heads(Path(args.run))
     heads = known[:1] if not args.heads else known if args.heads == ["all"] else args.heads
@@ -154,7 +156,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
               "code_digest": trainer.code_digest, "heads": heads, "images": len(files),
               "threshold": {"rule": rule, "how": how, "per_class": {h: dict(zip(classes, t)) for h, t in thresholds.items()}},
               "transform": transform_of(trainer.cfg), "device": str(trainer.device)}
-    out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    write_json(out.with_suffix(".json"), record)
     print(f"{len(files)} image(s), head(s) {', '.join(heads)}: {out}")
     return 0
 

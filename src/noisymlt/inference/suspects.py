@@ -36,7 +36,6 @@ order; equal to the recall there), precision and recall of its flags, and the av
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import warnings
 from pathlib import Path
@@ -223,6 +222,7 @@ def clean_truth(trainer, clean_labels: Path) -> np.ndarray:
 
 def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, device: str = "cpu",
                     train_images: Path | None = None) -> dict:
+    from noisymlt.core.files import write_json
     from noisymlt.inference.run_model import load_run
 
     trainer = load_run(run, device=device, train_images=train_images)
@@ -240,17 +240,25 @@ def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, d
         record["scorers"][name] = rec
     if wrong is not None:
         record["clean_labels"] = str(clean_labels)
-    out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    write_json(out.with_suffix(".json"), record)
     return record
 
 
 def _cmd_suspects(args: argparse.Namespace) -> int:
+    from noisymlt.core.files import check_outputs
+
     if len(args.run) != len(args.out):
         raise NoisyMLTError(f"{len(args.run)} --run but {len(args.out)} --out: one table a run")
-    for run, out in zip(args.run, args.out):
-        out = Path(out)
+    outs = [Path(out) for out in args.out]
+    for out in outs:  # every output checked before the first run is scored
         if out.suffix != ".csv":
             raise NoisyMLTError(f"--out {out}: a .csv file")
+    written = {}
+    for out in outs:
+        written[f"--out {out}"] = out
+        written[f"the record of {out}"] = out.with_suffix(".json")
+    check_outputs({"--clean-labels": args.clean_labels}, written)
+    for run, out in zip(args.run, outs):
         record = suspects_of_run(Path(run), out, clean_labels=Path(args.clean_labels) if args.clean_labels else None,
                                  device=args.device, train_images=args.train_images)
         flagged = ", ".join(f"{name} {rec['flagged']}" for name, rec in record["scorers"].items())
