@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import CUDA_STAND_IN
 from noisymlt.training.devices import acquire_gpu, select_device
 
 PROBE = "import sys; from noisymlt.training.devices import acquire_gpu; print(acquire_gpu(int(sys.argv[1]), __import__('pathlib').Path(sys.argv[2])))"
@@ -158,9 +159,7 @@ def test_choose_device_leaves_a_forced_device_alone_and_falls_back_to_the_cpu(mo
 # A train job inside a SLURM allocation that holds four cards (a packed group job: `--gpus=4`, four runs in one
 # job step, each seeing all four cards), as the train command's choose_device sees it: CUDA available with the allocation's cards.
 # It prints its card and holds it until its stdin closes (a training run's lifetime).
-SLURM_RUN = ("import sys, torch; torch.cuda.is_available = lambda: True; "
-             "torch.cuda.device_count = lambda: len(__import__('os').environ['CUDA_VISIBLE_DEVICES'].split(',')); "
-             "from noisymlt.pipeline.cards import choose_device; "
+SLURM_RUN = (CUDA_STAND_IN + "from noisymlt.pipeline.cards import choose_device; "
              "print(choose_device('auto', int(sys.argv[1])).split(':')[1], flush=True); sys.stdin.read()")
 
 

@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).parent / "slurm"))
 import localcluster  # noqa: E402  (tests/slurm/localcluster.py, shared with scripts/slurm_submissions.py)
 from localcluster import copy_project, run, sbatch_counter, snakemake_env  # noqa: E402
 
+from helpers import CUDA_STAND_IN  # noqa: E402
+
 pytestmark = pytest.mark.slurm
 
 ROOT = localcluster.ROOT
@@ -168,11 +170,8 @@ def node_gpus() -> int:
 # One training run's choice of card inside a SLURM job step, as the train command makes it (choose_device), with CUDA
 # reported available over the cards SLURM put in CUDA_VISIBLE_DEVICES (the node's cards are fake). It records its
 # card and holds its slot until every run of the job has chosen, as concurrent training runs would.
-PACKED_RUN = """
-import os, sys, time
-import torch
-torch.cuda.is_available = lambda: True
-torch.cuda.device_count = lambda: len(os.environ["CUDA_VISIBLE_DEVICES"].split(","))
+PACKED_RUN = CUDA_STAND_IN + """
+import time
 from noisymlt.pipeline.cards import choose_device
 slots, runs, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 card = choose_device("auto", slots).split(":")[1]

@@ -25,7 +25,7 @@ def test_smoke_profile_runs_every_method_at_paper_shapes(tmp_path: Path) -> None
     # per-image shapes and code path are the profile's (paper scale, 224 px, one iteration an epoch), its
     # predictions on the training set (the fit record, DivideMix's co-divide) and its steps take about half the
     # time they take in `make smoke` (26 trainings: 393 job seconds instead of 566, read from their timing files).
-    write_layer(wf, {"datasets": {"voc_smoke": {"longtail": {"max": 6, "min": 2}}},
+    write_layer(wf, {"datasets": {"voc_smoke": {"toy": {"n_test": 8}, "longtail": {"max": 6, "min": 2}}},
                      "train": {"batch_size": 2, "balanced_batch_size": 2}}, "smaller.yaml")
     snakemake(wf, "--profile", PROFILE, "--configfile", f"{PROFILE}/params.yaml", "smaller.yaml", timeout=1800)
 
@@ -53,7 +53,7 @@ def test_smoke_profile_runs_every_method_at_paper_shapes(tmp_path: Path) -> None
         with np.load(run / "predictions.npz") as npz:
             for head in npz["heads"]:
                 scores = npz[f"scores_{head}"]
-                assert scores.shape == (16, len(VOC_CLASSES)) and np.isfinite(scores).all(), (method, head)
+                assert scores.shape == (8, len(VOC_CLASSES)) and np.isfinite(scores).all(), (method, head)
     mlgcn = json.loads((wf / paths.run_dir("voc_smoke", 0.5, 0, "mlgcn") / "run_config.json").read_text())
     glove = mlgcn["method_cfg"]["embeddings_file"]
     assert glove.startswith("data/assets/glove/glove_voc_fixture-") and (wf / glove).is_file()
