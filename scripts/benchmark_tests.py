@@ -7,7 +7,7 @@ tests in one of them), with a JUnit report, and writes the wall time, the calibr
 every test's seconds (setup + call + teardown, as JUnit counts them) and CPU seconds (scripts/test_cpu_seconds.py:
 its worker and the children it waited for; the SLURM jobs run under slurmd and are not in it).
 
-    python scripts/benchmark_tests.py --json docs/benchmarks/tests.json          # ~15 min on 2 cores
+    python scripts/benchmark_tests.py --json docs/benchmarks/tests.json          # 20 to 50 min on 2 cores
     python scripts/benchmark_tests.py --workers 0 --json serial.json             # one process
     python scripts/benchmark_tests.py --from-junit report.xml --wall-s 2140 ...  # a report another run wrote
 
