@@ -194,8 +194,6 @@ def folder_project(root: Path, text: str | None = None) -> Path:
     return root
 
 
-# ---------------------------------------------------------------- small configurations
-# The demo profile's layer, then a layer of the test's: what `snakemake --profile workflow/profiles/demo` reads.
 # Lines that stand in for torch in a probe process whose code reads only torch.cuda's two answers (the card choice,
 # noisymlt.pipeline.cards): CUDA available over the cards in CUDA_VISIBLE_DEVICES. A real `import torch` costs seconds
 # a process, and the packing tests start up to eight at once on the test machine's cores.
@@ -203,6 +201,9 @@ CUDA_STAND_IN = ("import os, sys, types\n"
                  "sys.modules['torch'] = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True, "
                  "device_count=lambda: len(os.environ['CUDA_VISIBLE_DEVICES'].split(','))))\n")
 
+
+# ---------------------------------------------------------------- small configurations
+# The demo profile's layer, then a layer of the test's: what `snakemake --profile workflow/profiles/demo` reads.
 DEMO_PROFILE = ("--profile", "workflow/profiles/demo")
 DEMO_LAYER = "workflow/profiles/demo/params.yaml"
 

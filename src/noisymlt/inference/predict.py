@@ -129,9 +129,8 @@ def write_table(out: Path, names: list[str], classes: list[str], scores: dict[st
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from noisymlt.inference.run_model import ImageFiles, load_run, recorded_heads, transform_of
-
     from noisymlt.core.files import check_outputs, write_json
+    from noisymlt.inference.run_model import ImageFiles, load_run, recorded_heads, transform_of
 
     out = Path(args.out)
     if out.suffix not in (".csv", ".parquet"):
