@@ -18,18 +18,29 @@ PROFILE = "workflow/profiles/smoke"
 def test_smoke_profile_runs_every_method_at_paper_shapes(tmp_path: Path) -> None:
     from noisymlt.data.classes import VOC_CLASSES
     from noisymlt.pipeline import paths
-    from noisymlt.config import load_params
+    from noisymlt.config import load_params, resolve_run
 
     wf = project_copy(tmp_path)
-    # The profile's stand-in, drawn to under half its training images and 8 test images instead of 16, and batches
-    # of 2 instead of 4: every run's per-image shapes and code path are the profile's (paper scale, 224 px, one
-    # iteration an epoch), while its predictions (test set, training set for the fit record and DivideMix's
-    # co-divide, the suspect labels) and its steps are fewer or smaller (its 26 trainings took 393 job seconds
-    # instead of `make smoke`'s 566, read from their timing files before the test set was halved).
+    # The profile's stand-in, drawn to under half its training images and 8 test images instead of 16, batches of 2
+    # instead of 4, and 6 epochs instead of 8 (lr x0.1 at 4 and 5 instead of 5 and 7): every run's per-image shapes
+    # and code path are the profile's (paper scale, 224 px, one iteration an epoch; DivideMix warms up, then
+    # co-divides twice instead of three times; [DB]'s lr warm-up still outlasts the first lr step), while its
+    # predictions (test set, training set for the fit record and DivideMix's co-divide, the suspect labels) and its
+    # steps are fewer or smaller (its 26 trainings took 393 job seconds instead of `make smoke`'s 566, read from
+    # their timing files before the test set was halved). The profile's own length is checked below without it.
     write_layer(wf, {"datasets": {"voc_smoke": {"toy": {"n_test": 8}, "longtail": {"max": 6, "min": 2}}},
-                     "train": {"batch_size": 2, "balanced_batch_size": 2}}, "smaller.yaml")
-    snakemake(wf, "--profile", PROFILE, "--configfile", f"{PROFILE}/params.yaml", "smaller.yaml", timeout=1800)
+                     "train": {"batch_size": 2, "balanced_batch_size": 2, "epochs": 6, "lr_steps": [4, 5]}},
+                "smaller.yaml")
+    # Three trainings at once instead of the profile's two (each claims 2 cores): a run's numbers do not depend on
+    # how many run beside it, and in `make test` the SLURM tests, which mostly wait on their cluster, run beside it.
+    snakemake(wf, "--profile", PROFILE, "--configfile", f"{PROFILE}/params.yaml", "smaller.yaml", "--cores", "6",
+              timeout=1800)
 
+    # the profile keeps every run's recipe length (8 epochs, lr x0.1 at 5 and 7); the layer above shortens it here
+    profile = load_params(wf / "params.yaml", wf / PROFILE / "params.yaml")
+    for dataset, gamma, seed, method, noise in paths.all_runs(profile):
+        train = resolve_run(profile, dataset, method, gamma, seed, noise=noise)["train"]
+        assert (train["epochs"], train["lr_steps"], train["max_iters_per_epoch"]) == (8, [5, 7], 1), method
     params = load_params(wf / "params.yaml", wf / PROFILE / "params.yaml", wf / "smaller.yaml")
     runs = paths.all_runs(params)
     methods = {r.method for r in runs}
@@ -41,10 +52,11 @@ def test_smoke_profile_runs_every_method_at_paper_shapes(tmp_path: Path) -> None
         run = wf / paths.run_dir(dataset, gamma, seed, method, noise)
         config = json.loads((run / "run_config.json").read_text())
         train = config["train"]
-        # the paper's shapes and code path, shortened only in iterations per epoch
+        # the paper's shapes and code path, shortened in iterations per epoch and (the layer) in epochs
         assert (train["backbone"], train["image_size"], train["cache_size"]) == ("resnet50", 224, 256)
         assert (train["trunk_cache_views"], train["cpu_precision"], train["loader"]) == (0, "fp32", "cache")
-        assert train["epochs"] == 8 and train["lr_steps"] == [5, 7] and train["max_iters_per_epoch"] == 1
+        assert train["epochs"] == 6 and train["lr_steps"] == [4, 5] and train["max_iters_per_epoch"] == 1
+        assert train["warmup_iters"] < 4 or train["long_warmup"], method  # [DB]'s warm-up outlasts the first step
         manifest = json.loads((run / "manifest.json").read_text())
         timing = json.loads((run / "manifest.timing.json").read_text())
         assert manifest["iterations_per_epoch"] == 1 and timing["loader_workers"] >= 1, method
@@ -58,9 +70,9 @@ def test_smoke_profile_runs_every_method_at_paper_shapes(tmp_path: Path) -> None
     mlgcn = json.loads((wf / paths.run_dir("voc_smoke", 0.5, 0, "mlgcn") / "run_config.json").read_text())
     glove = mlgcn["method_cfg"]["embeddings_file"]
     assert glove.startswith("data/assets/glove/glove_voc_fixture-") and (wf / glove).is_file()
-    # DivideMix keeps its paper-scale shape: five warm-up epochs, then co-divide
+    # DivideMix warms up to the first lr step (4 epochs here, 5 at the profile's length), then co-divides
     log = (wf / "logs/train/voc_smoke_g0.5_s0_dividemix.log").read_text()
-    assert "dividemix: 5 warm-up epoch(s) of 8 before the first co-divide" in log, log[-2000:]
+    assert "dividemix: 4 warm-up epoch(s) of 6 before the first co-divide" in log, log[-2000:]
     # the selection chose ERM's lr and Ours' alpha x beta; the tables and figures of the paper exist
     for method, stage in (("erm", 1), ("ours", 1)):
         choice = json.loads((wf / f"runs/voc_smoke/select/{method}/stage{stage}.choice.json").read_text())

@@ -162,3 +162,29 @@ def test_a_cell_of_the_detection_table_equals_an_independent_computation(project
     md = (project / "reports/label_detection_toy.md").read_text()
     erm = next(line for line in md.splitlines() if line.startswith("| ERM | its prediction |"))
     assert erm.split(" | ")[2].startswith(f"{100 * np.mean(aps):.2f} ± "), erm
+
+
+def test_one_pass_gives_the_heads_and_each_branch_as_the_branch_alone(project, monkeypatch):
+    """train_probabilities reads the reported head and both branches' probabilities from one forward pass of the
+    model; each equals what it was computed from before, bit for bit: the head from the method's predict, each
+    branch from that branch run alone on the same images (the pseudo-label rule's _probs)."""
+    import torch
+
+    from noisymlt.inference.run_model import load_run
+    from noisymlt.inference.suspects import train_probabilities
+
+    monkeypatch.chdir(project)
+    trainer = load_run("runs/toy/g0.5/s0/ours")
+    method, model = trainer.method, trainer.model
+    got = train_probabilities(trainer)
+    assert set(got["branches"]) == {"random", "balanced"}
+    probs, branches = [], {name: [] for name in got["branches"]}
+    model.eval()
+    with torch.no_grad(), trainer.autocast():
+        for _, images in trainer.iterate_train_eval():
+            probs.append(torch.sigmoid(method.predict(model, images)["ensemble"].float()))
+            for name in branches:
+                branches[name].append(method._probs(model, name, images, None))
+    assert np.array_equal(got["probs"], torch.cat(probs).numpy())
+    for name, parts in branches.items():
+        assert np.array_equal(got["branches"][name], torch.cat(parts).numpy()), name

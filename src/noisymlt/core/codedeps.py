@@ -44,23 +44,45 @@ def _parents(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
+@lru_cache(maxsize=1024)
+def _parsed(path: str, size: int, mtime_ns: int) -> ast.Module:
+    """A file's syntax tree, parsed once for each version of it (size and modification time): its imports, the
+    data files it names and its code text are all read from this one tree, which nothing modifies."""
+    return ast.parse(Path(path).read_text(), filename=path)
+
+
+def _parse(path: Path) -> ast.Module:
+    st = path.stat()
+    return _parsed(str(path), st.st_size, st.st_mtime_ns)
+
+
 @lru_cache(maxsize=None)
 def _tree(name: str) -> ast.Module:
-    """Module ``name``'s syntax tree, parsed once per process (imports and data files both read it)."""
-    path = modules()[name]
-    return ast.parse(path.read_text(), filename=str(path))
+    """Module ``name``'s syntax tree as this process first read it (the import graph is the process's)."""
+    return _parse(modules()[name])
+
+
+@lru_cache(maxsize=None)
+def _references(name: str) -> tuple[tuple[ast.AST, ...], frozenset[str]]:
+    """Module ``name``'s import statements and string constants, from one walk over its tree."""
+    imports, strings = [], set()
+    for node in ast.walk(_tree(name)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imports.append(node)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            strings.add(node.value)
+    return tuple(imports), frozenset(strings)
 
 
 @lru_cache(maxsize=None)
 def imports_of(name: str) -> frozenset[str]:
     """The package modules that module ``name`` imports anywhere in its code (and their parent packages)."""
     known = modules()
-    tree = _tree(name)
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _references(name)[0]:
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif node.module and node.level == 0:
             # `from noisymlt.a import b`: b may be a submodule or a name defined in noisymlt.a
             targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
         else:
@@ -83,7 +105,7 @@ def _package_data() -> tuple[Path, ...]:
 @lru_cache(maxsize=None)
 def data_files(name: str) -> tuple[Path, ...]:
     """Non-Python package files named (by file name) in a string constant of module ``name``."""
-    strings = {n.value for n in ast.walk(_tree(name)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    strings = _references(name)[1]
     return tuple(p for p in _package_data() if p.name in strings)
 
 
@@ -112,18 +134,6 @@ def files(*entries: str) -> list[Path]:
     return sorted(out)
 
 
-def _strip_docstrings(tree: ast.AST) -> ast.AST:
-    """``tree`` without its docstrings (the first statement of a module, class or function body when it is
-    a string): text for readers, which no result reads."""
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
-                node.body = body[1:] or [ast.Pass()]
-    return tree
-
-
 def code_text(path: Path) -> bytes:
     """What of a package file can change a result: a module's syntax tree without comments, docstrings,
     layout or line numbers (so rewording or reflowing retrains nothing); a data file's bytes. Read again
@@ -136,16 +146,32 @@ def code_text(path: Path) -> bytes:
 def _code_text(path: str, size: int, mtime_ns: int) -> bytes:
     if not path.endswith(".py"):
         return Path(path).read_bytes()
-    tree = _strip_docstrings(ast.parse(Path(path).read_text(), filename=path))
-    return _canonical(tree).encode()
+    return _canonical(_parsed(path, size, mtime_ns)).encode()
+
+
+# The nodes whose body may open with a docstring: text for readers, which no result reads.
+_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _without_docstring(body: list) -> list:
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        return body[1:] or [ast.Pass()]
+    return body
 
 
 def _canonical(node) -> str:
-    """A syntax tree as text: node types and their non-empty fields, without positions. Empty fields are left
-    out so that a Python release that adds one (3.12's type_params) does not change every digest."""
+    """A syntax tree as text: node types and their non-empty fields, without positions or docstrings. Empty fields
+    are left out so that a Python release that adds one (3.12's type_params) does not change every digest."""
     if isinstance(node, ast.AST):
-        fields = [f"{name}={_canonical(value)}" for name in node._fields
-                  if (value := getattr(node, name, None)) is not None and value != []]
+        documented = isinstance(node, _DOCUMENTED)
+        fields = []
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if documented and name == "body":
+                value = _without_docstring(value)
+            if value is not None and value != []:
+                fields.append(f"{name}={_canonical(value)}")
         return f"{type(node).__name__}({' '.join(fields)})"
     if isinstance(node, list):
         return "[" + ",".join(_canonical(item) for item in node) + "]"

@@ -133,10 +133,15 @@ def train_probabilities(trainer) -> dict[str, object]:
     out: dict[str, list] = {"probs": [], "branches": {}, "nets": {}}
     with torch.no_grad(), trainer.autocast():
         for _, images in trainer.iterate_train_eval():
-            out["probs"].append(torch.sigmoid(method.predict(model, images)[head].float()).cpu())
+            if family == "colearning":  # every branch's logits once: the heads and the branch probabilities read them
+                logits = model(images)
+                heads = method.head_logits(logits)
+            else:
+                heads = method.predict(model, images)
+            out["probs"].append(torch.sigmoid(heads[head].float()).cpu())
             if family == "colearning" and method.source != "none":
                 for name in method.specs:
-                    out["branches"].setdefault(name, []).append(method._probs(model, name, images, None).cpu())
+                    out["branches"].setdefault(name, []).append(torch.sigmoid(logits[name].float()).cpu())
             if family == "dividemix":
                 frozen = method.shared_prefix(model, images)
                 for name in NETS:

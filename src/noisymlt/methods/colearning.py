@@ -147,7 +147,10 @@ class CoLearning(Method):
         return total, logs
 
     def predict(self, model, images) -> dict[str, torch.Tensor]:
-        logits = model(images)
+        return self.head_logits(model(images))
+
+    def head_logits(self, logits: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The reported heads from every branch's logits (``model(images)``)."""
         if len(logits) == 1:
             return {"main": next(iter(logits.values()))}
         f, g = logits["random"], logits["balanced"]
