@@ -51,15 +51,11 @@ def _parsed(path: str, size: int, mtime_ns: int) -> ast.Module:
     return ast.parse(Path(path).read_text(), filename=path)
 
 
-def _parse(path: Path) -> ast.Module:
-    st = path.stat()
-    return _parsed(str(path), st.st_size, st.st_mtime_ns)
-
-
 @lru_cache(maxsize=None)
 def _tree(name: str) -> ast.Module:
     """Module ``name``'s syntax tree as this process first read it (the import graph is the process's)."""
-    return _parse(modules()[name])
+    st = modules()[name].stat()
+    return _parsed(str(modules()[name]), st.st_size, st.st_mtime_ns)
 
 
 @lru_cache(maxsize=None)

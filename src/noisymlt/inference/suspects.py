@@ -133,15 +133,14 @@ def train_probabilities(trainer) -> dict[str, object]:
     out: dict[str, list] = {"probs": [], "branches": {}, "nets": {}}
     with torch.no_grad(), trainer.autocast():
         for _, images in trainer.iterate_train_eval():
-            if family == "colearning":  # every branch's logits once: the heads and the branch probabilities read them
-                logits = model(images)
-                heads = method.head_logits(logits)
+            if family == "colearning":
+                heads, branches = method.predict_with_branches(model, images)
+                if method.source != "none":
+                    for name, probs in branches.items():
+                        out["branches"].setdefault(name, []).append(probs.cpu())
             else:
                 heads = method.predict(model, images)
             out["probs"].append(torch.sigmoid(heads[head].float()).cpu())
-            if family == "colearning" and method.source != "none":
-                for name in method.specs:
-                    out["branches"].setdefault(name, []).append(torch.sigmoid(logits[name].float()).cpu())
             if family == "dividemix":
                 frozen = method.shared_prefix(model, images)
                 for name in NETS:

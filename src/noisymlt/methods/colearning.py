@@ -149,6 +149,12 @@ class CoLearning(Method):
     def predict(self, model, images) -> dict[str, torch.Tensor]:
         return self.head_logits(model(images))
 
+    def predict_with_branches(self, model, images) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """``predict``'s heads and each branch's probabilities, from one forward pass. With the model in eval mode a
+        branch's equal ``_probs`` of that branch alone on the same images, bit for bit (tests/test_suspects.py)."""
+        logits = model(images)
+        return self.head_logits(logits), {name: torch.sigmoid(logits[name].float()) for name in self.specs}
+
     def head_logits(self, logits: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The reported heads from every branch's logits (``model(images)``)."""
         if len(logits) == 1:

@@ -69,9 +69,10 @@ def score_train_set(run: Path, train_labels: Path, split: Path, train_images: Pa
     scores = []
     with torch.no_grad():
         for _, images in trainer.iterate_train_eval():
+            heads, branches = method.predict_with_branches(model, images)
             for n in names:
-                probs[n].append(method._probs(model, n, images, None).cpu())
-            scores.append(torch.sigmoid(next(iter(method.predict(model, images).values())).float()).cpu())
+                probs[n].append(branches[n].cpu())
+            scores.append(torch.sigmoid(next(iter(heads.values())).float()).cpu())
     probs = {n: torch.cat(p) for n, p in probs.items()}
     noisy = torch.as_tensor(trainer.train_table.labels, dtype=torch.float32)
     sources = {}
