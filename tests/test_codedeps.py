@@ -78,6 +78,44 @@ def test_comments_docstrings_and_layout_do_not_count_and_code_does(tmp_path):
     assert codedeps.code_text(data) != before
 
 
+def _read_afresh(monkeypatch, folder: Path) -> dict:
+    """Every module's code text, imports and data files, read by a process with ``folder`` as the kept facts."""
+    monkeypatch.setattr(codedeps, "FACTS_DIR", folder)
+    for cached in (codedeps._facts_of, codedeps._facts, codedeps._code_text, codedeps.imports_of,
+                   codedeps.data_files):
+        cached.cache_clear()
+    return {name: (codedeps.code_text(path), codedeps.imports_of(name), codedeps.data_files(name))
+            for name, path in codedeps.modules().items()}
+
+
+def test_kept_facts_read_as_the_files_do_and_a_bad_or_missing_entry_is_read_again(tmp_path, monkeypatch):
+    """The facts kept beside the bytecode (one JSON file per file content) give what the files give: read without
+    them, from them, from a folder with a corrupt entry, and from a folder that cannot be made."""
+    import json
+
+    (tmp_path / "none").write_text("a file where the folder would be: nothing can be kept")
+    unkept = _read_afresh(monkeypatch, tmp_path / "none")
+    assert (tmp_path / "none").is_file()
+    first = _read_afresh(monkeypatch, tmp_path / "kept")  # writes them
+    entries = sorted((tmp_path / "kept").iterdir())
+    sources = {codedeps.hashlib.sha256(path.read_bytes()).hexdigest() for path in codedeps.modules().values()}
+    assert {p.name.split("-")[0] for p in entries} == sources and all(p.suffix == ".json" for p in entries)
+    assert first == unkept
+    # the kept facts are the ones read: an entry altered on disk changes what is read from it ...
+    db = codedeps.modules()["noisymlt.losses.db"]
+    entry = next(p for p in entries if p.name.startswith(codedeps.hashlib.sha256(db.read_bytes()).hexdigest()))
+    facts = json.loads(entry.read_text())
+    entry.write_text(json.dumps({**facts, "code": facts["code"] + "x"}))
+    assert _read_afresh(monkeypatch, tmp_path / "kept")["noisymlt.losses.db"][0] != unkept["noisymlt.losses.db"][0]
+    # ... and a corrupt one is read from the file again, and replaced
+    entry.write_text(entry.read_text()[:100])
+    assert _read_afresh(monkeypatch, tmp_path / "kept") == unkept
+    assert json.loads(entry.read_text()) == facts
+    assert not list((tmp_path / "kept").glob("*.tmp"))
+    monkeypatch.undo()  # the process's caches back to the package's own folder
+    _read_afresh(monkeypatch, codedeps.FACTS_DIR)
+
+
 def test_a_step_whose_source_changed_while_it_ran_fails_instead_of_recording(monkeypatch, capsys):
     """Every command loads its code when it starts; if the source on disk gives another digest when it ends,
     it fails (Snakemake deletes a failed job's outputs, DVC does not record them)."""

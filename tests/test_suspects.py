@@ -188,3 +188,32 @@ def test_one_pass_gives_the_heads_and_each_branch_as_the_branch_alone(project, m
     assert np.array_equal(got["probs"], torch.cat(probs).numpy())
     for name, parts in branches.items():
         assert np.array_equal(got["branches"][name], torch.cat(parts).numpy()), name
+
+
+def test_one_pass_gives_dividemix_head_and_each_net_as_before(project, monkeypatch):
+    """For DivideMix, train_probabilities reads the reported head and each net's probabilities from one pass of the
+    two nets; both equal what was computed from two passes before, bit for bit: the head from predict, each net's
+    probabilities from that net on the shared frozen prefix."""
+    import torch
+
+    from noisymlt.inference.run_model import load_run
+    from noisymlt.inference.suspects import train_probabilities
+    from noisymlt.methods.dividemix import NETS, net_logits
+
+    monkeypatch.chdir(project)
+    trainer = load_run("runs/toy/g0.5/s0/dividemix")
+    method, model = trainer.method, trainer.model
+    got = train_probabilities(trainer)
+    assert set(got["nets"]) == set(NETS) and set(got["clean_probability"]) == set(NETS)
+    probs, nets = [], {name: [] for name in NETS}
+    model.eval()
+    with torch.no_grad(), trainer.autocast():
+        for _, images in trainer.iterate_train_eval():
+            frozen = method.shared_prefix(model, images)
+            logits = [net_logits(model[name], images, frozen).float() for name in NETS]
+            probs.append(torch.sigmoid((logits[0] + logits[1]) / 2))  # DivideMix's test-time head: the nets' mean
+            for name, net in zip(NETS, logits):
+                nets[name].append(torch.sigmoid(net))
+    assert np.array_equal(got["probs"], torch.cat(probs).numpy())
+    for name, parts in nets.items():
+        assert np.array_equal(got["nets"][name], torch.cat(parts).numpy()), name

@@ -13,6 +13,10 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
+import json
+import os
+import sys
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -44,30 +48,70 @@ def _parents(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-@lru_cache(maxsize=1024)
-def _parsed(path: str, size: int, mtime_ns: int) -> ast.Module:
-    """A file's syntax tree, parsed once for each version of it (size and modification time): its imports, the
-    data files it names and its code text are all read from this one tree, which nothing modifies."""
-    return ast.parse(Path(path).read_text(), filename=path)
+def _source(data: bytes) -> str:
+    """A file's text as ``Path.read_text`` gives it (UTF-8, universal newlines)."""
+    return data.decode().replace("\r\n", "\n").replace("\r", "\n")
 
 
 @lru_cache(maxsize=None)
 def _tree(name: str) -> ast.Module:
-    """Module ``name``'s syntax tree as this process first read it (the import graph is the process's)."""
-    st = modules()[name].stat()
-    return _parsed(str(modules()[name]), st.st_size, st.st_mtime_ns)
+    """Module ``name``'s syntax tree (for the tests that read it)."""
+    path = modules()[name]
+    return ast.parse(_source(path.read_bytes()), filename=str(path))
+
+
+def _read_facts(tree: ast.Module) -> dict:
+    """What this module needs of a file's syntax tree, from one walk: the names its import statements may load
+    (absolute ones), its string constants (they name data files) and its code text (``code_text``)."""
+    targets, strings = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from noisymlt.a import b`: b may be a submodule or a name defined in noisymlt.a
+            targets.extend([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            strings.add(node.value)
+    return {"targets": targets, "strings": sorted(strings), "code": _canonical(tree)}
+
+
+# Parsing, walking and rendering every package file costs each process (a Snakemake run, the preload server, a
+# job) about 0.7 CPU s; their facts are kept beside the bytecode, under the sha256 of the file's bytes, this
+# module's own bytes (an edit here may read files differently) and the Python version (its syntax trees).
+FACTS_DIR = ROOT / "__pycache__" / "codedeps"
+_READER = hashlib.sha256(Path(__file__).read_bytes() + sys.version.encode()).hexdigest()[:16]
+
+
+@lru_cache(maxsize=1024)
+def _facts_of(path: str, size: int, mtime_ns: int) -> dict:
+    data = Path(path).read_bytes()
+    kept = FACTS_DIR / f"{hashlib.sha256(data).hexdigest()}-{_READER}.json"
+    try:
+        facts = json.loads(kept.read_text())
+        if set(facts) == {"targets", "strings", "code"}:
+            return facts
+    except (OSError, ValueError):
+        pass  # not kept yet, or unreadable: read the file
+    facts = _read_facts(ast.parse(_source(data), filename=path))
+    try:  # a cache: a folder that cannot be written only costs the time
+        FACTS_DIR.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=FACTS_DIR, suffix=".tmp")
+    except OSError:
+        return facts
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(facts, fh)
+        os.replace(tmp, kept)  # whole or not at all, beside other processes doing the same
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+    return facts
 
 
 @lru_cache(maxsize=None)
-def _references(name: str) -> tuple[tuple[ast.AST, ...], frozenset[str]]:
-    """Module ``name``'s import statements and string constants, from one walk over its tree."""
-    imports, strings = [], set()
-    for node in ast.walk(_tree(name)):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            imports.append(node)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            strings.add(node.value)
-    return tuple(imports), frozenset(strings)
+def _facts(name: str) -> dict:
+    """Module ``name``'s facts as this process first read them (the import graph is the process's)."""
+    st = modules()[name].stat()
+    return _facts_of(str(modules()[name]), st.st_size, st.st_mtime_ns)
 
 
 @lru_cache(maxsize=None)
@@ -75,18 +119,10 @@ def imports_of(name: str) -> frozenset[str]:
     """The package modules that module ``name`` imports anywhere in its code (and their parent packages)."""
     known = modules()
     found: set[str] = set()
-    for node in _references(name)[0]:
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif node.module and node.level == 0:
-            # `from noisymlt.a import b`: b may be a submodule or a name defined in noisymlt.a
-            targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
-        else:
-            continue
-        for target in targets:
-            if target.split(".")[0] == PACKAGE and target in known:
-                found.add(target)
-                found.update(p for p in _parents(target) if p in known)
+    for target in _facts(name)["targets"]:
+        if target.split(".")[0] == PACKAGE and target in known:
+            found.add(target)
+            found.update(p for p in _parents(target) if p in known)
     found.discard(name)
     return frozenset(found)
 
@@ -101,7 +137,7 @@ def _package_data() -> tuple[Path, ...]:
 @lru_cache(maxsize=None)
 def data_files(name: str) -> tuple[Path, ...]:
     """Non-Python package files named (by file name) in a string constant of module ``name``."""
-    strings = _references(name)[1]
+    strings = set(_facts(name)["strings"])
     return tuple(p for p in _package_data() if p.name in strings)
 
 
@@ -142,7 +178,7 @@ def code_text(path: Path) -> bytes:
 def _code_text(path: str, size: int, mtime_ns: int) -> bytes:
     if not path.endswith(".py"):
         return Path(path).read_bytes()
-    return _canonical(_parsed(path, size, mtime_ns)).encode()
+    return _facts_of(path, size, mtime_ns)["code"].encode()
 
 
 # The nodes whose body may open with a docstring: text for readers, which no result reads.

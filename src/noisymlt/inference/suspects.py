@@ -123,8 +123,7 @@ def train_probabilities(trainer) -> dict[str, object]:
     import torch
 
     from noisymlt.inference.run_model import recorded_heads
-
-    from noisymlt.methods.dividemix import NETS, net_logits
+    from noisymlt.methods.dividemix import NETS
 
     method, model = trainer.method, trainer.model
     family = trainer.cfg["method_cfg"]["family"]
@@ -138,14 +137,13 @@ def train_probabilities(trainer) -> dict[str, object]:
                 if method.source != "none":
                     for name, probs in branches.items():
                         out["branches"].setdefault(name, []).append(probs.cpu())
+            elif family == "dividemix":
+                heads, nets = method.predict_with_nets(model, images)
+                for name, logits in nets.items():
+                    out["nets"].setdefault(name, []).append(torch.sigmoid(logits).cpu())
             else:
                 heads = method.predict(model, images)
             out["probs"].append(torch.sigmoid(heads[head].float()).cpu())
-            if family == "dividemix":
-                frozen = method.shared_prefix(model, images)
-                for name in NETS:
-                    logits = net_logits(model[name], images, frozen).float()
-                    out["nets"].setdefault(name, []).append(torch.sigmoid(logits).cpu())
     result = {"probs": torch.cat(out["probs"]).numpy(),
               "branches": {k: torch.cat(v).numpy() for k, v in out["branches"].items()},
               "nets": {k: torch.cat(v).numpy() for k, v in out["nets"].items()}}

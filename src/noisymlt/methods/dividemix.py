@@ -288,8 +288,13 @@ class DivideMix(Method):
         return lx, lu, float(lab.float().mean())
 
     def predict(self, model, images) -> dict[str, torch.Tensor]:
+        return self.predict_with_nets(model, images)[0]
+
+    def predict_with_nets(self, model, images) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """``predict``'s head (the mean of the two nets' logits) and each net's own logits, from one pass."""
         frozen = self.shared_prefix(model, images)
-        return {"main": (net_logits(model["a"], images, frozen).float() + net_logits(model["b"], images, frozen).float()) / 2}
+        logits = {name: net_logits(model[name], images, frozen).float() for name in NETS}
+        return {"main": (logits["a"] + logits["b"]) / 2}, logits
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict:
