@@ -91,7 +91,8 @@ def _read_afresh(monkeypatch, folder: Path) -> dict:
 def test_kept_facts_read_as_the_files_do_and_a_bad_or_missing_entry_is_read_again(tmp_path, monkeypatch):
     """The facts kept beside the bytecode (one JSON file per file content) give what the files give: read without
     them, from them, from a folder with a corrupt entry, and from a folder that cannot be made."""
-    import json
+    import marshal
+    import zlib
 
     (tmp_path / "none").write_text("a file where the folder would be: nothing can be kept")
     unkept = _read_afresh(monkeypatch, tmp_path / "none")
@@ -99,18 +100,19 @@ def test_kept_facts_read_as_the_files_do_and_a_bad_or_missing_entry_is_read_agai
     first = _read_afresh(monkeypatch, tmp_path / "kept")  # writes them
     entries = sorted((tmp_path / "kept").iterdir())
     sources = {codedeps.hashlib.sha256(path.read_bytes()).hexdigest() for path in codedeps.modules().values()}
-    assert {p.name.split("-")[0] for p in entries} == sources and all(p.suffix == ".json" for p in entries)
+    assert {p.name.split("-")[0] for p in entries} == sources and all(p.suffix == ".facts" for p in entries)
     assert first == unkept
     # the kept facts are the ones read: an entry altered on disk changes what is read from it ...
     db = codedeps.modules()["noisymlt.losses.db"]
     entry = next(p for p in entries if p.name.startswith(codedeps.hashlib.sha256(db.read_bytes()).hexdigest()))
-    facts = json.loads(entry.read_text())
-    entry.write_text(json.dumps({**facts, "code": facts["code"] + "x"}))
+    facts = marshal.loads(zlib.decompress(entry.read_bytes()))
+    entry.write_bytes(zlib.compress(marshal.dumps({**facts, "code": facts["code"] + "x"})))
     assert _read_afresh(monkeypatch, tmp_path / "kept")["noisymlt.losses.db"][0] != unkept["noisymlt.losses.db"][0]
-    # ... and a corrupt one is read from the file again, and replaced
-    entry.write_text(entry.read_text()[:100])
-    assert _read_afresh(monkeypatch, tmp_path / "kept") == unkept
-    assert json.loads(entry.read_text()) == facts
+    # ... and a corrupt one (cut short, or not the facts) is read from the file again, and replaced
+    for corrupt in (entry.read_bytes()[:100], zlib.compress(marshal.dumps(["not", "the", "facts"]))):
+        entry.write_bytes(corrupt)
+        assert _read_afresh(monkeypatch, tmp_path / "kept") == unkept
+        assert marshal.loads(zlib.decompress(entry.read_bytes())) == facts
     assert not list((tmp_path / "kept").glob("*.tmp"))
     monkeypatch.undo()  # the process's caches back to the package's own folder
     _read_afresh(monkeypatch, codedeps.FACTS_DIR)

@@ -153,6 +153,29 @@ def test_bad_input_gets_one_line_and_writes_nothing(project, tmp_path, monkeypat
         assert "Traceback" not in stderr and not out.exists() and not out.with_suffix(".json").exists(), what
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_unreadable_image_is_named_in_one_line_by_the_loader_in_process_or_in_a_worker(project, tmp_path,
+                                                                                         monkeypatch, workers):
+    """scores_of with the run's loader in this process (workers 0, the toy's) or in a worker process, which sends
+    a file's error back as the text of a traceback: either way one line that names the file, and no traceback."""
+    from noisymlt.errors import NoisyMLTError
+    from noisymlt.inference.run_model import ImageFiles, load_run, scores_of
+
+    monkeypatch.chdir(project)
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    shutil.copy(project / TEST_IMAGES / "JPEGImages/000601.jpg", folder / "good.jpg")
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    trainer = load_run(RUN.format("erm"))
+    trainer.workers = workers
+    files = [folder / "good.jpg", folder / "broken.jpg"]
+    with pytest.raises(NoisyMLTError) as raised:
+        scores_of(trainer, ImageFiles(files, trainer.cfg), ["main"], batch_size=1)
+    message = str(raised.value)
+    assert "broken.jpg" in message and "\n" not in message and "Traceback" not in message, message
+    assert len(scores_of(trainer, ImageFiles(files[:1], trainer.cfg), ["main"])["main"]) == 1  # the good one reads
+
+
 def test_a_run_of_other_code_is_refused_in_one_line(tiny_runs_project, tmp_path):
     """An edit of the code that trains ERM's runs (its family module): the checkpoint is not this code's model."""
     project = copy_build(tiny_runs_project, tmp_path / "project")

@@ -13,10 +13,11 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
-import json
+import marshal
 import os
 import sys
 import tempfile
+import zlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -77,7 +78,8 @@ def _read_facts(tree: ast.Module) -> dict:
 
 # Parsing, walking and rendering every package file costs each process (a Snakemake run, the preload server, a
 # job) about 0.7 CPU s; their facts are kept beside the bytecode, under the sha256 of the file's bytes, this
-# module's own bytes (an edit here may read files differently) and the Python version (its syntax trees).
+# module's own bytes (an edit here may read files differently) and the Python version (its syntax trees and
+# marshal's format). Compressed: the source's text in them would otherwise turn up in a search of the sources.
 FACTS_DIR = ROOT / "__pycache__" / "codedeps"
 _READER = hashlib.sha256(Path(__file__).read_bytes() + sys.version.encode()).hexdigest()[:16]
 
@@ -85,12 +87,12 @@ _READER = hashlib.sha256(Path(__file__).read_bytes() + sys.version.encode()).hex
 @lru_cache(maxsize=1024)
 def _facts_of(path: str, size: int, mtime_ns: int) -> dict:
     data = Path(path).read_bytes()
-    kept = FACTS_DIR / f"{hashlib.sha256(data).hexdigest()}-{_READER}.json"
+    kept = FACTS_DIR / f"{hashlib.sha256(data).hexdigest()}-{_READER}.facts"
     try:
-        facts = json.loads(kept.read_text())
-        if set(facts) == {"targets", "strings", "code"}:
+        facts = marshal.loads(zlib.decompress(kept.read_bytes()))
+        if isinstance(facts, dict) and set(facts) == {"targets", "strings", "code"}:
             return facts
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError, TypeError, zlib.error):
         pass  # not kept yet, or unreadable: read the file
     facts = _read_facts(ast.parse(_source(data), filename=path))
     try:  # a cache: a folder that cannot be written only costs the time
@@ -99,8 +101,8 @@ def _facts_of(path: str, size: int, mtime_ns: int) -> dict:
     except OSError:
         return facts
     try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(facts, fh)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(zlib.compress(marshal.dumps(facts), 1))
         os.replace(tmp, kept)  # whole or not at all, beside other processes doing the same
     except OSError:
         Path(tmp).unlink(missing_ok=True)
