@@ -181,11 +181,11 @@ def scores_of(trainer, dataset, heads: list[str], batch_size: int | None = None,
                     if name not in logits:
                         raise NoisyMLTError(f"head {name!r} is not among the run's: {', '.join(logits)}")
                     outs.setdefault(name, []).append(torch.sigmoid(logits[name].float()).cpu().numpy())
-    except NoisyMLTError:
-        raise
-    except Exception as exc:  # a loader worker re-raises a file's error inside a traceback's text
+    except Exception as exc:
+        # A loader worker's error comes back as its own type (a NoisyMLTError too) whose text is "Caught ... in
+        # DataLoader worker process N", then the worker's traceback, ending in the original line.
         text = str(exc).strip().splitlines()
-        if text and "NoisyMLTError: " in text[-1]:
+        if len(text) > 1 and "NoisyMLTError: " in text[-1]:
             raise NoisyMLTError(text[-1].split("NoisyMLTError: ", 1)[1]) from None
         raise
     return {name: np.concatenate(outs[name]) for name in heads}
