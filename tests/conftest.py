@@ -259,6 +259,22 @@ def own_data_project(tmp_path_factory, demo_pretrained) -> Path:
 
 
 @pytest.fixture(scope="session")
+def own_data_runs(tmp_path_factory, own_data_project) -> Path:
+    """own_data_project after the page's own command, whole (`snakemake ... reports/structure_mydata.md
+    runs/mydata/g0.5/s0/erm/metrics.json`): its structure report and its ERM run, trained and evaluated. The own-data
+    page's test checks what the command wrote; the trained-model page starts where the own-data page ends. Copy it
+    with copy_build."""
+    from helpers import OWN_DATA_PAGE, commands, copy_build, page, run_line, shared_build
+
+    (command,) = commands(page(OWN_DATA_PAGE, "Add your own data"))
+
+    def build(folder: Path) -> None:
+        run_line(command, copy_build(own_data_project, folder))
+
+    return shared_build(tmp_path_factory, "own_data_runs", build)
+
+
+@pytest.fixture(scope="session")
 def tiny_runs_project(tmp_path_factory, tiny_data_project) -> Path:
     """tiny_data_project with helpers.TINY_RUNS as its layer (tiny.yaml) and its detection table made: a finished
     run of each method family at gamma 0.5, seeds 0 and 1, each with its suspect labels. Copy it with copy_build."""

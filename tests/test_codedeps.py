@@ -89,8 +89,8 @@ def _read_afresh(monkeypatch, folder: Path) -> dict:
 
 
 def test_kept_facts_read_as_the_files_do_and_a_bad_or_missing_entry_is_read_again(tmp_path, monkeypatch):
-    """The facts kept beside the bytecode (one JSON file per file content) give what the files give: read without
-    them, from them, from a folder with a corrupt entry, and from a folder that cannot be made."""
+    """The facts kept beside the bytecode (one compressed marshal file per file content) give what the files give:
+    read without them, from them, from a folder with a corrupt entry, and from a folder that cannot be made."""
     import marshal
     import zlib
 

@@ -12,18 +12,15 @@ import sys
 
 import pytest
 
-from helpers import (OWN_DATA_CLASSES, OWN_DATA_PAGE, REPO, blocks, commands, copy_build, page, run_line,
-                     tool_env)
+from helpers import OWN_DATA_CLASSES, REPO, blocks, commands, copy_build, page, run_line, tool_env
 
 PAGE = REPO / "docs" / "use-a-trained-model.md"
 
 
 @pytest.mark.slow
-def test_the_page_predicts_exports_and_lists_suspects_on_the_own_data_runs(own_data_project, tmp_path):
+def test_the_page_predicts_exports_and_lists_suspects_on_the_own_data_runs(own_data_runs, tmp_path):
     text = page(PAGE, "Use a trained model")
-    project = copy_build(own_data_project, tmp_path / "project")
-    (train,) = commands(page(OWN_DATA_PAGE, "Add your own data"))
-    run_line(train, project)  # "after its Snakemake command"
+    project = copy_build(own_data_runs, tmp_path / "project")  # "after its Snakemake command" (conftest)
     images = project / "mydata" / "images"
     for name, source in (("cat_on_sofa.png", "000.png"), ("garden/0001.png", "001.png")):  # the page's folder
         (project / "new_images" / name).parent.mkdir(parents=True, exist_ok=True)
