@@ -26,6 +26,12 @@ SHARED_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# The tests that train in this process keep the memory a step frees, as every `noisymlt` command does
+# (noisymlt.core.heap): no result depends on it (tests/test_heap.py).
+from noisymlt.core.heap import keep_freed_memory  # noqa: E402
+
+keep_freed_memory()
+
 
 # The tests that use the one local SLURM cluster or SSH server (.ci/run starts both): under pytest-xdist they run in
 # one worker, one after another, as they would without it. test_dvc.py goes whole: its SSH test shares the module's

@@ -14,6 +14,7 @@ import sys
 
 from noisymlt import __version__
 from noisymlt.commands import COMMANDS, command_modules, step_entries
+from noisymlt.core.heap import keep_freed_memory
 from noisymlt.errors import NoisyMLTError, describe_os_error
 
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    keep_freed_memory()  # before the step allocates (noisymlt.core.heap)
     try:
         code = _load_step_code(args.subcommand)
         result = args.func(args)
