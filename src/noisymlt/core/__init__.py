@@ -2,5 +2,6 @@
 
 Safe file writes and JSON logs (files, jsonlog), locks, provenance manifests and run ids (manifest), code
 identity (codedeps: a step's import closure and its digest), the by-name registries a new method or loss
-joins (registry) and params checking against a JSON schema (schema).
+joins (registry), params checking against a JSON schema (schema) and glibc's heap set to keep the memory a step
+frees (heap).
 """
