@@ -14,12 +14,13 @@ STAMP := $(VENV)/.installed-stamp
 # The editable install builds with this venv's setuptools (--no-build-isolation): pyproject.toml's license
 # fields (PEP 639) need 77 or later, newer than what a Python 3.11 venv starts with. The lock installs with uv
 # (pinned in it; about a quarter of pip's time), from the sources pip is configured with
-# (scripts/uv_pip_options.py); where uv cannot, pip installs the same lock.
+# (scripts/uv_pip_options.py); where uv cannot (not on the index, a setting it lacks), pip installs the same lock.
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77" $$(grep '^uv==' requirements.lock)
-	$(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode $$($(PY) scripts/uv_pip_options.py) \
-	  -r requirements.lock || $(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77"
+	{ $(PY) -m pip install --quiet $$(grep '^uv==' requirements.lock) && $(VENV)/bin/uv pip install --python $(PY) \
+	  --quiet --compile-bytecode $$($(PY) scripts/uv_pip_options.py) -r requirements.lock; } || \
+	  $(PY) -m pip install --quiet -r requirements.lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
