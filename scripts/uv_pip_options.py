@@ -37,7 +37,7 @@ def uv_options(settings: dict[str, list[str]]) -> list[str]:
     for key, flag in FLAGS.items():
         for value in settings.get(key, []):
             options += [flag, value]
-    if settings.get("no-index", ["false"])[0].lower() in {"1", "true", "yes", "on"}:
+    if (settings.get("no-index") or ["false"])[0].lower() in {"1", "true", "yes", "on"}:  # an empty value: unset
         options.append("--no-index")
     return options
 
