@@ -29,7 +29,8 @@ def test_every_source_of_pip_conf_and_pip_variables_becomes_a_uv_flag(tmp_path: 
     pairs = list(zip(options[:-1], options[1:]))
     assert ("--index-strategy", "unsafe-best-match") in pairs  # pip weighs every index alike
     assert ("--index-url", "https://mirror.example/simple") in pairs
-    assert ("--extra-index-url", "file:///srv/a/simple") in pairs and ("--extra-index-url", "file:///srv/b/simple") in pairs
+    for extra in ("file:///srv/a/simple", "file:///srv/b/simple"):
+        assert ("--extra-index-url", extra) in pairs
     assert ("--find-links", "/srv/wheels") in pairs and ("--constraints", "/srv/caps.txt") in pairs
     assert options[-1] == "--no-index"
 
