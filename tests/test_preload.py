@@ -194,16 +194,61 @@ def own_server():
     preload.stop_server(path, proc)
 
 
-def test_the_servers_death_ends_its_children_and_their_commands_say_so(own_server, tmp_path):
+def test_the_servers_death_ends_its_children_and_their_commands_run_again_by_themselves(own_server, tmp_path):
+    """issue 70: a job whose server dies runs in its own process instead of failing, once, saying so; its output is
+    a plain run's, byte for byte."""
     path, proc = own_server
-    args, _ = code_deps_on_fifo(tmp_path)
+    args, fifo = code_deps_on_fifo(tmp_path)
     client = served_client(path, args)
     child = wait_for_child(proc, client)
+    wait_on_fifo(child)  # the child is inside the command
     proc.kill()
     child.wait(timeout=15)  # raises if the child outlives the server (an orphan whose result nobody awaits)
-    _, err = client.communicate(timeout=30)
-    assert client.returncode == 1
-    assert "preload server" in err and "died while running the command" in err and "Traceback" not in err
+    feed(fifo)  # read by the command's own process now
+    out, err = client.communicate(timeout=120)
+    assert client.returncode == 0, err
+    assert err.count("preload server") == 1 and "running the command again in this process" in err, err
+    assert "Traceback" not in err, err
+    alone = subprocess.Popen([sys.executable, "-m", "noisymlt", *args], stdout=subprocess.PIPE, text=True,
+                             env={k: v for k, v in os.environ.items() if k != preload.ENV})
+    feed(fifo)
+    assert alone.communicate(timeout=120)[0] == out
+
+
+def test_a_message_is_read_alone_when_the_next_one_arrived_with_it():
+    """issue 70: a fast command's exit status that reached a busy client's buffer together with "started" was
+    discarded with the rest of that read, and the job failed as if the server had died."""
+    import socket
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        preload._send(theirs, {"started": True})
+        preload._send(theirs, {"exit": 3})
+        theirs.close()
+        time.sleep(0.05)  # both in the buffer before the first read
+        assert [preload._recv(ours)[0] for _ in range(3)] == [{"started": True}, {"exit": 3}, None]
+
+
+def test_a_client_that_reads_late_still_gets_its_exit_status(server):
+    """The same through a real server: the child has reported before the client reads anything."""
+    import socket
+
+    path, _ = server
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(path)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            preload._send(sock, {"argv": ["--version"], "cwd": os.getcwd(), "env": dict(os.environ),
+                                 **preload._identity()}, fds=[devnull, devnull, devnull])
+        finally:
+            os.close(devnull)
+        both = sum(4 + len(json.dumps(m)) for m in ({"started": True}, {"exit": 0}))
+        deadline = time.monotonic() + 60
+        while len(sock.recv(1 << 16, socket.MSG_PEEK)) < both:  # the child's status waits behind "started"
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert preload._recv(sock)[0] == {"started": True}
+        assert preload._recv(sock)[0] == {"exit": 0}
 
 
 def test_a_job_that_finished_is_not_reported_failed_when_the_server_dies(own_server, tmp_path):
@@ -261,7 +306,7 @@ def test_a_server_refuses_other_interpreters_and_edited_sources(tmp_path):
         server.fingerprint = {**server.fingerprint, "training/trainer.py": [0, 0]}
         assert "source changed" in server._refusal(good, fds)
         assert server.draining  # stale for good: it stops taking work
-        assert not server._should_run()  # and, with no child running, exits
+        assert "source changed" in server._exit_reason()  # and, with no child running, exits saying why
         for fd in fds:
             os.close(fd)
     finally:

@@ -11,7 +11,8 @@ What ends what, so that no job is lost and none is reported wrongly:
 - the command's process is interrupted or killed (Ctrl-C, a cancelled job): the server interrupts the
   child (SIGINT, as Ctrl-C reaches a plain process), then kills it after KILL_GRACE_S;
 - the server dies: its children die with it (the kernel's parent-death signal), and a command whose child
-  had not finished says so and fails; one whose child had finished has its status already, sent by the child;
+  had not reported runs again in its own process, once, saying so (its checkpoints and atomic writes make that
+  the result a plain run gives); one whose child had finished has its status already, sent by the child;
 - the package's source changes while the server runs: it refuses new commands (which then run in their own
   processes, with the new code), lets the running children finish, and exits.
 
@@ -73,29 +74,54 @@ def _close_all(fds: list[int]) -> None:
         os.close(fd)
 
 
+MAX_MESSAGE = 64 << 20  # a request carries an environment: large, but never this large
+
+
+def _exactly(sock: socket.socket, size: int, start: bytes = b"") -> bytes | None:
+    """``size`` bytes (``start`` first), or None at end of stream. Never more: a second message that arrived in
+    the same buffer (a child's exit status right behind "started", read by a client the machine had not scheduled
+    for a while) stays in the socket for the next read."""
+    data = start
+    while len(data) < size:
+        more = sock.recv(size - len(data))
+        if not more:
+            return None
+        data += more
+    return data
+
+
 def _recv(sock: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[int]]:
     """One message (None at end of stream) and the file descriptors that came with it."""
     fds: list[int] = []
-    if with_fds:
-        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, with_fds)
+    if with_fds:  # the descriptors ride on the message's first bytes
+        head, fds, _, _ = socket.recv_fds(sock, 4, with_fds)
     else:
-        data = sock.recv(1 << 16)
-    if not data:
+        head = sock.recv(4)
+    head = _exactly(sock, 4, head) if head else None
+    if head is None:
         return None, fds
-    while len(data) < 4 or len(data) < 4 + struct.unpack("!I", data[:4])[0]:
-        more = sock.recv(1 << 16)
-        if not more:
-            return None, fds
-        data += more
-    (size,) = struct.unpack("!I", data[:4])
-    return json.loads(data[4:4 + size]), fds
+    (size,) = struct.unpack("!I", head)
+    if size > MAX_MESSAGE:
+        raise ValueError(f"a message of {size} bytes")
+    data = _exactly(sock, size)
+    if data is None:
+        return None, fds
+    return json.loads(data), fds
 
 
 def source_fingerprint() -> dict[str, list[int]]:
     """(mtime, size) of every module of the package: a server whose code was edited since it
     imported it must not run jobs with the old code."""
     root = Path(__file__).resolve().parents[1]  # the package
-    return {str(p.relative_to(root)): [p.stat().st_mtime_ns, p.stat().st_size] for p in sorted(root.rglob("*.py"))}
+    return {str(p.relative_to(root)): _stamp(p) for p in sorted(root.rglob("*.py"))}
+
+
+def _stamp(path: Path) -> list[int]:
+    try:
+        stat = path.stat()
+    except OSError:  # removed since the listing (an editor's save): a change like any other
+        return [-1, -1]
+    return [stat.st_mtime_ns, stat.st_size]
 
 
 def _identity() -> dict:
@@ -124,7 +150,7 @@ def run_via_server(argv: list[str]) -> int | None:
         sock.connect(path)
         _send(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), **_identity()}, fds=[0, 1, 2])
         reply, _ = _recv(sock)
-    except OSError:
+    except (OSError, ValueError):
         sock.close()
         return None
     if reply is None or "refused" in reply:
@@ -135,13 +161,17 @@ def run_via_server(argv: list[str]) -> int | None:
     # (or from the server when a signal ended the child), so it arrives even if the server has died since.
     try:
         result, _ = _recv(sock)
-    except OSError:
+    except (OSError, ValueError):
         result = None
     sock.close()
     if result is None:
-        print(f"noisymlt {argv[0] if argv else ''}: the preload server ({path}) died while running the command, "
-              "and the command ended with it; rerun the job", file=sys.stderr)
-        return 1
+        # The stream ends once every holder of the child's end has closed it: the child and whatever it forked
+        # are gone, so nothing of that attempt writes any more. This process runs the command itself, once.
+        print(f"noisymlt {argv[0] if argv else ''}: the preload server ({path}) ended before the command "
+              "reported its exit status (its log says why); running the command again in this process",
+              file=sys.stderr)
+        os.environ.pop(ENV, None)  # and what it starts does not try that server again
+        return None
     return int(result["exit"])
 
 
@@ -176,15 +206,24 @@ class Server:
         self.last_active = time.monotonic()
 
     def serve(self) -> None:
+        why = None
         try:
-            while self._should_run():
+            while not (why := self._exit_reason()):
                 for key, _ in self.selector.select(timeout=0.05):
                     if key.fileobj is self.listener:
                         self._accept()
                     else:  # a client closed its end before its child finished: it was killed
                         self._client_gone(key.data)
                 self._reap()
+        except BaseException as exc:
+            import traceback
+
+            traceback.print_exc()  # into the log: a server that ends must say why
+            why = f"{type(exc).__name__} in the server (the traceback above)"
+            raise
         finally:
+            _log(f"exiting: {why}" + (f"; killing {len(self.children)} running command(s), whose callers run them "
+                                      "again themselves" if self.children else ""))
             for pid in list(self.children):
                 self._kill(pid, signal.SIGKILL)
             self.listener.close()
@@ -198,15 +237,19 @@ class Server:
     def stop(self) -> None:
         self.stopping = True
 
-    def _should_run(self) -> bool:
+    def _exit_reason(self) -> str | None:
+        """Why the server ends now, or None while it serves."""
         if self.stopping:
-            return False
+            return "told to stop (SIGTERM)"
         if self.parent is not None and os.getppid() != self.parent:
-            return False  # the workflow that started us has ended
+            return f"the workflow that started it (pid {self.parent}) has ended"
         if self.children:
             self.last_active = time.monotonic()
-            return True
-        return not self.draining and time.monotonic() - self.last_active < self.idle_timeout
+            return None
+        if self.draining:
+            return "the package's source changed and its last command has finished"
+        idle = time.monotonic() - self.last_active
+        return f"idle for {idle:.0f} s" if idle >= self.idle_timeout else None
 
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
@@ -228,7 +271,13 @@ class Server:
         # server when a signal ended the child, so two processes never write to one socket at once.
         _reply(conn, {"started": True})
         server_pid = os.getpid()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # no memory or no process slot for a child: its caller runs the command itself
+            _log(f"cannot fork for noisymlt {' '.join(request['argv'][:1])}: {exc}")
+            _close_all(fds)
+            conn.close()
+            return
         if pid == 0:
             self._child(request, fds, conn, server_pid)  # never returns
         try:
@@ -242,7 +291,7 @@ class Server:
         _log(f"pid {pid}: noisymlt {job.command}")
 
     def _refusal(self, request: dict | None, fds: list[int]) -> str | None:
-        if request is None or len(fds) != 3:
+        if not isinstance(request, dict) or len(fds) != 3 or not isinstance(request.get("argv"), list):
             return "malformed request"
         if {k: request.get(k) for k in self.identity} != self.identity:
             return "another interpreter or package location"
