@@ -459,3 +459,58 @@ def test_iterative_stratification_keeps_every_class_near_its_share_where_the_top
     assert (held != iterative_stratification(y, 0.25, seed=2)).any()
     top_up, _ = stratified_split([y], 0.25, 1)  # the rule that only promises both sides
     assert np.abs(y[top_up].sum(0) - 0.25 * y.sum(0)).max() > 5
+
+
+def test_a_parquet_list_column_reads_as_the_same_table_as_its_text_form(tmp_path):
+    """issue 70: a Parquet list column's cells were read as their text, ``['cat',`` a class."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    images = tmp_path / "images"
+    names = [["cat"], ["cat", "dog"], ["bird"], ["dog", "bird", "dog"], ["cat", "bird"]]
+    files = [f"{k}.png" for k in range(len(names))]
+    for k, name in enumerate(files):
+        _image(images / name, 40 * k)
+    pq.write_table(pa.table({"image": files, "tags": pa.array(names, pa.list_(pa.string()))}),
+                   tmp_path / "l.parquet")
+    _csv(tmp_path / "l.csv", ["image", "tags"], [[f, " ".join(n)] for f, n in zip(files, names)])
+    read = [folder.read_folder(tmp_path / f"l.{ext}", images, labels_column="tags", test_fraction=0.4)
+            for ext in ("parquet", "csv")]
+    for part in folder.PARTS:
+        listed, text = (r[part] for r in read)
+        assert listed.classes == text.classes == ["bird", "cat", "dog"]
+        assert listed.image_ids == text.image_ids and listed.labels.tolist() == text.labels.tolist()
+    both = {i: y for t in read[0].values() for i, y in zip(t.image_ids, t.labels.tolist())}
+    assert both == {str(k): [int(c in n) for c in ("bird", "cat", "dog")] for k, n in enumerate(names)}
+
+
+@pytest.mark.parametrize("cells,arrow,needle", [
+    (["cat", "['cat', 'dog']"], None,
+     "line 3, image '1': column 'tags' holds \"['cat', 'dog']\", a list written as text"),
+    (["cat", '["cat"]'], None, "line 3, image '1': column 'tags' holds '[\"cat\"]', a list written as text"),
+    (["cat", "'cat' 'dog'"], None, "line 3, image '1': column 'tags' holds \"'cat' 'dog'\", a list written as text"),
+    ([["cat"], ["dog"]], "list<list<string>>", "row 1, image '0': column 'tags' holds a list with ['cat'] (list)"),
+    ([[1], [3]], "list<int64>", "row 1, image '0': column 'tags' holds a list with 1 (int); a list cell holds"),
+    ([1, 2], "int64", "row 1, image '0': column 'tags' holds 1 (int); a labels column holds text naming the classes"),
+])
+def test_a_labels_column_of_another_form_is_refused_naming_file_column_and_row(tmp_path, cells, arrow, needle):
+    """issue 70: text (CSV cells, or a Parquet string column) or a Parquet list of text; nothing else."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    images = tmp_path / "images"
+    files = [f"{k}.png" for k in range(len(cells))]
+    for name in files:
+        _image(images / name)
+    if arrow is None:
+        labels = _csv(tmp_path / "l.csv", ["image", "tags"], [[f, c] for f, c in zip(files, cells)])
+    else:
+        types = {"int64": pa.int64(), "list<int64>": pa.list_(pa.int64()),
+                 "list<list<string>>": pa.list_(pa.list_(pa.string()))}
+        if arrow == "list<list<string>>":
+            cells = [[c] for c in cells]
+        labels = tmp_path / "l.parquet"
+        pq.write_table(pa.table({"image": files, "tags": pa.array(cells, types[arrow])}), labels)
+    with pytest.raises(NoisyMLTError) as caught:
+        folder.read_folder(labels, images, labels_column="tags", test_fraction=0.5)
+    assert f"{labels} {needle}" in str(caught.value), str(caught.value)

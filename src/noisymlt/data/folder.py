@@ -2,9 +2,10 @@
 
 The benchmark's datasets come with their own parsers (VOC, COCO); a user's data comes as a folder of images and a
 spreadsheet. This reads that sheet (CSV or Parquet; wide: one 0/1 column per class, or list: one column of class
-names), checks every row and every image before anything is written, and writes one part: ``train_source`` (the
-pool the long-tail step subsamples) or ``test``. The two parts come from two independent runs, so the test part is
-fixed by the inputs: a split column, a second table, or a seeded stratified draw (noisymlt.data.splits).
+names, as text or a Parquet list), checks every row and every image before anything is written, and writes one
+part: ``train_source`` (the pool the long-tail step subsamples) or ``test``. The two parts come from two
+independent runs, so the test part is fixed by the inputs: a split column, a second table, or a seeded stratified
+draw (noisymlt.data.splits).
 Every bad row is reported at once, one line each, so that a sheet is fixed in one go rather than one error a run.
 """
 
@@ -221,6 +222,39 @@ def _split_names(cell: str, separator: str) -> list[str]:
     return list(dict.fromkeys(t.strip() for t in tokens if t.strip()))
 
 
+def _quoted(token: str) -> bool:
+    return len(token) >= 2 and token[0] == token[-1] and token[0] in "'\""
+
+
+def label_names(value, separator: str, column: str) -> tuple[list[str], str | None]:
+    """The class names of a list-format cell, and the problem when there is one. Two forms, and nothing else:
+    text naming the classes between separators (CSV, or a Parquet string column), or a Parquet list of text. A
+    list written out as text (``['cat', 'dog']``, JSON's ``["cat"]``) would give names with brackets and quotes
+    in them, so it is refused, as is a number, a nested list or any other cell type."""
+    how = (f"text naming the classes separated by {separator!r}" if separator.strip()
+           else "text naming the classes separated by blanks")
+    forms = f"{how}, or a Parquet list of text"
+    if isinstance(value, (list, tuple, np.ndarray)):
+        names = []
+        for item in list(value):
+            if not isinstance(item, str):
+                return [], (f"column {column!r} holds a list with {item!r} ({type(item).__name__}); "
+                            f"a list cell holds class names as text")
+            if item.strip():
+                names.append(item.strip())
+        return list(dict.fromkeys(names)), None
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return [], None
+    if not isinstance(value, str):
+        return [], f"column {column!r} holds {value!r} ({type(value).__name__}); a labels column holds {forms}"
+    text = value.strip()
+    names = _split_names(text, separator)
+    if text.startswith(("[", "{")) or text.endswith(("]", "}")) or any(_quoted(n) for n in names):
+        return [], (f"column {column!r} holds {text[:60]!r}, a list written as text; write {how} (cat"
+                    f"{separator if separator.strip() else ' '}dog), or store the column as a Parquet list of text")
+    return names, None
+
+
 def _read_row(sheet: Sheet, k: int, i: int, layout: Layout, images: ImageFolder, separator: str,
               problems: list[str]) -> Row:
     cell = dict(zip(sheet.columns, sheet.rows[i]))
@@ -243,15 +277,14 @@ def _read_row(sheet: Sheet, k: int, i: int, layout: Layout, images: ImageFolder,
         if layout.id and not image_id:
             found.append(f"no image id: column {layout.id!r} is empty")
         if layout.labels is not None:
-            row.names = _split_names(_text(cell[layout.labels]), separator)
-            unknown = [n for n in row.names if layout.classes is not None and n not in layout.classes]
+            names, wrong = label_names(cell[layout.labels], separator, layout.labels)
+            unknown = [n for n in names if layout.classes is not None and n not in layout.classes]
             for name in unknown:
                 shown = ", ".join(layout.classes[:20]) + (", ..." if len(layout.classes) > 20 else "")
                 found.append(f"unknown class {name!r} in column {layout.labels!r} (classes: {shown})")
-            if not row.names:
-                found.append(f"no label: column {layout.labels!r} names no class")
-            elif unknown:
-                row.names = None
+            if wrong or not names:
+                found.append(wrong or f"no label: column {layout.labels!r} names no class")
+            row.names = None if wrong or unknown else names
         else:
             values = [_flag(cell[name]) for name in layout.classes]
             for name, value in zip(layout.classes, values):
@@ -452,7 +485,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--image-column", default="image", help="column of image paths (default: image)")
     p.add_argument("--id-column", help="column of image ids (default: the image path without its extension)")
     p.add_argument("--labels-column",
-                   help="list format: column of class names separated by --separator (default: wide format)")
+                   help="list format: column of class names, as text separated by --separator or as a Parquet "
+                        "list of text; a list written out as text (['cat', 'dog']) is refused (default: wide format)")
     p.add_argument("--separator", default=" ",
                    help="list format: what separates class names (default: a space, runs of blanks count once)")
     test = p.add_mutually_exclusive_group()
