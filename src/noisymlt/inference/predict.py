@@ -2,7 +2,8 @@
 
 The images: every image file under a folder (``--images DIR``), the paths a text file lists (``--list FILE``), or
 the rows of a label table with the folder its paths are relative to (``--labels TABLE --images DIR``: the run's
-own test table gives back its predictions.npz, the same bytes). They are read in batches of the run's
+own test table gives back its predictions.npz, the same bytes); each path inside its folder, each file decoded by
+the conversions noisymlt.inference.images states. They are read in batches of the run's
 ``eval_batch_size`` through the run's own test-time transform (noisymlt.inference.run_model) and never held
 whole in memory.
 
@@ -18,7 +19,8 @@ others (``all``: every head the run has). Labels: a class is predicted where its
 Writes OUT (.csv: image, head, one score column a class with 9 significant digits, which a float32 score
 survives exactly, then ``predicted``, the classes at or above threshold, joined by ``;``; or .parquet, the same
 columns) and OUT's ``.json`` beside it: the run, its run id and checkpoint, the heads, each class's threshold and
-how it was set, the transform and the count.
+how it was set, the transform, the count and the table's sha256. The two reach their names together, once both are
+whole; neither may be an input or lie in the run folder.
 """
 
 from __future__ import annotations
@@ -55,14 +57,15 @@ def f1_thresholds(labels: np.ndarray, scores: np.ndarray) -> list[float | None]:
 
 
 def parse_threshold(text: str) -> float | str:
+    """An argparse type: train-f1, or a number strictly between 0 and 1."""
     if text == "train-f1":
         return text
     try:
         value = float(text)
     except ValueError:
-        raise NoisyMLTError(f"--threshold {text!r}: a number in (0, 1) or train-f1") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: a number in (0, 1) or train-f1") from None
     if not 0 < value < 1:
-        raise NoisyMLTError(f"--threshold {text}: outside (0, 1)")
+        raise argparse.ArgumentTypeError(f"{text}: outside (0, 1)")
     return value
 
 
@@ -81,18 +84,14 @@ def predicted_labels(scores: np.ndarray, classes: list[str], thresholds: list[fl
 
 
 def select_images(args) -> tuple[list[Path], list[str]]:
-    """(files, the names the table gives them) from --images / --list / --labels."""
-    from noisymlt.inference.run_model import image_files, listed_files
+    """(files, the names the table gives them) from --images / --list / --labels, each inside its folder
+    (noisymlt.inference.images)."""
+    from noisymlt.inference.images import image_files, labelled_files, listed_files
 
     if args.labels:
-        from noisymlt.data.labels import read_labels
-
         if not args.images:
             raise NoisyMLTError("--labels needs --images, the folder its paths are relative to")
-        table = read_labels(args.labels)
-        if table.paths is None:
-            raise NoisyMLTError(f"{args.labels}: no 'path' column; cannot find the images")
-        return [Path(args.images) / p for p in table.paths], [str(i) for i in table.image_ids]
+        return labelled_files(args.labels, args.images)
     if args.list:
         files = listed_files(args.list)
         return files, [str(p) for p in files]
@@ -105,23 +104,20 @@ def select_images(args) -> tuple[list[Path], list[str]]:
 
 def write_table(out: Path, names: list[str], classes: list[str], scores: dict[str, np.ndarray],
                 thresholds: dict[str, list]) -> None:
-    from noisymlt.core.files import replacing
-
+    """The scores table at OUT (its .csv or .parquet layout, by OUT's suffix; the caller's temporary name)."""
     columns = ["image", "head", *classes, "predicted"]
     rows = []
     for head, values in scores.items():
         for name, row, labels in zip(names, values, predicted_labels(values, classes, thresholds[head])):
             rows.append([name, head, *(float(v) for v in row), labels])
-    out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".parquet":
         import pandas as pd
 
         frame = pd.DataFrame(rows, columns=columns)
         frame[classes] = frame[classes].astype(np.float32)
-        with replacing(out, out.with_name(out.stem + ".tmp.parquet")) as tmp:
-            frame.to_parquet(tmp, index=False)
+        frame.to_parquet(out, index=False)
         return
-    with replacing(out, out.with_name(out.name + ".tmp")) as tmp, open(tmp, "w", newline="") as fh:
+    with open(out, "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(columns)
         for name, head, *values, labels in rows:
@@ -129,14 +125,19 @@ def write_table(out: Path, names: list[str], classes: list[str], scores: dict[st
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from noisymlt.core.files import check_outputs, write_json
-    from noisymlt.inference.run_model import ImageFiles, load_run, recorded_heads, transform_of
+    import contextlib
+
+    from noisymlt.core.files import replacing, write_json
+    from noisymlt.core.manifest import file_sha256
+    from noisymlt.inference.run_model import ImageFiles, check_run_outputs, load_run, recorded_heads, transform_of
 
     out = Path(args.out)
     if out.suffix not in (".csv", ".parquet"):
         raise NoisyMLTError(f"--out {out}: a .csv or .parquet file")
-    check_outputs({"--labels": args.labels, "--list": args.list}, {"--out": out, "the record": out.with_suffix(".json")})
-    rule = parse_threshold(args.threshold)
+    record_path = out.with_suffix(".json")
+    check_run_outputs(Path(args.run), {"--labels": args.labels, "--list": args.list},
+                      {"--out": out, "the record": record_path})
+    rule = args.threshold
     known = recorded_heads(Path(args.run))
     heads = known[:1] if not args.heads else known if args.heads == ["all"] else args.heads
     unknown = [h for h in heads if h not in known]
@@ -147,17 +148,36 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     scores = scores_of(trainer, ImageFiles(files, trainer.cfg), heads, args.batch_size, progress=not args.no_progress)
     classes = list(trainer.train_table.classes)
     thresholds = thresholds_for(trainer, rule, heads, args.batch_size)
-    write_table(out, names, classes, scores, thresholds)
     how = ("the same for every class" if rule != "train-f1" else
            "per class, the F1-best score of the run's predictions on its training images against its (noisy) "
            "training labels; null: no positive training label, never predicted")
-    record = {"run": str(args.run), "run_id": trainer.run_id, "checkpoint_sha256": trainer.checkpoint_sha256,
-              "code_digest": trainer.code_digest, "heads": heads, "images": len(files),
-              "threshold": {"rule": rule, "how": how, "per_class": {h: dict(zip(classes, t)) for h, t in thresholds.items()}},
-              "transform": transform_of(trainer.cfg), "device": str(trainer.device)}
-    write_json(out.with_suffix(".json"), record)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Both files reach their names only once both are whole (an interrupt leaves neither): the table first, the
+    # record, which holds the table's sha256, last.
+    with contextlib.ExitStack() as whole:
+        record_tmp = whole.enter_context(replacing(record_path))
+        table_tmp = whole.enter_context(replacing(out, out.with_name(f"{out.stem}.tmp{out.suffix}")))
+        write_table(table_tmp, names, classes, scores, thresholds)
+        record = {"run": str(args.run), "run_id": trainer.run_id, "checkpoint_sha256": trainer.checkpoint_sha256,
+                  "code_digest": trainer.code_digest, "heads": heads, "images": len(files),
+                  "threshold": {"rule": rule, "how": how,
+                                "per_class": {h: dict(zip(classes, t)) for h, t in thresholds.items()}},
+                  "transform": transform_of(trainer.cfg), "device": str(trainer.device),
+                  "table": {"file": out.name, "sha256": file_sha256(table_tmp)}}
+        write_json(record_tmp, record)
     print(f"{len(files)} image(s), head(s) {', '.join(heads)}: {out}")
     return 0
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a batch size)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: at least 1")
+    return value
 
 
 def add_cli(sub) -> None:
@@ -171,12 +191,13 @@ def add_cli(sub) -> None:
     p.add_argument("--run", required=True, help="a finished run's folder (runs/DATASET/gGAMMA/sSEED/METHOD)")
     p.add_argument("--images", help="a folder of images (all image files under it), or with --labels the folder "
                                     "its paths are relative to")
-    p.add_argument("--list", help="a text file of image paths, one a line (relative to the file's folder)")
+    p.add_argument("--list", help="a text file of image paths, one a line, relative to the file's folder and inside "
+                                  "it")
     p.add_argument("--labels", help="a noisymlt label table (data/.../*.parquet) whose rows to score")
     p.add_argument("--out", required=True, help="the table to write: .csv or .parquet")
     p.add_argument("--heads", nargs="+", help="heads to score (default: the run's reported head; all: every head)")
-    p.add_argument("--threshold", default="0.5", help="0 < number < 1, or train-f1 (default 0.5)")
-    p.add_argument("--batch-size", type=int, help="images a batch (default: the run's eval_batch_size)")
+    p.add_argument("--threshold", type=parse_threshold, default=0.5, help="0 < number < 1, or train-f1 (default 0.5)")
+    p.add_argument("--batch-size", type=positive_int, help="images a batch (default: the run's eval_batch_size)")
     p.add_argument("--train-images", help="the run's training image folder, for a run without the image cache")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

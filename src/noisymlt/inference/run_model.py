@@ -16,17 +16,35 @@ mean and std, as the run's test images were. Without the cache: the test transfo
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 
-from noisymlt.errors import NoisyMLTError
+from noisymlt.errors import NoisyMLTError, cause
 
-# What the trainer says of a checkpoint that is not the run's (Trainer.load_checkpoint), and what a use says instead
-RESUME_ADVICE = "refusing to resume or overwrite it. Move it away or pass --restart."
+# What the trainer says of a checkpoint that is not the run's or is damaged (Trainer.load_checkpoint), advice for a
+# training job, and what a use of the model says instead
 USE_ADVICE = ("it is not this run's model under the installed code and the data on disk; retrain the run (the "
               "workflow does) or use the code that trained it")
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
+RESUME_ADVICE = {
+    "refusing to resume or overwrite it. Move it away or pass --restart.": USE_ADVICE,
+    "refusing to resume from it. Move it away or pass --restart to start over.":
+        "the model cannot be used; restore the file (dvc checkout, if DVC versions the run) or retrain the run",
+}
+
+
+def check_run_outputs(run: Path, inputs: dict, outputs: dict) -> None:
+    """Refuse, before anything is read or written, an output inside the run's folder (the workflow's, which DVC
+    versions) or one that is an input or another output (noisymlt.core.files.check_outputs)."""
+    from noisymlt.core.files import check_outputs
+
+    folder = os.path.realpath(run)
+    for name, path in outputs.items():
+        if path is not None and os.path.commonpath([folder, os.path.realpath(path)]) == folder:
+            raise NoisyMLTError(f"{path}: {name} lies in the run folder {run}, which only its training job writes; "
+                                "give a file elsewhere")
+    check_outputs(inputs, outputs)
 
 
 def recorded_heads(run_dir: Path) -> list[str]:
@@ -43,9 +61,41 @@ def recorded_heads(run_dir: Path) -> list[str]:
         raise NoisyMLTError(f"{path}: cannot read its heads ({exc})") from exc
 
 
+def _read_object(path: Path) -> dict:
+    """A JSON object file of the run, or one line naming it."""
+    try:
+        obj = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
+        raise NoisyMLTError(f"{path}: cannot read it as JSON ({cause(exc)})") from None
+    if not isinstance(obj, dict):
+        raise NoisyMLTError(f"{path}: holds a {type(obj).__name__}, not a JSON object")
+    return obj
+
+
+def recorded_inputs(manifest: Path) -> dict[str, Path]:
+    """The inputs a run's manifest names (key -> path), each a relative path that stays inside the project (the
+    current folder) as written: no absolute path, no ``..`` out of it. The project's own links (a data folder on
+    another disk, DVC's cache) are followed as the workflow follows them."""
+    record = _read_object(manifest)
+    inputs = record.get("inputs")
+    if not isinstance(inputs, dict) or "test_labels" not in inputs:
+        raise NoisyMLTError(f"{manifest}: no recorded input 'test_labels'; not a training run's manifest")
+    out = {}
+    for key, entry in inputs.items():
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(path, str) or not path or "\0" in path:
+            raise NoisyMLTError(f"{manifest}: input {key!r} records no usable path ({str(entry)[:80]})")
+        if os.path.isabs(path) or os.path.normpath(path).split(os.sep)[0] == "..":
+            raise NoisyMLTError(f"{manifest}: input {key!r} is {path!r}, outside the project; a run's inputs are "
+                                "relative paths inside it")
+        out[key] = Path(path)
+    return out
+
+
 def load_run(run_dir: str | Path, *, device: str = "cpu", train_images: str | Path | None = None):
-    """The Trainer holding RUN_DIR's finished model. ``train_images``: the folder the run's train table paths are
-    relative to, needed only by a run that read its images without the cache (to score its training images)."""
+    """The Trainer holding RUN_DIR's finished model, whose checkpoint is the one its manifest records (the model
+    that wrote predictions.npz). ``train_images``: the folder the run's train table paths are relative to, needed
+    only by a run that read its images without the cache (to score its training images)."""
     from noisymlt.training.trainer import Trainer
 
     run_dir = Path(run_dir)
@@ -54,27 +104,35 @@ def load_run(run_dir: str | Path, *, device: str = "cpu", train_images: str | Pa
         raise NoisyMLTError(f"{run_dir}: no such run folder")
     if not manifest.is_file():
         raise NoisyMLTError(f"{manifest}: missing; {run_dir} is not a finished training run")
-    try:
-        inputs = json.loads(manifest.read_text()).get("inputs", {})
-    except json.JSONDecodeError as exc:
-        raise NoisyMLTError(f"{manifest}: not JSON ({exc})") from exc
-    if "test_labels" not in inputs:
-        raise NoisyMLTError(f"{manifest}: no recorded input 'test_labels'; not a training run's manifest")
-    cfg = json.loads((run_dir / "run_config.json").read_text()) if (run_dir / "run_config.json").is_file() else None
-    cached = cfg is not None and cfg["train"].get("loader") == "cache"
+    inputs = recorded_inputs(manifest)
+    config = run_dir / "run_config.json"
+    cfg = _read_object(config) if config.is_file() else None
+    train = cfg.get("train") if cfg is not None else None
+    if cfg is not None and not isinstance(train, dict):
+        raise NoisyMLTError(f"{config}: no 'train' block; not a run's configuration")
+    cached = cfg is not None and train.get("loader") == "cache"
     if not cached and train_images is None and cfg is not None:
         raise NoisyMLTError(f"{run_dir}: the run read its images without the image cache (train.loader "
-                            f"{cfg['train'].get('loader')!r}); name the folder of its training images "
+                            f"{train.get('loader')!r}); name the folder of its training images "
                             "(--train-images)")
     root = Path(train_images) if train_images is not None else run_dir  # unread with the cache
     try:
-        return Trainer.from_run_dir(run_dir, test_labels=Path(inputs["test_labels"]["path"]), train_images=root,
-                                    test_images=root, device=device)
+        trainer = Trainer.from_run_dir(run_dir, test_labels=inputs["test_labels"], train_images=root,
+                                       test_images=root, device=device)
     except NoisyMLTError as exc:  # the trainer's advice is for a training job; this is a use of the model
         text = str(exc)
-        if text.endswith(RESUME_ADVICE):
-            raise NoisyMLTError(text[: -len(RESUME_ADVICE)] + USE_ADVICE) from None
+        for advice, instead in RESUME_ADVICE.items():
+            if text.endswith(advice):
+                raise NoisyMLTError(text[: -len(advice)] + instead) from None
         raise
+    except (KeyError, TypeError, ValueError) as exc:  # a configuration of another version or hand-edited
+        raise NoisyMLTError(f"{config}: not a configuration this version can rebuild ({cause(exc)})") from None
+    recorded = _read_object(manifest).get("checkpoint_content_sha256")
+    if trainer.checkpoint_sha256 is None or trainer.checkpoint_sha256 != recorded:
+        raise NoisyMLTError(f"{trainer.ckpt_path}: not the checkpoint the run's manifest records (content "
+                            f"{trainer.checkpoint_sha256 or 'unrecorded'}, the manifest's {recorded}); its "
+                            f"predictions.npz is another model's: {USE_ADVICE}")
+    return trainer
 
 
 def transform_of(cfg: dict) -> dict:
@@ -83,25 +141,35 @@ def transform_of(cfg: dict) -> dict:
 
     tcfg = cfg["train"]
     size = int(tcfg["image_size"])
-    steps = ["decode the file with PIL and convert it to RGB (no EXIF rotation)"]
-    if tcfg.get("loader") == "cache":
-        cache = int(tcfg["cache_size"])
+    steps = ["decode the file with PIL and convert it to 8-bit RGB (no EXIF rotation; alpha dropped, 16-bit grey "
+             "scaled by 255/65535, an animation's first frame: noisymlt.inference.images)"]
+    cache = int(tcfg["cache_size"]) if tcfg.get("loader") == "cache" else None
+    without_torch = None
+    if cache is not None:
         steps += [f"resize to {cache} x {cache} with PIL's bilinear filter (Image.BILINEAR), uint8",
-                  f"resize to {size} x {size}, bilinear with antialiasing (torchvision resize, antialias=True), "
-                  "uint8" if cache != size else "(already the input size)"]
+                  f"resize the uint8 (N, 3, {cache}, {cache}) tensor to {size} x {size} with "
+                  "torch.nn.functional.interpolate(mode='bilinear', antialias=True, align_corners=False), uint8, "
+                  "as torchvision's resize does" if cache != size else "(already the input size)"]
+        if cache != size:
+            without_torch = (f"where torch is not at hand, PIL's Image.BILINEAR resize to {size} x {size} in its "
+                             "place: its kernel rounds otherwise, by up to 2 of 255 on some pixels, so the scores "
+                             "differ slightly (export measures it on its check images)")
     else:
         steps.append(f"resize to {size} x {size} with PIL's bilinear filter (Image.BILINEAR)")
     steps += ["to float32 (N, 3, H, W), channels RGB, values 0-255",
               "subtract the mean and divide by the std, per channel"]
-    cache = int(tcfg["cache_size"]) if tcfg.get("loader") == "cache" else None
-    return {"image_size": size, "cache_size": cache, "layout": "NCHW float32, RGB", "pixel_range": "0-255 before normalising",
-            "mean": [round(float(v), 4) for v in IMAGENET_MEAN], "std": [round(float(v), 4) for v in IMAGENET_STD],
-            "steps": steps}
+    out = {"image_size": size, "cache_size": cache, "layout": "NCHW float32, RGB",
+           "pixel_range": "0-255 before normalising", "mean": [round(float(v), 4) for v in IMAGENET_MEAN],
+           "std": [round(float(v), 4) for v in IMAGENET_STD], "steps": steps}
+    if without_torch:
+        out["without_torch"] = without_torch
+    return out
 
 
 class ImageFiles:
-    """Images by path as the run's eval dataset yields its own (see the module docstring); an unreadable file
-    fails with one line naming it (noisymlt.data.images.load_image)."""
+    """Images by path as the run's eval dataset yields its own (see the module docstring), each decoded by
+    noisymlt.inference.images.read_image (its conversions stated there); an unreadable file fails with one line
+    naming it."""
 
     def __init__(self, paths: list[Path], cfg: dict):
         tcfg = cfg["train"]
@@ -116,41 +184,14 @@ class ImageFiles:
         import torch
         from PIL import Image
 
-        from noisymlt.data.images import load_image
+        from noisymlt.inference.images import read_image
         from noisymlt.training.transforms import eval_transform
 
-        img = load_image(self.paths[i])
+        img = read_image(self.paths[i])
         if not self.cached:
             return eval_transform(img, self.size)
-        row = np.asarray(img.resize((self.size, self.size), Image.BILINEAR), dtype=np.uint8)
-        return torch.from_numpy(np.ascontiguousarray(row)).permute(2, 0, 1)
-
-
-def image_files(folder: str | Path) -> list[Path]:
-    """Every image file under FOLDER (by suffix, subfolders included), in path order."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise NoisyMLTError(f"{folder}: no such folder of images")
-    found = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    if not found:
-        raise NoisyMLTError(f"{folder}: no image files in it (suffixes {', '.join(IMAGE_SUFFIXES)})")
-    return found
-
-
-def listed_files(listing: str | Path) -> list[Path]:
-    """The images a text file lists, one path a line (relative paths: to the list's folder; # starts a comment)."""
-    listing = Path(listing)
-    if not listing.is_file():
-        raise NoisyMLTError(f"{listing}: no such image list")
-    out = []
-    for number, line in enumerate(listing.read_text().splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if line:
-            path = Path(line)
-            out.append(path if path.is_absolute() else listing.parent / path)
-    if not out:
-        raise NoisyMLTError(f"{listing}: lists no image")
-    return out
+        row = np.array(img.resize((self.size, self.size), Image.BILINEAR), dtype=np.uint8)  # a writable copy
+        return torch.from_numpy(row).permute(2, 0, 1)
 
 
 def scores_of(trainer, dataset, heads: list[str], batch_size: int | None = None,

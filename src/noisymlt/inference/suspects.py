@@ -178,9 +178,8 @@ def suspicion(trainer) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def write_suspects(out: Path, trainer, scored: dict, wrong: np.ndarray | None) -> None:
+    """The table of flagged entries at OUT (the caller's temporary name)."""
     import csv
-
-    from noisymlt.core.files import replacing
 
     table = trainer.train_table
     noisy = np.asarray(table.labels) > 0.5
@@ -192,8 +191,7 @@ def write_suspects(out: Path, trainer, scored: dict, wrong: np.ndarray | None) -
     header = ["image", "class", "given", *(f"{n}_{k}" for n in scored for k in ("score", "rank", "flagged"))]
     if wrong is not None:
         header.append("wrong")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with replacing(out, out.with_name(out.name + ".tmp")) as tmp, open(tmp, "w", newline="") as fh:
+    with open(out, "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(header)
         for r, c in zip(rows[order], cols[order]):
@@ -224,13 +222,14 @@ def clean_truth(trainer, clean_labels: Path) -> np.ndarray:
 
 def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, device: str = "cpu",
                     train_images: Path | None = None) -> dict:
-    from noisymlt.core.files import write_json
+    import contextlib
+
+    from noisymlt.core.files import replacing, write_json
     from noisymlt.inference.run_model import load_run
 
     trainer = load_run(run, device=device, train_images=train_images)
     scored = suspicion(trainer)
     wrong = clean_truth(trainer, clean_labels) if clean_labels else None
-    write_suspects(out, trainer, scored, wrong)
     record = {"run": str(run), "run_id": trainer.run_id, "method": trainer.cfg["method"],
               "dataset": trainer.cfg["dataset"], "gamma": float(trainer.cfg["gamma"]), "seed": int(trainer.cfg["seed"]),
               "noise_model": (trainer.cfg.get("noise") or {}).get("model", PAPER),  # the paper's: not in the config
@@ -242,12 +241,16 @@ def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, d
         record["scorers"][name] = rec
     if wrong is not None:
         record["clean_labels"] = str(clean_labels)
-    write_json(out.with_suffix(".json"), record)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as whole:  # both files reach their names together, once both are whole
+        record_tmp = whole.enter_context(replacing(out.with_suffix(".json")))
+        write_suspects(whole.enter_context(replacing(out)), trainer, scored, wrong)
+        write_json(record_tmp, record)
     return record
 
 
 def _cmd_suspects(args: argparse.Namespace) -> int:
-    from noisymlt.core.files import check_outputs
+    from noisymlt.inference.run_model import check_run_outputs
 
     if len(args.run) != len(args.out):
         raise NoisyMLTError(f"{len(args.run)} --run but {len(args.out)} --out: one table a run")
@@ -259,7 +262,8 @@ def _cmd_suspects(args: argparse.Namespace) -> int:
     for out in outs:
         written[f"--out {out}"] = out
         written[f"the record of {out}"] = out.with_suffix(".json")
-    check_outputs({"--clean-labels": args.clean_labels}, written)
+    for run in args.run:
+        check_run_outputs(Path(run), {"--clean-labels": args.clean_labels}, written)
     for run, out in zip(args.run, outs):
         record = suspects_of_run(Path(run), out, clean_labels=Path(args.clean_labels) if args.clean_labels else None,
                                  device=args.device, train_images=args.train_images)

@@ -13,13 +13,15 @@ and flag precision. Written as OUT (.tex), OUT with .md and .csv.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 from pathlib import Path
 
 import numpy as np
 
-from noisymlt.errors import NoisyMLTError
+from noisymlt.core.files import replacing
+from noisymlt.errors import NoisyMLTError, cause
 from noisymlt.report.style import dataset_title
 from noisymlt.report.tables import cell_text, mean_ci, noise_title
 
@@ -28,17 +30,58 @@ SCORER_TITLES = {"model": "its prediction", "pseudo_labels": "pseudo-label rule"
 MEASURES = {"ap": "AP", "precision_at_wrong": "P@n", "flag_recall": "R"}
 
 
+DETECTION_NUMBERS = ("wrong", "entries", "flagged", "precision_at_wrong", "flag_precision", "flag_recall", "ap")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+
+
+def _problem(record) -> str | None:
+    """What keeps a parsed file from being a suspects record with detection numbers (None: nothing)."""
+    if not isinstance(record, dict):
+        return f"holds a {type(record).__name__}, not a record of `noisymlt suspects`"
+    missing = [k for k in ("method", "dataset", "gamma", "seed", "scorers") if k not in record]
+    if missing:
+        return f"no {', '.join(map(repr, missing))}: not a record of `noisymlt suspects`"
+    if not isinstance(record["method"], str) or not isinstance(record["dataset"], str):
+        return "'method' and 'dataset' must be text"
+    if not _number(record["gamma"]) or not _number(record["seed"]):
+        return f"'gamma' ({record['gamma']!r}) and 'seed' ({record['seed']!r}) must be numbers"
+    if not isinstance(record["scorers"], dict) or not record["scorers"]:
+        return "'scorers' must map each scorer to its numbers"
+    for scorer, rec in record["scorers"].items():
+        if scorer not in SCORER_TITLES:
+            return f"unknown scorer {scorer!r} (known: {', '.join(SCORER_TITLES)})"
+        numbers = rec.get("detection") if isinstance(rec, dict) else None
+        if numbers is None:
+            return f"scorer {scorer!r} has no detection numbers; run `noisymlt suspects` with --clean-labels"
+        if not isinstance(numbers, dict) or any(k not in numbers for k in DETECTION_NUMBERS):
+            return f"scorer {scorer!r}: 'detection' must hold {', '.join(DETECTION_NUMBERS)}"
+        bad = [k for k in DETECTION_NUMBERS if not (numbers[k] is None or _number(numbers[k]))]
+        if bad:
+            return f"scorer {scorer!r}: {', '.join(bad)} must be numbers or null"
+    return None
+
+
 def read_records(paths: list[str]) -> list[dict]:
-    records = []
+    """The records, each checked (one line naming the file otherwise); two records of one (method, dataset, noise
+    rate, seed, noise model) are refused: averaged, they would count one noisy set as two seeds."""
+    records, seen = [], {}
     for path in paths:
         try:
-            record = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise NoisyMLTError(f"{path}: cannot read a suspects record ({exc})") from exc
-        if "scorers" not in record or "gamma" not in record:
-            raise NoisyMLTError(f"{path}: not a record of `noisymlt suspects`")
-        if any("detection" not in rec for rec in record["scorers"].values()):
-            raise NoisyMLTError(f"{path}: no detection numbers; run `noisymlt suspects` with --clean-labels")
+            record = json.loads(Path(path).read_bytes())
+        except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
+            raise NoisyMLTError(f"{path}: cannot read a suspects record ({cause(exc)})") from None
+        problem = _problem(record)
+        if problem:
+            raise NoisyMLTError(f"{path}: {problem}")
+        key = (record["method"], record["dataset"], float(record["gamma"]), record["seed"],
+               record.get("noise_model", "paper"))
+        if key in seen:
+            raise NoisyMLTError(f"{path}: the same run as {seen[key]} ({record['method']}, gamma {record['gamma']}, "
+                                f"seed {record['seed']}); give each run's record once")
+        seen[key] = path
         records.append(record)
     if not records:
         raise NoisyMLTError("no suspects records given")
@@ -102,10 +145,17 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
         tex.append(" & ".join([name.replace("_", "\\_"), shown, *tex_cells]) + " \\\\")
     tex += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(tex) + "\n")
-    out.with_suffix(".md").write_text("\n".join(md) + "\n")
     measures = tuple(dict.fromkeys((*MEASURES, "flag_precision", "flagged", "wrong", "entries")))
-    with open(out.with_suffix(".csv"), "w", newline="") as fh:
+    with contextlib.ExitStack() as whole:  # the three files reach their names together, once all are whole
+        tex_tmp, md_tmp, csv_tmp = (whole.enter_context(replacing(out.with_suffix(suffix)))
+                                    for suffix in (".tex", ".md", ".csv"))
+        tex_tmp.write_text("\n".join(tex) + "\n")
+        md_tmp.write_text("\n".join(md) + "\n")
+        _write_csv(csv_tmp, rows, gammas, values, measures)
+
+
+def _write_csv(path: Path, rows, gammas, values, measures) -> None:
+    with open(path, "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["method", "scorer", "gamma", "measure", "mean", "ci95", "seeds"])
         for method, scorer in rows:
@@ -119,8 +169,20 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
 
 
 def _cmd_detection(args: argparse.Namespace) -> int:
-    labels = json.loads(args.labels) if args.labels else {}
-    write_tables(read_records(args.records), Path(args.out), labels, args.methods or [])
+    from noisymlt.core.files import check_outputs
+
+    out = Path(args.out)
+    if out.suffix != ".tex":
+        raise NoisyMLTError(f"--out {out}: a .tex file (its .md and .csv are written beside it)")
+    check_outputs({f"--records {path}": path for path in args.records},
+                  {f"--out's {suffix}": out.with_suffix(suffix) for suffix in (".tex", ".md", ".csv")})
+    try:
+        labels = json.loads(args.labels) if args.labels else {}
+    except ValueError as exc:
+        raise NoisyMLTError(f"--labels {args.labels[:80]}: not JSON ({cause(exc)})") from None
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise NoisyMLTError(f"--labels {args.labels[:80]}: each method's display name must be text")
+    write_tables(read_records(args.records), out, labels, args.methods or [])
     return 0
 
 

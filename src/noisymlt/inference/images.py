@@ -1,0 +1,157 @@
+"""A user's images for a finished run: which files a folder, a list or a label table names, and each decoded as the
+8-bit RGB picture the run's test-time transform takes.
+
+Where the files may be (noisymlt.data.userpaths, the rule every reader of a user's paths follows): a path is
+resolved, every ``..`` and symlink followed, and must end inside its folder, the images folder (``--images``) or
+the list's own folder (``--list``); an absolute path, a way out or a link leading out is refused with one line that
+names the folder or the list and its line. Links to folders are not entered (a loop would never end); a link to an
+image inside the folder is read. A listed or tabled path must be a regular file (a FIFO would block the reader).
+
+How a file becomes RGB (``read_image``), the conversions stated, each the same as the training decode
+(noisymlt.data.images) where that decode is right:
+
+- 8-bit RGB, grey (L), bilevel (1), palette (P), YCbCr and CMYK: PIL's conversion to RGB; CMYK by PIL's formula,
+  without an embedded ICC profile;
+- with an alpha channel (RGBA, LA, PA, a palette's transparent entry): the alpha is dropped, the colours kept as
+  stored (not composited on any background);
+- 16-bit grey (PIL modes I;16*): scaled to 8 bits, ``round(v * 255 / 65535)``, then grey to RGB. (PIL's own
+  conversion clips every value above 255 to white: a silent wrong picture.) A 16-bit-per-channel colour PNG is
+  decoded to 8 bits by PIL itself;
+- an animated image (GIF, APNG, WebP): its first frame;
+- refused in one line: 32-bit integer or float pixels (modes I and F: no stated scale to 8 bits), a header that
+  declares more pixels than PIL's limit (``PIL.Image.MAX_IMAGE_PIXELS``, a decompression bomb: refused before any
+  pixel is decoded), and an empty, truncated or otherwise undecodable file.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from noisymlt.errors import NoisyMLTError, cause
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
+SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def _regular(path: Path, where: str) -> None:
+    """Refuse, naming WHERE, a path that is missing (a link to nothing included) or not a regular file."""
+    if not os.path.lexists(path):
+        raise NoisyMLTError(f"{where}: {path}: no such file")
+    if not path.exists():
+        raise NoisyMLTError(f"{where}: {path}: a link that leads to no file (a missing target or a loop)")
+    if not path.is_file():
+        raise NoisyMLTError(f"{where}: {path}: not a regular file")
+
+
+def image_files(folder: str | Path) -> list[Path]:
+    """Every image file under FOLDER (by suffix, subfolders included, links to folders not entered), in path
+    order; each must lie inside FOLDER once resolved."""
+    from noisymlt.data.userpaths import ImageFolder
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise NoisyMLTError(f"{folder}: no such folder of images")
+    inside = ImageFolder(folder, name=f"the images folder {folder}", noun="image")
+    found = []
+    for path in sorted(folder.rglob("*")):  # Python 3.11's rglob does not descend into links to folders
+        if path.suffix.lower() not in IMAGE_SUFFIXES or (path.is_dir() and not path.is_symlink()):
+            continue
+        relative = path.relative_to(folder).as_posix()
+        real, problem = inside.locate(relative)
+        if problem:
+            raise NoisyMLTError(f"{folder}: {problem}")
+        _regular(path, f"{folder}: image {relative!r}")
+        found.append(path)
+    if not found:
+        raise NoisyMLTError(f"{folder}: no image files in it (suffixes {', '.join(IMAGE_SUFFIXES)})")
+    return found
+
+
+def listed_files(listing: str | Path) -> list[Path]:
+    """The images a text file lists, one path a line, each relative to the list's folder and inside it (``#``
+    starts a comment; blank lines are skipped)."""
+    from noisymlt.data.userpaths import ImageFolder
+
+    listing = Path(listing)
+    if not listing.is_file():
+        raise NoisyMLTError(f"{listing}: no such image list")
+    try:
+        text = listing.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise NoisyMLTError(f"{listing}: not UTF-8 text ({cause(exc)})") from None
+    inside = ImageFolder(listing.parent, name=f"the list's folder {listing.parent}", noun="path")
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        real, problem = inside.locate(line)
+        if problem:
+            raise NoisyMLTError(f"{listing}, line {number}: {problem}")
+        path = listing.parent / line
+        _regular(path, f"{listing}, line {number}")
+        out.append(path)
+    if not out:
+        raise NoisyMLTError(f"{listing}: lists no image")
+    return out
+
+
+def labelled_files(table_path: str | Path, folder: str | Path) -> tuple[list[Path], list[str]]:
+    """(the files, the image ids) of a label table's rows, its paths relative to FOLDER and inside it."""
+    from noisymlt.data.labels import read_labels
+    from noisymlt.data.userpaths import ImageFolder
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise NoisyMLTError(f"{folder}: no such folder of images")
+    table = read_labels(table_path)
+    if table.paths is None:
+        raise NoisyMLTError(f"{table_path}: no 'path' column; cannot find the images")
+    inside = ImageFolder(folder, name=f"the images folder {folder}", noun="path")
+    files = []
+    for image_id, relative in zip(table.image_ids, table.paths):
+        real, problem = inside.locate(relative)
+        if problem:
+            raise NoisyMLTError(f"{table_path}, image {image_id!r}: {problem}")
+        _regular(folder / relative, f"{table_path}, image {image_id!r}")
+        files.append(folder / relative)
+    return files, [str(i) for i in table.image_ids]
+
+
+def _to_rgb(img, path: Path):
+    from PIL import Image
+
+    if img.mode in SIXTEEN_BIT:
+        grey = np.asarray(img, dtype=np.uint32)
+        return Image.fromarray(((grey * 255 + 32767) // 65535).astype(np.uint8), "L").convert("RGB")
+    if img.mode in ("I", "F"):
+        raise NoisyMLTError(f"{path}: {'32-bit integer' if img.mode == 'I' else 'floating-point'} pixels (PIL mode "
+                            f"{img.mode}), which have no stated scale to the 8 bits a run takes; save the image "
+                            "with 8 or 16 bits a channel")
+    return img.convert("RGB")
+
+
+def read_image(path: str | Path):
+    """PATH decoded as an 8-bit RGB PIL image by the conversions of the module docstring, or one line naming it."""
+    from PIL import Image
+
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. PIL's palette-transparency advice: the conversion is stated
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                return _to_rgb(img, path)
+    except NoisyMLTError:
+        raise
+    except FileNotFoundError:
+        raise NoisyMLTError(f"{path}: image file is missing") from None
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+        raise NoisyMLTError(f"{path}: refused: its header declares more pixels than the limit of "
+                            f"{Image.MAX_IMAGE_PIXELS} (a decompression bomb?) ({cause(exc)})") from None
+    except Exception as exc:  # a decoder's error on a damaged file: PIL raises OSError, SyntaxError, ValueError...
+        raise NoisyMLTError(f"{path}: corrupt or unreadable image ({cause(exc)})") from None
