@@ -31,7 +31,7 @@ is missing, or that the time budget no longer allows, is skipped with a line say
   grid_wall    scripts/device_grid.py: every grid method at paper shapes on the enlarged smoke stand-in through
                Snakemake, packed as workflow/profiles/h200 packs them; from those runs, the paper grid's wall time on
                one card (without CUDA or with --dry-run: `snakemake -n` and the grid's plan only).
-  grid         the paper grid's runs and iterations (noisymlt.pipeline.gridplan: every run the workflow plans,
+  grid         the paper grid's runs and iterations (scripts/gridcost.py: every run the workflow plans,
                iterations from the trainer's own planning code); with CUDA, GPU-hours at the measured
                step costs, unpacked and packed, packing measured with 2 and 4 concurrent runs as memory
                and time allow.
@@ -546,13 +546,13 @@ def packing(ctx: dict, per_run_mib: float | None) -> dict:
 
 
 def grid(ctx: dict) -> dict:
-    from noisymlt.pipeline import gridplan
+    import gridcost
     from noisymlt.config import load_params
 
     params = load_params(REPO / "params.yaml")
-    jobs = gridplan.plan_grid(params, data_root=REPO / "data")
+    jobs = gridcost.plan_grid(params, data_root=REPO / "data")
     (ctx["out"] / "grid_plan.json").write_text(json.dumps(jobs, indent=0) + "\n")
-    summary = gridplan.summarise(jobs)
+    summary = gridcost.summarise(jobs)
     sources = sorted({j["labels"] for j in jobs})
     measured = ctx["results"]["throughput"].get("methods") or {}
     on_gpu = ctx["device"] == "cuda" and ctx["results"]["throughput"]["status"] == "ok"
@@ -563,7 +563,7 @@ def grid(ctx: dict) -> dict:
     record["packing"] = packing(ctx, ours.get("peak_gpu_mem_mib"))
     if on_gpu:
         record["device"] = ctx["results"]["throughput"]["device"]
-        record["gpu_hours"] = gridplan.gpu_hours(jobs, measured, record["packing"]["speedup"])
+        record["gpu_hours"] = gridcost.gpu_hours(jobs, measured, record["packing"]["speedup"])
     return record
 
 

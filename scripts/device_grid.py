@@ -5,7 +5,7 @@ balanced 256, the precision and recipes of params.yaml) on the smoke profile's V
 a run has a few hundred iterations, through Snakemake as the packing profile runs them: ``--resources
 gpu=K`` with K = that profile's runs_per_gpu, each job taking a slot of the one card. Start-up, loading,
 training, prediction and evaluation are all in each job's wall time (Snakemake's benchmark file). The
-measured costs then price every run the workflow plans for the paper (noisymlt.pipeline.gridwall).
+measured costs then price every run the workflow plans for the paper (scripts/gridcost.py).
 
 Without CUDA (and with --dry-run) the part plans only: the same workflow through ``snakemake -n`` with the
 same resources, and the paper grid's runs; no time is measured or written.
@@ -110,7 +110,7 @@ def measured_costs(work: Path, methods: list[str]) -> tuple[dict, float, float]:
     import datetime as dt
 
     from noisymlt.pipeline import layout as L
-    from noisymlt.pipeline.gridwall import read_benchmark_seconds, run_cost
+    from gridcost import read_benchmark_seconds, run_cost
 
     costs, starts, ends = {}, [], []
     for m in methods:
@@ -144,8 +144,7 @@ def measure(ctx: dict, run_logged, params: dict, methods: list[str], k: int, dry
             layer: Path) -> dict:
     import yaml
 
-    from noisymlt.pipeline import gridplan
-    from noisymlt.pipeline.gridwall import grid_wall
+    import gridcost
 
     log_path = ctx["out"] / "logs" / "grid_wall.log"
     cmd = snakemake_cmd(layer, k, ctx["cores"], dry, methods)
@@ -154,7 +153,7 @@ def measure(ctx: dict, run_logged, params: dict, methods: list[str], k: int, dry
     wall = time.monotonic() - t0
     record = dict.fromkeys(KEYS)
     record.update(runs_per_gpu=k, methods=methods, dry_run=dry)
-    jobs = gridplan.plan_grid(params, data_root=REPO / "data")
+    jobs = gridcost.plan_grid(params, data_root=REPO / "data")
     record["grid_runs"] = len(jobs)
     if dry:
         record["planned_jobs"] = planned_train_jobs(log_path.read_text())
@@ -166,7 +165,7 @@ def measure(ctx: dict, run_logged, params: dict, methods: list[str], k: int, dry
     costs, sum_job_s, train_span = measured_costs(work, methods)
     record.update(runs=costs, mini_grid_wall_s=wall, train_span_s=train_span, sum_job_s=sum_job_s,
                   packing_efficiency=sum_job_s / k / train_span if train_span else None)
-    record["grid_wall"] = grid_wall(jobs, costs, k)
+    record["grid_wall"] = gridcost.grid_wall(jobs, costs, k)
     # the measured runs kept the card's k slots this full: the grid, packed alike, takes sum / k / that
     eff = min(record["packing_efficiency"] or 1.0, 1.0)
     record["grid_wall"]["hours_at_measured_packing"] = record["grid_wall"]["hours"] / eff

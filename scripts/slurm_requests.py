@@ -13,7 +13,7 @@ Two steps; the second reads what the first (and the GPU check) wrote:
             them) are added in `derive`. On a GPU the activations move to the card: the CPU peak bounds them.
   derive    Requests from those peaks and from the GPU check (docs/benchmarks/device_check_*.json): for memory,
             the largest peak plus the largest dataset's caches, with headroom; for time, the longest run the
-            workflow plans (noisymlt.pipeline.gridplan: iterations from the trainer's own planning code), priced
+            workflow plans (scripts/gridcost.py: iterations from the trainer's own planning code), priced
             at the measured step cost of its method family, or at the loader's measured rate when that is
             slower, plus its prediction passes (test set, training set for the fit record, DivideMix's
             co-divide), with headroom for a slower card.
@@ -41,6 +41,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "scripts"))  # gridcost
 
 PROFILE_THREADS = 6  # workflow/profiles/slurm/config.yaml set-threads: train
 CACHE_SIZE = 256  # params.yaml train.cache_size
@@ -160,9 +161,9 @@ def measure(args: argparse.Namespace) -> dict:
 # ---------------------------------------------------------------------------------------------- derive
 
 def _run_minutes(job: dict, throughput: dict, loader_rate: float, images: int, test_images: int) -> dict:
-    from noisymlt.pipeline.gridplan import FAMILY_COST_PROXY
+    from gridcost import FAMILY_PROXY
 
-    proxy = FAMILY_COST_PROXY[job["family"]]
+    proxy = FAMILY_PROXY[job["family"]]
     row = throughput[proxy]
     steps_s = job["iterations"] * job["images_per_step"] * row["ms_per_step"] / row["train_images_per_step"] / 1e3
     loader_s = job["iterations"] * job["images_per_step"] / loader_rate
@@ -176,7 +177,7 @@ def _run_minutes(job: dict, throughput: dict, loader_rate: float, images: int, t
 
 def derive(args: argparse.Namespace) -> dict:
     from noisymlt.data.kinds import kind_of
-    from noisymlt.pipeline import gridplan
+    import gridcost
     from noisymlt.config import load_params
 
     memory = json.loads(Path(args.memory).read_text())
@@ -184,7 +185,7 @@ def derive(args: argparse.Namespace) -> dict:
     throughput = check["parts"]["throughput"]["methods"]
     loader_rate = float(check["parts"]["loader"]["best"]["img_per_s"])
     params = load_params(REPO / "params.yaml")
-    jobs = gridplan.plan_grid(params, data_root=REPO / "data")
+    jobs = gridcost.plan_grid(params, data_root=REPO / "data")
     longest, per_method = None, {}
     for job in jobs:
         images = kind_of(job["dataset"]).published_subset["images"]

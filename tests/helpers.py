@@ -46,6 +46,20 @@ def project_copy(root: Path, params: dict | None = None) -> Path:
     return root
 
 
+def load_script(name: str):
+    """scripts/NAME.py imported as module NAME (registered, so that a dataclass or a sibling script in it resolves),
+    with scripts/ on the path, as `python scripts/NAME.py` has it."""
+    import importlib.util
+
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.insert(0, str(REPO / "scripts"))
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def tool_env(root: Path) -> dict:
     """This interpreter's tools first on PATH (dvc.yaml's `snakemake`), the copy's code importable, and DVC's site,
     global and system config inside the copy: nothing touches the user's DVC settings."""

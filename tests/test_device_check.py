@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
+import helpers
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("device_check", REPO / "scripts" / "device_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return helpers.load_script("device_check")
 
 
 def run_check(out: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import re
 import sys
@@ -11,6 +10,8 @@ from argparse import Namespace
 from pathlib import Path
 
 import yaml
+
+import helpers
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests/slurm"))
@@ -21,11 +22,7 @@ REQUESTS = REPO / "docs/benchmarks/slurm_requests.json"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("slurm_requests", REPO / "scripts/slurm_requests.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["slurm_requests"] = module
-    spec.loader.exec_module(module)
-    return module
+    return helpers.load_script("slurm_requests")
 
 
 def test_committed_requests_are_derived_from_the_committed_measurements():

@@ -2,7 +2,7 @@
 
 Every path pattern (layout), the arguments that depend on a dataset's kind or a params block and the run grid
 (paths), the code each step's outputs depend on (step_code), the `train` command (train), model selection on
-held-out noisy labels (selection), the run grid's cost (gridplan) and its wall time on one card (gridwall),
-provenance checks (trace) and the preload server. The configuration they read is noisymlt.config; the
+held-out noisy labels (selection), provenance checks (trace) and the preload server. What the grid costs is
+measured and planned by scripts/gridcost.py, outside the package: no step runs it. The configuration they read is noisymlt.config; the
 infrastructure under everything is noisymlt.core.
 """

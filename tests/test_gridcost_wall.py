@@ -1,4 +1,4 @@
-"""The grid's wall time on one card from measured runs (noisymlt.pipeline.gridwall): the arithmetic, the files."""
+"""The grid's wall time on one card from measured runs (scripts/gridcost.py): the arithmetic, the files."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ import json
 import pytest
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.gridwall import grid_wall, planned_run_seconds, read_benchmark_seconds, run_cost
+from helpers import load_script
+
+gridcost = load_script("gridcost")
+grid_wall, planned_run_seconds = gridcost.grid_wall, gridcost.planned_run_seconds
+read_benchmark_seconds, run_cost = gridcost.read_benchmark_seconds, gridcost.run_cost
 
 COST = {"fixed_s": 20.0, "s_per_iteration": 0.05, "predict_images_per_s": 1000.0}
 

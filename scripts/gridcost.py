@@ -1,5 +1,6 @@
-"""What the paper grid costs: every run the workflow plans, the training iterations of each, and the
-GPU-hours they take at measured step costs.
+"""What the paper grid costs, for the device check and the SLURM requests (scripts/device_check.py,
+scripts/device_grid.py, scripts/slurm_requests.py): every run the workflow plans, the training iterations of each,
+the GPU-hours they take at measured step costs, and the wall time on one card from measured runs.
 
 Iterations come from the code that plans training, never from a second formula: each run's method
 builds its data streams (samplers over the run's noisy labels) and ``noisymlt.training.schedule.epoch_iterations``
@@ -8,10 +9,22 @@ turns them into the epoch length the trainer uses. The noisy labels are the pipe
 published subset's size and per-class counts is made noisy with the run's (gamma, seed) by
 ``noisymlt.data.noise.inject_noise``. Only the class-aware epoch ([DB] recipe) reads the labels, through the
 largest noisy class count, which the synthetic co-occurrences approximate.
+
+The wall time (the GPU check's ``grid_wall`` part, ``grid_wall``): the check trains every grid method at paper
+shapes on the smoke stand-in through the workflow, k runs at a time on one card as the packing profile runs them
+(``runs_per_gpu``), start-up, loading, evaluation and all. Each finished run gives, as it ran packed:
+  - seconds per training iteration (its epochs' wall time over its iterations),
+  - images per second of prediction (test and training images, for the tables and the fit diagnostics),
+  - fixed seconds: the job's wall time less both (interpreter and CUDA start-up, data checks, building the
+    model, checkpoints, evaluation).
+A planned run then costs fixed + iterations x s/iteration + images to predict / rate, with the costs of its own
+method, else of its family's proxy (``FAMILY_PROXY``); DivideMix also predicts its training images twice an epoch
+(co-divide). k runs share the card, each at its packed speed, so the grid takes the sum over runs / k.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +35,10 @@ from noisymlt.data.noise_models import PAPER
 # The clean per-class counts of a published long-tailed subset are the dataset kinds' (noisymlt.data.kinds:
 # published_subset), in the project's class order.
 
-# The measured method whose cost per training image stands for a family's runs. ML-GCN's GCN over
-# 20-80 class nodes is negligible next to the backbone, so its runs cost what ERM's do.
-FAMILY_COST_PROXY = {"single": "erm", "mlgcn": "erm", "bbn": "bbn", "dividemix": "dividemix",
-                     "colearning": "ours"}
+# The measured method that stands for a family's runs where the method itself was not measured (the throughput part
+# measures the paper's five methods; the grid_wall part every grid method). ML-GCN's GCN over 20-80 class nodes is
+# negligible next to the backbone, so its runs cost what ERM's do.
+FAMILY_PROXY = {"single": "erm", "mlgcn": "erm", "bbn": "bbn", "dividemix": "dividemix", "colearning": "ours"}
 
 
 def synthetic_labels(images: int, counts: list[int], seed: int = 0) -> np.ndarray:
@@ -177,7 +190,7 @@ def gpu_hours(jobs: list[dict], measured: dict[str, dict], packing_speedup: floa
     hours: dict[str, float] = {}
     unpriced = []
     for job in jobs:
-        proxy = FAMILY_COST_PROXY.get(job["family"])
+        proxy = FAMILY_PROXY.get(job["family"])
         if proxy not in per_image:
             unpriced.append(job["method"])
             continue
@@ -200,3 +213,56 @@ def summarise(jobs: list[dict]) -> dict:
             slot["runs"] += 1
             slot["iterations"] += job["iterations"]
     return out
+
+
+# ------------------------------------------------------------------ wall time on one card, from measured runs
+def read_benchmark_seconds(tsv: Path) -> float:
+    """The wall seconds of a Snakemake job from its benchmark file (first column ``s``)."""
+    lines = Path(tsv).read_text().strip().splitlines()
+    if len(lines) < 2 or not lines[0].startswith("s\t"):
+        raise NoisyMLTError(f"{tsv}: not a Snakemake benchmark file")
+    return float(lines[-1].split("\t")[0])
+
+
+def run_cost(run_dir: Path, job_seconds: float) -> dict:
+    """The measured costs of one finished run (see the module doc)."""
+    run_dir = Path(run_dir)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    timing = json.loads((run_dir / "manifest.timing.json").read_text())
+    iterations = int(manifest["iterations_per_epoch"]) * int(manifest["run"]["train"]["epochs"])
+    train_s = float(sum(timing["epoch_seconds"]))
+    predict_s = float(timing["predict_seconds"])
+    images = int(timing["predicted_images"])
+    return {"iterations": iterations, "s_per_iteration": train_s / iterations, "predict_images_per_s": images / predict_s,
+            "fixed_s": max(job_seconds - train_s - predict_s, 0.0), "job_s": job_seconds,
+            "device": manifest["environment"]["device"], "family": manifest["run"]["method_cfg"]["family"]}
+
+
+def planned_run_seconds(job: dict, cost: dict) -> float:
+    """The wall seconds of one planned run (a plan_grid job) at a measured cost: a final run predicts the test
+    set and its training images, a model-selection candidate its fit part and its held-out part."""
+    n = job["train_images"]
+    predicted = n + (job["held_out_images"] if "candidate" in job else job["test_images"])
+    if job["family"] == "dividemix":  # co-divide: both nets score every training image once an epoch
+        predicted += 2 * n * job["epochs"]
+    return cost["fixed_s"] + job["iterations"] * cost["s_per_iteration"] + predicted / cost["predict_images_per_s"]
+
+
+def grid_wall(jobs: list[dict], costs: dict[str, dict], runs_per_gpu: int) -> dict:
+    """Hours of wall time for ``jobs`` on one card with ``runs_per_gpu`` runs at a time; ``costs``: method ->
+    ``run_cost``."""
+    seconds: dict[str, float] = {}
+    by_method: dict[str, float] = {}
+    unpriced = set()
+    for job in jobs:
+        cost = costs.get(job["method"]) or costs.get(FAMILY_PROXY.get(job["family"], ""))
+        if cost is None:
+            unpriced.add(job["method"])
+            continue
+        s = planned_run_seconds(job, cost)
+        seconds[job["dataset"]] = seconds.get(job["dataset"], 0.0) + s
+        by_method[job["method"]] = by_method.get(job["method"], 0.0) + s
+    k = max(int(runs_per_gpu), 1)
+    return {"hours": sum(seconds.values()) / k / 3600, "by_dataset": {d: s / k / 3600 for d, s in seconds.items()},
+            "by_method": {m: s / k / 3600 for m, s in sorted(by_method.items())}, "runs_per_gpu": k,
+            "unpriced_methods": sorted(unpriced)}

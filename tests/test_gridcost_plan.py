@@ -1,4 +1,4 @@
-"""The paper grid's cost plan: its runs are the workflow's, its iterations the trainer's own."""
+"""The paper grid's cost plan (scripts/gridcost.py): its runs are the workflow's, its iterations the trainer's own."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ import pytest
 from noisymlt.data.labels import LabelTable, write_class_split, write_labels
 from noisymlt.errors import NoisyMLTError
 from noisymlt.data.kinds import kind_of
-from noisymlt.pipeline import gridplan, paths
+from noisymlt.pipeline import paths
 from noisymlt.config import load_params, resolve_run
+from helpers import load_script
 
 PROJECT = Path(__file__).resolve().parents[1]
+gridcost = load_script("gridcost")
 
 
 @pytest.fixture(scope="module")
@@ -24,11 +26,11 @@ def paper_params() -> dict:
 
 def test_synthetic_labels_have_the_published_counts_and_no_empty_image():
     voc = kind_of("voc").published_subset
-    y = gridplan.synthetic_labels(voc["images"], voc["counts"])
+    y = gridcost.synthetic_labels(voc["images"], voc["counts"])
     assert y.shape == (1142, 20) and y.sum(0).tolist() == voc["counts"]
     assert y.any(1).all()
     with pytest.raises(NoisyMLTError, match="cannot fill 10 images"):
-        gridplan.synthetic_labels(10, [11, 3])
+        gridcost.synthetic_labels(10, [11, 3])
 
 
 def test_all_runs_are_the_main_grid_then_each_ablation_once(paper_params):
@@ -56,9 +58,9 @@ def test_planned_iterations_are_the_trainers_own_for_a_voc_run(paper_params, tmp
     from noisymlt.training.trainer import Trainer
 
     params = small_model(paper_params)
-    noisy, split, source = gridplan.planned_noisy_labels(params, "voc", 0.5, 0, data_root=tmp_path / "none")
+    noisy, split, source = gridcost.planned_noisy_labels(params, "voc", 0.5, 0, data_root=tmp_path / "none")
     assert source.startswith("synthetic voc")
-    planned = gridplan.run_iterations(resolve_run(params, "voc", method, 0.5, 0), noisy, split)
+    planned = gridcost.run_iterations(resolve_run(params, "voc", method, 0.5, 0), noisy, split)
     classes = [f"c{i}" for i in range(20)]
     table = LabelTable(image_ids=[str(i) for i in range(len(noisy))], classes=classes, labels=noisy,
                        paths=[f"{i}.jpg" for i in range(len(noisy))])
@@ -83,9 +85,9 @@ def test_the_plan_reads_the_pipelines_noisy_labels_when_they_exist(paper_params,
     table = LabelTable(image_ids=[str(i) for i in range(40)], classes=[f"c{i}" for i in range(20)], labels=y)
     write_labels(table, tmp_path / "voc" / "noisy" / "g0.5_s0.parquet")
     write_class_split({"head": [], "medium": [0], "tail": list(range(1, 20))}, tmp_path / "voc" / "class_split.json")
-    noisy, split, source = gridplan.planned_noisy_labels(paper_params, "voc", 0.5, 0, data_root=tmp_path)
+    noisy, split, source = gridcost.planned_noisy_labels(paper_params, "voc", 0.5, 0, data_root=tmp_path)
     assert source.endswith("g0.5_s0.parquet") and noisy.sum() == 45 and split["medium"] == [0]
-    plan = gridplan.run_iterations(resolve_run(paper_params, "voc", "db_focal", 0.5, 0), noisy, split)
+    plan = gridcost.run_iterations(resolve_run(paper_params, "voc", "db_focal", 0.5, 0), noisy, split)
     assert plan["iterations_per_epoch"] == int(40 * 20 / 4) // 32 and plan["images_per_step"] == 32
 
 
@@ -95,21 +97,21 @@ def test_gpu_hours_price_each_run_by_its_family_per_image_cost():
             {"dataset": "coco", "method": "bbn", "family": "bbn", "iterations": 50, "images_per_step": 64}]
     measured = {"erm": {"ms_per_step": 36.0, "train_images_per_step": 32},
                 "ours": {"ms_per_step": 576.0, "train_images_per_step": 576}}
-    est = gridplan.gpu_hours(jobs, measured, packing_speedup=1.5)
+    est = gridcost.gpu_hours(jobs, measured, packing_speedup=1.5)
     # erm: 100 x 36 ms; ours_k3 at ours' 1 ms per image: 10 x 864 ms; bbn: no measured proxy
     assert est["by_dataset"] == {"voc": pytest.approx((3600 + 8640) / 3.6e6)}
     assert est["total"] == pytest.approx((3600 + 8640) / 3.6e6)
     assert est["packed_total"] == pytest.approx(est["total"] / 1.5)
     assert est["unpriced_methods"] == ["bbn"]
-    assert gridplan.gpu_hours(jobs, measured)["packed_total"] is None
+    assert gridcost.gpu_hours(jobs, measured)["packed_total"] is None
 
 
 def test_the_plan_counts_the_model_selection_candidates(paper_params):
     """The paper's selection: ten baselines x 4 lr, Ours 4 lr + 3 alpha x 4 beta, per dataset, at one noise rate
     and seed; a candidate trains on the fit part, so it has fewer iterations than the final run of its method."""
-    jobs = gridplan.plan_grid(small_model(paper_params), data_root="no-data-here")
+    jobs = gridcost.plan_grid(small_model(paper_params), data_root="no-data-here")
     candidates = [j for j in jobs if "candidate" in j]
-    assert len(candidates) == 2 * (10 * 4 + 4 + 12) == gridplan.summarise(jobs)["candidates"]
+    assert len(candidates) == 2 * (10 * 4 + 4 + 12) == gridcost.summarise(jobs)["candidates"]
     assert len(jobs) - len(candidates) == len(paths.all_runs(paper_params))
     final = {(j["dataset"], j["method"]): j for j in jobs if "candidate" not in j and j["gamma"] == 0.5 and j["seed"] == 0}
     for job in candidates:
