@@ -1,5 +1,5 @@
 """`noisymlt eval-cl-checkpoint`: a checkpoint of [CL]'s code evaluated on a test set gives [CL]'s network's scores
-and the mAP of those scores, and the step that runs it in both routes.
+and the mAP of those scores, and the workflow step that runs it.
 
 [CL]'s network is rebuilt in tests/cl_network.py, with mmcv's ResNet-18 (BasicBlocks) in place of its ResNet-50
 (same key layout, a fraction of the time), and its test-time ensemble transcribed from its

@@ -139,7 +139,7 @@ def test_dvc_repro_writes_what_make_demo_writes_and_make_demo_dvc_records_a_fini
     assert _status(root) == {}
     assert "Nothing to be done" in run_tool([SNAKEMAKE, "--profile", "workflow/profiles/demo", "--configfile",
                                              *LAYERS.split(), "-n"], root)
-    # the same commit, params and code: both routes' versioned files hash alike, in dvc.lock as on disk
+    # the same commit, params and code: the DVC run's versioned files hash as the Snakemake run's, in dvc.lock as on disk
     lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
     assert lock == yaml.safe_load((reproduced / "dvc.lock").read_text())["stages"]
     assert _versioned(root) == _versioned(reproduced)

@@ -2,7 +2,7 @@
 
 Each dataset kind (noisymlt.data.kinds) says how its raw files arrive and how its parts become label tables, and a
 run's image folders and caches follow its dataset and loader: these functions ask the kind and compute a step's
-arguments from the params, for both routes
+arguments from the params
 (Snakemake's rules call them as their `args` params, so `snakemake -n -p` prints the words a job runs).
 The path patterns are ``noisymlt.pipeline.layout``'s; the raw folders under ``layout.RAW_ROOT`` are the kinds'.
 """

@@ -44,7 +44,7 @@ class NoiseModel:
         return missing + [("", problem) for f in files if (problem := missing_file(f, root))]
 
     def files(self, options: dict, dataset: str, gamma: float) -> list[str]:
-        """Files the noise step reads for one noisy set besides the clean labels (a dependency of both routes)."""
+        """Files the noise step reads for one noisy set besides the clean labels (a dependency of its noise job, for Snakemake and so for DVC's stages)."""
         return []
 
     def argv(self, options: dict, dataset: str, gamma: str, seed: int, labels: str, out: str, stats: str
