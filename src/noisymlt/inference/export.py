@@ -175,6 +175,8 @@ def export_run(run: Path, out: Path, *, head: str | None = None, formats=tuple(F
     from noisymlt.inference.run_model import check_run_outputs
     from noisymlt.inference.run_model import load_run, recorded_heads, transform_of
 
+    if out.exists() and not out.is_dir():
+        raise NoisyMLTError(f"--out {out}: a file; export writes a folder (model.json and the models)")
     check_run_outputs(run, {}, {f"--out's {name}": out / name for name in (*FILES.values(), "model.json")})
     heads = recorded_heads(run)
     head = head or heads[0]

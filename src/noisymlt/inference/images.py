@@ -38,13 +38,13 @@ SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
 
 
 def _regular(path: Path, where: str) -> None:
-    """Refuse, naming WHERE, a path that is missing (a link to nothing included) or not a regular file."""
+    """Refuse PATH, named as WHERE, when it is missing (a link to nothing included) or not a regular file."""
     if not os.path.lexists(path):
-        raise NoisyMLTError(f"{where}: {path}: no such file")
+        raise NoisyMLTError(f"{where}: no such file")
     if not path.exists():
-        raise NoisyMLTError(f"{where}: {path}: a link that leads to no file (a missing target or a loop)")
+        raise NoisyMLTError(f"{where}: a link that leads to no file (a missing target or a loop)")
     if not path.is_file():
-        raise NoisyMLTError(f"{where}: {path}: not a regular file")
+        raise NoisyMLTError(f"{where}: not a regular file")
 
 
 def image_files(folder: str | Path) -> list[Path]:
@@ -93,7 +93,7 @@ def listed_files(listing: str | Path) -> list[Path]:
         if problem:
             raise NoisyMLTError(f"{listing}, line {number}: {problem}")
         path = listing.parent / line
-        _regular(path, f"{listing}, line {number}")
+        _regular(path, f"{listing}, line {number}: {path}")
         out.append(path)
     if not out:
         raise NoisyMLTError(f"{listing}: lists no image")
@@ -117,7 +117,7 @@ def labelled_files(table_path: str | Path, folder: str | Path) -> tuple[list[Pat
         real, problem = inside.locate(relative)
         if problem:
             raise NoisyMLTError(f"{table_path}, image {image_id!r}: {problem}")
-        _regular(folder / relative, f"{table_path}, image {image_id!r}")
+        _regular(folder / relative, f"{table_path}, image {image_id!r}: {folder / relative}")
         files.append(folder / relative)
     return files, [str(i) for i in table.image_ids]
 

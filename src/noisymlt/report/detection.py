@@ -40,7 +40,8 @@ def _number(value) -> bool:
 def _problem(record) -> str | None:
     """What keeps a parsed file from being a suspects record with detection numbers (None: nothing)."""
     if not isinstance(record, dict):
-        return f"holds a {type(record).__name__}, not a record of `noisymlt suspects`"
+        kind = {list: "a list", str: "a string", bool: "true or false", type(None): "null"}.get(type(record), "a number")
+        return f"holds {kind}, not a record of `noisymlt suspects`"
     missing = [k for k in ("method", "dataset", "gamma", "seed", "scorers") if k not in record]
     if missing:
         return f"no {', '.join(map(repr, missing))}: not a record of `noisymlt suspects`"
