@@ -99,6 +99,24 @@ def test_detection_numbers_against_sklearn_and_by_hand():
     assert got["flag_recall"] == pytest.approx((wrong & flagged).sum() / n)
     assert got["ap"] == pytest.approx(average_precision_score(wrong.ravel(), score.ravel()))
     assert detection(score, flagged, np.zeros_like(wrong))["ap"] is None  # no wrong label: nothing to find
+    k = int(np.ceil(0.01 * wrong.size))  # the budget: a person checks the top 1% of the labels
+    assert got["budget"] == k == 3
+    assert got["precision_at_budget"] == pytest.approx(wrong.ravel()[np.argsort(-score.ravel())[:k]].mean())
+    # by kind of wrong label, written out: a given 1 the clean labels lack was added, a given 0 they hold dropped
+    given = rng.random(wrong.shape) < 0.3
+    groups = {"head": [0, 1], "medium": [2], "tail": [3, 4, 5]}
+    got = detection(score, flagged, wrong, given=given, groups=groups)
+    in_top = np.zeros(wrong.size, bool)
+    in_top[top] = True
+    in_top = in_top.reshape(wrong.shape)
+    column = np.broadcast_to(np.arange(wrong.shape[1]), wrong.shape)
+    kinds = {"added": wrong & given, "dropped": wrong & ~given,
+             **{g: wrong & np.isin(column, classes) for g, classes in groups.items()}}
+    assert sum(got[f"{g}_wrong"] for g in groups) == got["added_wrong"] + got["dropped_wrong"] == n
+    for kind, members in kinds.items():
+        assert got[f"{kind}_wrong"] == int(members.sum()) > 0, kind
+        assert got[f"{kind}_recall_at_n"] == pytest.approx((members & in_top).sum() / members.sum()), kind
+        assert got[f"{kind}_flag_recall"] == pytest.approx((members & flagged).sum() / members.sum()), kind
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +177,31 @@ def test_a_cell_of_the_detection_table_equals_an_independent_computation(project
              for r in csv.DictReader(open(project / "reports/label_detection_toy.csv", newline=""))}
     assert float(table[("erm", "model", "ap")]["mean"]) == pytest.approx(np.mean(aps), rel=1e-5)
     assert float(table[("erm", "model", "precision_at_wrong")]["mean"]) == pytest.approx(np.mean(hits), rel=1e-5)
+    # Ours' prediction paired by seed with ERM's (the reference; the same noisy set a seed): the mean and the
+    # Student-t 95% interval of the differences
+    from scipy import stats
+
+    ours = []
+    for seed in (0, 1):
+        noisy_file = f"data/toy/noisy/g0.5_s{seed}.parquet"
+        out = tmp_path / f"ours{seed}.csv"
+        assert subprocess.run([sys.executable, "-m", "noisymlt", "predict", "--run", f"runs/toy/g0.5/s{seed}/ours",
+                               "--labels", noisy_file, "--images", "data/raw/toy/VOCdevkit/TOY", "--out", str(out),
+                               "--no-progress"], cwd=project, env=tool_env(project), capture_output=True,
+                              timeout=600).returncode == 0
+        with open(out, newline="") as fh:
+            probs = np.array([[float(v) for v in row[2:-1]] for row in list(csv.reader(fh))[1:]])
+        noisy = read_labels(project / noisy_file)
+        wrong = (noisy.labels > 0.5) != (clean.labels > 0.5)
+        score = np.abs(noisy.labels - probs)
+        ours.append(wrong.ravel()[np.argsort(-score.ravel(), kind="stable")[:wrong.sum()]].mean())
+    diffs = np.subtract(ours, hits)
+    half = stats.t.ppf(0.975, len(diffs) - 1) * diffs.std(ddof=1) / np.sqrt(len(diffs))
+    row = table[("ours", "model", "precision_at_wrong")]
+    assert float(row["vs_reference"]) == pytest.approx(diffs.mean(), rel=1e-5, abs=1e-9)
+    assert float(row["vs_reference_ci95"]) == pytest.approx(half, rel=1e-5)
+    assert int(row["paired_seeds"]) == 2 and row["decided"] == str(int(abs(diffs.mean()) > half))
+    assert table[("erm", "model", "precision_at_wrong")]["vs_reference"] == ""  # the reference itself
     md = (project / "reports/label_detection_toy.md").read_text()
     erm = next(line for line in md.splitlines() if line.startswith("| ERM | its prediction |"))
     assert erm.split(" | ")[2].startswith(f"{100 * np.mean(aps):.2f} ± "), erm

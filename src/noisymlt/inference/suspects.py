@@ -29,8 +29,10 @@ Writes OUT (.csv): image, class, the given label, each scorer's score, rank (1 =
 flag, and, with ``--clean-labels``, ``wrong`` (the given label differs from the clean one); a row for every entry
 some scorer flags, in the order of the run's natural scorer (pseudo_labels, dividemix, else model). And OUT's
 ``.json``: the run, per scorer what it is and how many it flags, and with the clean labels how well it finds the
-wrong ones (``detection``): precision at the number of wrong labels (the top-n entries, ties by image and class
-order; equal to the recall there), precision and recall of its flags, and the average precision of its ranking.
+wrong ones (``detection``, noisymlt.inference.suspects.detection): precision at the number of wrong labels (the
+top-n entries, ties by image and class order; equal to the recall there) and at a budget (the top 1% of the
+entries), precision and recall of its flags, the average precision of its ranking, and the recalls of the top n
+and of the flags for the positives the noise added and those it dropped, and for head, medium and tail classes.
 """
 
 from __future__ import annotations
@@ -94,19 +96,46 @@ def cleanlab_scores(noisy: np.ndarray, probs: np.ndarray):
     return 1.0 - quality, issues.astype(bool)
 
 
-def detection(score: np.ndarray, flagged: np.ndarray, wrong: np.ndarray) -> dict:
-    """How well a ranking and its flags find the wrong labels (``wrong``: given != clean), over every entry."""
+# The labels a person would check by hand: the top 1% of a run's (image, class) entries by a scorer's ranking
+BUDGET_SHARE = 0.01
+
+
+def detection(score: np.ndarray, flagged: np.ndarray, wrong: np.ndarray, given: np.ndarray | None = None,
+              groups: dict[str, list[int]] | None = None) -> dict:
+    """How well a ranking and its flags find the wrong labels (``wrong``: given != clean), over every entry: the
+    precision of its top n (n the wrong entries) and of its top k (k the budget, ``BUDGET_SHARE`` of the entries),
+    its flags' precision and recall, its average precision. With ``given`` (the given labels), the same recalls for
+    the positives the noise added (given 1, clean 0) and those it dropped (given 0, clean 1); with ``groups`` (class
+    indices by head / medium / tail), for the wrong entries of each group's classes: ``KIND_wrong``,
+    ``KIND_recall_at_n`` (the share of them among the top n) and ``KIND_flag_recall``."""
     from noisymlt.evaluation.metrics import average_precision
 
     s, f, w = score.reshape(-1), flagged.reshape(-1), wrong.reshape(-1).astype(bool)
     n = int(w.sum())
-    out = {"wrong": n, "entries": int(w.size), "flagged": int(f.sum())}
+    budget = max(1, int(np.ceil(BUDGET_SHARE * w.size)))
+    out = {"wrong": n, "entries": int(w.size), "flagged": int(f.sum()), "budget": budget}
     if n == 0:
-        return {**out, "precision_at_wrong": None, "flag_precision": None, "flag_recall": None, "ap": None}
-    top = np.argsort(-s, kind="stable")[:n]
-    return {**out, "precision_at_wrong": float(w[top].mean()),
-            "flag_precision": float(w[f].mean()) if f.any() else None,
-            "flag_recall": float((w & f).sum() / n), "ap": average_precision(w, s)}
+        return {**out, "precision_at_wrong": None, "flag_precision": None, "flag_recall": None, "ap": None,
+                "precision_at_budget": None}
+    order = np.argsort(-s, kind="stable")
+    top = np.zeros(w.size, bool)
+    top[order[:n]] = True
+    out.update(precision_at_wrong=float(w[top].mean()), flag_precision=float(w[f].mean()) if f.any() else None,
+               flag_recall=float((w & f).sum() / n), ap=average_precision(w, s),
+               precision_at_budget=float(w[order[:budget]].mean()))
+    kinds: dict[str, np.ndarray] = {}
+    if given is not None:
+        g = np.asarray(given).reshape(-1) > 0.5
+        kinds.update(added=w & g, dropped=w & ~g)
+    if groups is not None:
+        column = np.tile(np.arange(wrong.shape[1]), wrong.shape[0])
+        kinds.update({name: w & np.isin(column, classes) for name, classes in groups.items()})
+    for kind, members in kinds.items():
+        count = int(members.sum())
+        out[f"{kind}_wrong"] = count
+        out[f"{kind}_recall_at_n"] = float((members & top).sum() / count) if count else None
+        out[f"{kind}_flag_recall"] = float((members & f).sum() / count) if count else None
+    return out
 
 
 def ranks(score: np.ndarray) -> np.ndarray:
@@ -225,6 +254,7 @@ def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, d
     import contextlib
 
     from noisymlt.core.files import replacing, write_json
+    from noisymlt.data.labels import GROUPS
     from noisymlt.inference.run_model import load_run
 
     trainer = load_run(run, device=device, train_images=train_images)
@@ -237,7 +267,8 @@ def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, d
     for name, (score, flagged) in scored.items():
         rec = {"how": HOW[name], "flagged": int(flagged.sum())}
         if wrong is not None:
-            rec["detection"] = detection(score, flagged, wrong)
+            rec["detection"] = detection(score, flagged, wrong, given=trainer.train_table.labels,
+                                         groups={g: trainer.split[g] for g in GROUPS})
         record["scorers"][name] = rec
     if wrong is not None:
         record["clean_labels"] = str(clean_labels)

@@ -1,13 +1,20 @@
 """`noisymlt detection-table`: how well each method's ranking of suspect labels finds the wrong ones, per noise rate.
 
-From the records of `noisymlt suspects --clean-labels` (noisymlt.inference.suspects), one a run: rows = method x
-scorer (the model's own prediction, Ours' pseudo-label rule, DivideMix's label refinement, cleanlab on the same
-probabilities), columns = noise rate in three blocks: AP, the average precision of the ranking over every (training
-image, class) entry, the wrong labels being the positives; P@n, the precision among the n most suspect entries, n
-the number of wrong labels (which equals the recall there); R, the recall of the entries the scorer flags as wrong.
-Cells are mean +- 95% CI over seeds (Student t), in percent. The row ``chance`` is a ranking that knows nothing:
-its AP and its P@n are both the share of wrong entries. The CSV has every number, also each scorer's flag count
-and flag precision. Written as OUT (.tex), OUT with .md and .csv.
+From the records of `noisymlt suspects --clean-labels` (noisymlt.inference.suspects), one a run, two tables. The
+first: rows = method x scorer (the model's own prediction, Ours' pseudo-label rule, DivideMix's label refinement,
+cleanlab on the same probabilities), columns = noise rate in four blocks: AP, the average precision of the ranking
+over every (training image, class) entry, the wrong labels being the positives; P@n, the precision among the n most
+suspect entries, n the number of wrong labels (which equals the recall there); P@k, the precision among the k most
+suspect, k the budget (the top 1% of the entries, noisymlt.inference.suspects.BUDGET_SHARE); R, the recall of the
+entries the scorer flags as wrong. The second: per row and noise rate, the recall of the n most suspect among the
+positives the noise added, those it dropped, and the wrong entries of head, medium and tail classes.
+
+Cells are mean +- 95% CI over seeds (Student t), in percent. Every method trains on a seed's one noisy set, so each
+row is paired by seed with the reference, ERM's prediction: a cell is marked where the 95% interval of the paired
+differences excludes 0. cleanlab's self-confidence ranks as the prediction does, so its ranking cells equal the
+prediction's by construction and are shown once. The row ``chance`` is a ranking that knows nothing: its precision
+and the recall of its top n are the share of wrong entries. The CSV has every number with its n, each paired
+difference, the flags' precision and the counts. Written as OUT (.tex), OUT with .md and .csv.
 """
 
 from __future__ import annotations
@@ -23,11 +30,18 @@ import numpy as np
 from noisymlt.core.files import replacing
 from noisymlt.errors import NoisyMLTError, cause
 from noisymlt.report.style import dataset_title
+from noisymlt.inference.suspects import BUDGET_SHARE
 from noisymlt.report.tables import cell_text, mean_ci, noise_title
 
 SCORER_TITLES = {"model": "its prediction", "pseudo_labels": "pseudo-label rule", "dividemix": "label refinement",
                  "cleanlab": "cleanlab"}
-MEASURES = {"ap": "AP", "precision_at_wrong": "P@n", "flag_recall": "R"}
+MEASURES = {"ap": "AP", "precision_at_wrong": "P@n", "precision_at_budget": "P@k", "flag_recall": "R"}
+KINDS = {f"{kind}_recall_at_n": kind for kind in ("added", "dropped", "head", "medium", "tail")}
+RANKING = ("ap", "precision_at_wrong", "precision_at_budget", *KINDS)  # measures of a ranking alone, not of flags
+CHANCE = ("ap", "precision_at_wrong", "precision_at_budget", *KINDS)  # a blind ranking's: the share of wrong labels
+COUNTS = ("wrong", "entries", "flagged", "budget", *(f"{k}_wrong" for k in KINDS.values()))
+ORDER = [*MEASURES, "flag_precision", *KINDS, *(f"{k}_flag_recall" for k in KINDS.values()), *COUNTS]
+REFERENCE = ("erm", "model")
 
 
 DETECTION_NUMBERS = ("wrong", "entries", "flagged", "precision_at_wrong", "flag_precision", "flag_recall", "ap")
@@ -90,83 +104,156 @@ def read_records(paths: list[str]) -> list[dict]:
 
 
 def collect(records: list[dict], methods: list[str]) -> tuple[list[float], list[tuple[str, str]], dict]:
-    """(noise rates, rows (method, scorer), values[(method, scorer, gamma, measure)] = the seeds' values)."""
+    """(noise rates, rows (method, scorer), values[(method, scorer, gamma, measure)] = {seed: value})."""
     gammas = sorted({float(r["gamma"]) for r in records})
-    values: dict[tuple, list] = {}
-    chance: dict[tuple, dict] = {}  # (gamma, measure) -> seed -> share: one noisy set a (rate, seed), every method
+    values: dict[tuple, dict] = {}
     for record in sorted(records, key=lambda r: (r["method"], r["gamma"], r["seed"])):
         for scorer, rec in record["scorers"].items():
             for measure, value in rec["detection"].items():
-                values.setdefault((record["method"], scorer, record["gamma"], measure), []).append(value)
+                values.setdefault((record["method"], scorer, record["gamma"], measure), {})[record["seed"]] = value
+        # chance: a ranking that knows nothing; one noisy set a (rate, seed), whichever method's record says it
         first = next(iter(record["scorers"].values()))["detection"]
-        for measure in ("ap", "precision_at_wrong"):  # a ranking's; how much a flagger recalls is its own choice
-            chance.setdefault((record["gamma"], measure), {})[record["seed"]] = first["wrong"] / first["entries"]
-    for (gamma, measure), shares in chance.items():
-        values[("chance", "", gamma, measure)] = list(shares.values())
+        share = first["wrong"] / first["entries"]
+        for measure in CHANCE:
+            values.setdefault(("chance", "", record["gamma"], measure), {})[record["seed"]] = share
     present = {r["method"] for r in records}
     order = [m for m in methods if m in present] + sorted(present - set(methods))
     rows = [(m, s) for m in order for s in SCORER_TITLES if any((m, s, g, "ap") in values for g in gammas)]
     return gammas, [*rows, ("chance", "")], values
 
 
-def cell(values: dict, key: tuple) -> tuple[float, float | None] | None:
-    got = [v for v in values.get(key, []) if v is not None]
-    if not got:
+def reference_of(rows: list[tuple[str, str]]) -> tuple[str, str] | None:
+    """The row every other is paired against: ERM's in-sample prediction, when ERM is among the records."""
+    return REFERENCE if REFERENCE in rows else None
+
+
+def summary(values: dict, key: tuple, reference: tuple[str, str] | None) -> dict | None:
+    """Mean and 95% CI over seeds of one cell (in %), and, paired by seed (the same noisy set) against the
+    reference row, the mean and 95% CI of the differences and whether that interval excludes 0."""
+    seeds = {s: v for s, v in values.get(key, {}).items() if v is not None}
+    if not seeds:
         return None
-    mean, ci = mean_ci(100 * np.asarray(got, dtype=float))
-    return mean, ci
+    mean, ci = mean_ci(100 * np.asarray(list(seeds.values()), dtype=float))
+    out = {"mean": mean, "ci": ci, "seeds": len(seeds), "delta": None, "delta_ci": None, "paired": 0,
+           "decided": False}
+    if reference is not None and key[:2] != reference:
+        ref = values.get((*reference, *key[2:]), {})
+        diffs = [100 * (v - ref[s]) for s, v in seeds.items() if ref.get(s) is not None]
+        if diffs:
+            out["delta"], out["delta_ci"] = mean_ci(np.asarray(diffs, dtype=float))
+            out["paired"] = len(diffs)
+            out["decided"] = out["delta_ci"] is not None and abs(out["delta"]) > out["delta_ci"]
+    return out
+
+
+def same_ranking(values: dict, method: str, scorer: str, gamma: float, measure: str) -> bool:
+    """cleanlab's self-confidence ranks a binary label as the prediction does: its ranking measures equal the
+    prediction's by construction (shown once)."""
+    if scorer != "cleanlab" or measure not in RANKING:
+        return False
+    own, model = values.get((method, scorer, gamma, measure)), values.get((method, "model", gamma, measure))
+    return own is not None and own == model
 
 
 def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods: list[str]) -> None:
     gammas, rows, values = collect(records, methods)
+    reference = reference_of(rows)
     datasets = sorted({r["dataset"] for r in records})
     models = sorted({r.get("noise_model", "paper") for r in records})
-    title = (f"Finding the wrong training labels ({', '.join(dataset_title(d) for d in datasets)}; noise model "
-             f"{', '.join(noise_title(m) for m in models)}): per method and scorer, AP = the average precision of its ranking of every "
-             "(image, class) label, P@n = its precision among the n most suspect, n the number of wrong labels "
-             "(= its recall there), R = the recall of the labels it flags as wrong; %, mean ± 95% CI over seeds")
-    header = ["Method", "Scorer", *(f"{short} γ={g:g}" for short in MEASURES.values() for g in gammas)]
+    budgets = sorted({rec["detection"].get("budget") for r in records for rec in r["scorers"].values()} - {None})
+    where = (f"{', '.join(dataset_title(d) for d in datasets)}; noise model "
+             f"{', '.join(noise_title(m) for m in models)}")
+    title = (f"Finding the wrong training labels ({where}): per method and scorer, AP = the average precision of its "
+             "ranking of every (image, class) label, P@n = its precision among the n most suspect, n the number of "
+             "wrong labels (= its recall there), P@k = its precision among the k most suspect, k the budget of a "
+             f"person checking the top {100 * BUDGET_SHARE:g}% of the labels (k = {', '.join(map(str, budgets))}), "
+             "R = the recall of the labels it flags as wrong; %, mean ± 95% CI over seeds")
+    kinds_title = (f"Which wrong labels the n most suspect catch ({where}): recall among the positives the noise "
+                   "added (given 1, clean 0) and those it dropped (given 0, clean 1), and among the wrong labels of "
+                   "head, medium and tail classes; %, mean ± 95% CI over seeds")
+    note = ("Each scorer is paired by seed with "
+            + ("ERM's prediction (the reference; the same noisy set a seed): ↑ / ↓ where the 95% interval of the "
+               "paired difference lies above / below 0 (the CSV has every difference). " if reference else
+               "no reference (ERM is not among the records: nothing is paired). ")
+            + "cleanlab ranks a binary label by self-confidence, p or 1 - p, as the prediction does: its AP, P@n and "
+              "P@k equal the prediction's by construction and are shown once (=); its flags (confident learning) "
+              "differ. chance: a ranking that knows nothing, whose precision and recall of the top n are the share "
+              "of wrong labels.")
 
-    def text(method: str, scorer: str, gamma: float, measure: str, pm: str) -> str:
-        got = cell(values, (method, scorer, gamma, measure))
-        return "--" if got is None else cell_text(*got, pm=pm)
+    def text(method, scorer, gamma, measure, style):
+        if same_ranking(values, method, scorer, gamma, measure):
+            return "="
+        got = summary(values, (method, scorer, gamma, measure), reference)
+        if got is None:
+            return "--"
+        shown = cell_text(got["mean"], got["ci"], " $\\pm$ " if style == "tex" else " ± ")
+        if got["decided"]:
+            up = got["delta"] > 0
+            shown += ("$^\\uparrow$" if up else "$^\\downarrow$") if style == "tex" else (" ↑" if up else " ↓")
+        return shown
 
-    md = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    caption = title.replace("%", "\\%").replace("±", "$\\pm$").replace("γ", "$\\gamma$")
-    tex = ["\\begin{table}[t]", "\\centering", f"\\caption{{{caption}}}",
-           "\\begin{tabular}{ll" + "c" * (len(header) - 2) + "}", "\\toprule",
-           " & ".join(["Method", "Scorer", *(f"{short.replace('n', '$n$')} $\\gamma={g:g}$"
-                                             for short in MEASURES.values() for g in gammas)]) + " \\\\", "\\midrule"]
-    for method, scorer in rows:
-        name = "chance" if method == "chance" else labels.get(method, method)
-        shown = SCORER_TITLES.get(scorer, "")
-        cells = [text(method, scorer, g, m, " ± ") for m in MEASURES for g in gammas]
-        md.append("| " + " | ".join([name, shown, *cells]) + " |")
-        tex_cells = [text(method, scorer, g, m, " $\\pm$ ") for m in MEASURES for g in gammas]
-        tex.append(" & ".join([name.replace("_", "\\_"), shown, *tex_cells]) + " \\\\")
-    tex += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
+    def block(heading, measures, by_gamma_rows, style):
+        cols = ["Method", "Scorer", *(["γ"] if not by_gamma_rows else []), *heading]
+        lines = []
+        for method, scorer in rows:
+            name = "chance" if method == "chance" else labels.get(method, method)
+            shown = SCORER_TITLES.get(scorer, "")
+            if style == "tex":
+                name = name.replace("_", "\\_")
+            if by_gamma_rows:
+                lines.append([name, shown, *(text(method, scorer, g, m, style) for m in measures for g in gammas)])
+            else:
+                for g in gammas:
+                    lines.append([name, shown, f"{g:g}", *(text(method, scorer, g, m, style) for m in measures)])
+        return cols, lines
+
+    main_head = [f"{short} γ={g:g}" for short in MEASURES.values() for g in gammas]
+    kinds_head = list(KINDS.values())
+    md = []
+    tex = []
+    for heading, caption, measures, wide in ((main_head, title, MEASURES, True), (kinds_head, kinds_title, KINDS, False)):
+        cols, lines = block(heading, measures, wide, "md")
+        md += [f"**{caption}**", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
+               *("| " + " | ".join(line) + " |" for line in lines), "", note, ""]
+        cols, lines = block(heading, measures, wide, "tex")
+        tex_cols = [c.replace("γ", "$\\gamma$").replace("P@n", "P@$n$").replace("P@k", "P@$k$") for c in cols]
+        tex_caption = (caption + " " + note).replace("%", "\\%").replace("±", "$\\pm$").replace("γ", "$\\gamma$") \
+            .replace("↑", "$\\uparrow$").replace("↓", "$\\downarrow$")
+        tex += ["\\begin{table}[t]", "\\centering", f"\\caption{{{tex_caption}}}",
+                "\\begin{tabular}{" + "l" * (len(cols) - len(heading)) + "c" * len(heading) + "}", "\\toprule",
+                " & ".join(tex_cols) + " \\\\", "\\midrule", *(" & ".join(line) + " \\\\" for line in lines),
+                "\\bottomrule", "\\end{tabular}", "\\end{table}", ""]
     out.parent.mkdir(parents=True, exist_ok=True)
-    measures = tuple(dict.fromkeys((*MEASURES, "flag_precision", "flagged", "wrong", "entries")))
+    measures = sorted({m for (_, _, _, m) in values}, key=lambda m: (m not in ORDER, ORDER.index(m) if m in ORDER else m))
     with contextlib.ExitStack() as whole:  # the three files reach their names together, once all are whole
         tex_tmp, md_tmp, csv_tmp = (whole.enter_context(replacing(out.with_suffix(suffix)))
                                     for suffix in (".tex", ".md", ".csv"))
-        tex_tmp.write_text("\n".join(tex) + "\n")
-        md_tmp.write_text("\n".join(md) + "\n")
-        _write_csv(csv_tmp, rows, gammas, values, measures)
+        tex_tmp.write_text("\n".join(tex))
+        md_tmp.write_text("\n".join(md))
+        _write_csv(csv_tmp, rows, gammas, values, measures, reference)
 
 
-def _write_csv(path: Path, rows, gammas, values, measures) -> None:
+def _write_csv(path: Path, rows, gammas, values, measures, reference) -> None:
+    """Every number: per (method, scorer, rate, measure) the mean, its 95% CI and the seeds, as fractions (counts
+    as counts), and the paired difference from the reference row with its CI, its seeds and whether it is decided."""
     with open(path, "w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["method", "scorer", "gamma", "measure", "mean", "ci95", "seeds"])
+        writer.writerow(["method", "scorer", "gamma", "measure", "mean", "ci95", "seeds", "vs_reference",
+                         "vs_reference_ci95", "paired_seeds", "decided"])
         for method, scorer in rows:
             for gamma in gammas:
                 for measure in measures:
-                    got = [v for v in values.get((method, scorer, gamma, measure), []) if v is not None]
-                    if got:
-                        mean, ci = mean_ci(np.asarray(got, dtype=float))
-                        writer.writerow([method, scorer, gamma, measure, f"{mean:.6g}",
-                                         "" if ci is None else f"{ci:.6g}", len(got)])
+                    got = summary(values, (method, scorer, gamma, measure), reference)
+                    if got is None:
+                        continue
+                    scale = 1 if measure in COUNTS else 100
+
+                    def num(x):
+                        return "" if x is None else f"{x / scale:.6g}"
+
+                    writer.writerow([method, scorer, gamma, measure, f"{got['mean'] / scale:.6g}", num(got["ci"]),
+                                     got["seeds"], num(got["delta"]), num(got["delta_ci"]), got["paired"],
+                                     int(got["decided"])])
 
 
 def _cmd_detection(args: argparse.Namespace) -> int:
