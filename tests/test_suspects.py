@@ -48,6 +48,22 @@ def test_the_pseudo_label_scorer_flags_what_the_rule_changes():
     r, c = np.argwhere(flagged & (noisy == 0))[0]
     assert score[r, c] == pytest.approx(max(q[r, c] - a[c] for q, (a, _) in zip(qs, thresholds)))
 
+    # its reach: the entries some q could change (every q from 0 to 1 tried), which holds every flag
+    from noisymlt.inference.suspects import pseudo_label_reach
+
+    off = [(np.ones(noisy.shape[1]), np.zeros(noisy.shape[1]))] * 2  # alpha 1 and beta 0 everywhere: no reach
+    assert not pseudo_label_reach(noisy, [(q, a, b) for q, (a, b) in zip(qs, off)]).any()
+    thresholds[0] = (np.ones(noisy.shape[1]), np.zeros(noisy.shape[1]))
+    thresholds[1][0][:3], thresholds[1][1][3:] = 1.0, 0.0  # alpha on for classes 3.., beta for 0..2 only
+    reach = pseudo_label_reach(noisy, [(q, a, b) for q, (a, b) in zip(qs, thresholds)])
+    can = np.zeros(noisy.shape, dtype=bool)
+    for level in (0.0, 1.0):
+        for alpha, beta in thresholds:
+            full = np.full(noisy.shape, level)
+            can |= pseudo_labels(torch.as_tensor(noisy), torch.as_tensor(full), torch.as_tensor(alpha),
+                                 torch.as_tensor(beta)).numpy() != noisy
+    assert np.array_equal(reach, can) and reach.any() and not reach.all()
+
 
 def test_the_dividemix_scorer_flags_what_its_refinement_moves_across_one_half():
     import torch
@@ -154,7 +170,7 @@ def test_a_cell_of_the_detection_table_equals_an_independent_computation(project
     from noisymlt.data.labels import read_labels
 
     clean = read_labels(project / "data/toy/train_labels.parquet")
-    aps, hits = [], []
+    aps, hits, counts = [], [], []
     for seed in (0, 1):
         noisy_file = f"data/toy/noisy/g0.5_s{seed}.parquet"
         out = tmp_path / f"s{seed}.csv"
@@ -171,12 +187,14 @@ def test_a_cell_of_the_detection_table_equals_an_independent_computation(project
         wrong = (noisy.labels > 0.5) != (clean.labels > 0.5)
         score = np.abs(noisy.labels - probs)
         aps.append(average_precision_score(wrong.ravel(), score.ravel()))
+        counts.append(int(wrong.sum()))
         top = np.argsort(-score.ravel(), kind="stable")[:wrong.sum()]
         hits.append(wrong.ravel()[top].mean())
     table = {(r["method"], r["scorer"], r["measure"]): r
              for r in csv.DictReader(open(project / "reports/label_detection_toy.csv", newline=""))}
     assert float(table[("erm", "model", "ap")]["mean"]) == pytest.approx(np.mean(aps), rel=1e-5)
     assert float(table[("erm", "model", "precision_at_wrong")]["mean"]) == pytest.approx(np.mean(hits), rel=1e-5)
+    assert float(table[("erm", "model", "wrong")]["mean"]) == pytest.approx(np.mean(counts), rel=1e-6)  # a count
     # Ours' prediction paired by seed with ERM's (the reference; the same noisy set a seed): the mean and the
     # Student-t 95% interval of the differences
     from scipy import stats

@@ -12,7 +12,9 @@ test-time transform and final weights:
   1 where the source's q > alpha, a given 1 becomes 0 where q < beta. The score is the larger margin past the
   threshold over the two branches' corrections (``q - alpha`` for a given 0, ``beta - q`` for a given 1); flagged
   where either correction changes the label (score > 0). As in a training step, but on unaugmented views with the
-  final weights.
+  final weights. It can change only the entries its thresholds reach (``pseudo_label_reach``: [CL]'s turn alpha on
+  for head classes, beta for tail ones); the record says how many wrong labels those are and what share of them it
+  flags (``reach_wrong``, ``reach_flag_recall``).
 - ``dividemix`` (DivideMix): its label refinement, ``w y + (1 - w) p`` with w the image's clean probability from
   the co-divide (the GMM on the per-image losses of the other net, noisymlt.methods.dividemix) and p the net's own
   probability; the score is how far the refined label moves from the given one, ``(1 - w) |y - p|``, the mean over
@@ -70,6 +72,17 @@ def pseudo_label_scores(noisy: np.ndarray, corrections: list[tuple[np.ndarray, n
     margins = [np.where(noisy > 0.5, beta[None, :] - q, q - alpha[None, :]) for q, alpha, beta in corrections]
     score = np.max(margins, axis=0)
     return score, score > 0
+
+
+def pseudo_label_reach(noisy: np.ndarray, corrections: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray:
+    """The entries the pseudo-label rule can change at all: a given 0 in a class where some branch's alpha is on
+    (below 1: q can pass it), a given 1 where some branch's beta is on (above 0). [CL]'s thresholds turn on alpha for
+    head classes and beta for tail ones, so the rest of the wrong labels lie beyond its reach."""
+    from noisymlt.methods.pseudo_labels import ALPHA_OFF, BETA_OFF
+
+    can_set = np.any([alpha < ALPHA_OFF for _, alpha, _ in corrections], axis=0)
+    can_clear = np.any([beta > BETA_OFF for _, _, beta in corrections], axis=0)
+    return np.where(noisy > 0.5, can_clear[None, :], can_set[None, :])
 
 
 def dividemix_scores(noisy: np.ndarray, nets: list[tuple[np.ndarray, np.ndarray]]):
@@ -182,8 +195,9 @@ def train_probabilities(trainer) -> dict[str, object]:
     return result
 
 
-def suspicion(trainer) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """(score, flagged) per scorer that applies to the run (see the module docstring)."""
+def suspicion(trainer) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray]]:
+    """(score, flagged) per scorer that applies to the run (see the module docstring), and the entries a scorer can
+    flag at all where that is not every entry (the pseudo-label rule's reach)."""
     noisy = np.asarray(trainer.train_table.labels, dtype=np.float64)
     seen = train_probabilities(trainer)
     probs = seen["probs"].astype(np.float64)
@@ -198,12 +212,15 @@ def suspicion(trainer) -> dict[str, tuple[np.ndarray, np.ndarray]]:
             corrections.append((seen["branches"][source].astype(np.float64), np.asarray(alpha, dtype=np.float64),
                                 np.asarray(beta, dtype=np.float64)))
         out["pseudo_labels"] = pseudo_label_scores(noisy, corrections)
+        reach = {"pseudo_labels": pseudo_label_reach(noisy, corrections)}
+    else:
+        reach = {}
     if "clean_probability" in seen:
         w = seen["clean_probability"]
         out["dividemix"] = dividemix_scores(noisy, [(w[n].astype(np.float64), seen["nets"][n].astype(np.float64))
                                                     for n in seen["nets"]])
     out["cleanlab"] = cleanlab_scores(noisy, probs)
-    return out
+    return out, reach
 
 
 def write_suspects(out: Path, trainer, scored: dict, wrong: np.ndarray | None) -> None:
@@ -258,7 +275,7 @@ def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, d
     from noisymlt.inference.run_model import load_run
 
     trainer = load_run(run, device=device, train_images=train_images)
-    scored = suspicion(trainer)
+    scored, reach = suspicion(trainer)
     wrong = clean_truth(trainer, clean_labels) if clean_labels else None
     record = {"run": str(run), "run_id": trainer.run_id, "method": trainer.cfg["method"],
               "dataset": trainer.cfg["dataset"], "gamma": float(trainer.cfg["gamma"]), "seed": int(trainer.cfg["seed"]),
@@ -269,6 +286,10 @@ def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, d
         if wrong is not None:
             rec["detection"] = detection(score, flagged, wrong, given=trainer.train_table.labels,
                                          groups={g: trainer.split[g] for g in GROUPS})
+            if name in reach:  # what it finds of the wrong labels it can change at all
+                found, can = wrong & flagged & reach[name], wrong & reach[name]
+                rec["detection"].update(reach_wrong=int(can.sum()),
+                                        reach_flag_recall=float(found.sum() / can.sum()) if can.any() else None)
         record["scorers"][name] = rec
     if wrong is not None:
         record["clean_labels"] = str(clean_labels)

@@ -39,8 +39,9 @@ MEASURES = {"ap": "AP", "precision_at_wrong": "P@n", "precision_at_budget": "P@k
 KINDS = {f"{kind}_recall_at_n": kind for kind in ("added", "dropped", "head", "medium", "tail")}
 RANKING = ("ap", "precision_at_wrong", "precision_at_budget", *KINDS)  # measures of a ranking alone, not of flags
 CHANCE = ("ap", "precision_at_wrong", "precision_at_budget", *KINDS)  # a blind ranking's: the share of wrong labels
-COUNTS = ("wrong", "entries", "flagged", "budget", *(f"{k}_wrong" for k in KINDS.values()))
-ORDER = [*MEASURES, "flag_precision", *KINDS, *(f"{k}_flag_recall" for k in KINDS.values()), *COUNTS]
+COUNTS = ("wrong", "entries", "flagged", "budget", *(f"{k}_wrong" for k in KINDS.values()), "reach_wrong")
+ORDER = [*MEASURES, "flag_precision", *KINDS, *(f"{k}_flag_recall" for k in KINDS.values()), "reach_flag_recall",
+         *COUNTS]
 REFERENCE = ("erm", "model")
 
 
@@ -180,6 +181,22 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
               "differ. chance: a ranking that knows nothing, whose precision and recall of the top n are the share "
               "of wrong labels.")
 
+    reach = []  # what the pseudo-label rule can change at all, and how much of it it flags
+    for method, scorer in rows:
+        for g in gammas:
+            can, wrong = values.get((method, scorer, g, "reach_wrong")), values.get((method, scorer, g, "wrong"))
+            if can and wrong:
+                share = 100 * np.mean([can[s] / wrong[s] for s in can if wrong.get(s)])
+                found = [v for v in values.get((method, scorer, g, "reach_flag_recall"), {}).values() if v is not None]
+                reach.append(f"{labels.get(method, method)} at γ={g:g}: {share:.1f}% of the wrong labels, of which it "
+                             f"flags {100 * np.mean(found):.1f}%" if found else
+                             f"{labels.get(method, method)} at γ={g:g}: {share:.1f}% of the wrong labels")
+    if reach:
+        note += (" The pseudo-label rule can change only the labels its thresholds reach (a given 0 in a class whose "
+                 "alpha is on, a given 1 in a class whose beta is on; [CL]'s thresholds: alpha for head classes, beta "
+                 "for tail ones), so its R counts wrong labels it could never flag. Within its reach, mean over seeds: "
+                 + "; ".join(reach) + ".")
+
     def text(method, scorer, gamma, measure, style):
         if same_ranking(values, method, scorer, gamma, measure):
             return "="
@@ -234,8 +251,8 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
 
 
 def _write_csv(path: Path, rows, gammas, values, measures, reference) -> None:
-    """Every number: per (method, scorer, rate, measure) the mean, its 95% CI and the seeds, as fractions (counts
-    as counts), and the paired difference from the reference row with its CI, its seeds and whether it is decided."""
+    """Every number: per (method, scorer, rate, measure) the mean, its 95% CI and the seeds, in the record's unit
+    (fractions, counts), and the paired difference from the reference row with its CI, its seeds and whether it is decided."""
     with open(path, "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["method", "scorer", "gamma", "measure", "mean", "ci95", "seeds", "vs_reference",
@@ -246,12 +263,10 @@ def _write_csv(path: Path, rows, gammas, values, measures, reference) -> None:
                     got = summary(values, (method, scorer, gamma, measure), reference)
                     if got is None:
                         continue
-                    scale = 1 if measure in COUNTS else 100
+                    def num(x):  # summary's percent back to the record's own unit
+                        return "" if x is None else f"{x / 100:.6g}"
 
-                    def num(x):
-                        return "" if x is None else f"{x / scale:.6g}"
-
-                    writer.writerow([method, scorer, gamma, measure, f"{got['mean'] / scale:.6g}", num(got["ci"]),
+                    writer.writerow([method, scorer, gamma, measure, num(got["mean"]), num(got["ci"]),
                                      got["seeds"], num(got["delta"]), num(got["delta_ci"]), got["paired"],
                                      int(got["decided"])])
 
