@@ -278,3 +278,25 @@ def test_one_pass_gives_dividemix_head_and_each_net_as_before(project, monkeypat
     assert np.array_equal(got["probs"], torch.cat(probs).numpy())
     for name, parts in nets.items():
         assert np.array_equal(got["nets"][name], torch.cat(parts).numpy()), name
+
+
+def test_records_of_two_noise_models_make_two_columns_and_lose_none(project, tmp_path):
+    """A grid of two noise models feeds one table a dataset: each (noise model, rate) is its own column, and a seed's
+    records of one model never stand in for the other's (the table keys a cell's seeds by its level)."""
+    import copy
+
+    from noisymlt.report.detection import read_records, write_tables
+
+    records = read_records(sorted(str(p) for p in (project / "reports/suspects/toy").glob("*.json")))
+    other = copy.deepcopy(records)
+    for record in other:
+        record["noise_model"] = "uniform"
+        record["scorers"]["model"]["detection"]["ap"] = 0.5  # told apart from the first model's
+    write_tables(records + other, tmp_path / "t.tex", {}, ["erm"])
+    rows = list(csv.DictReader(open(tmp_path / "t.csv", newline="")))
+    ap = {r["noise_model"]: r for r in rows if (r["method"], r["scorer"], r["measure"]) == ("ours", "model", "ap")}
+    first = [r["scorers"]["model"]["detection"]["ap"] for r in records if r["method"] == "ours"]
+    assert float(ap["uniform"]["mean"]) == 0.5 and int(ap["uniform"]["seeds"]) == 2
+    assert float(ap[records[0]["noise_model"]]["mean"]) == pytest.approx(np.mean(first), rel=1e-5)
+    header = (tmp_path / "t.md").read_text().splitlines()[2]
+    assert "AP uniform γ=0.5" in header and header.count("γ=0.5") == 8, header

@@ -29,8 +29,9 @@ import numpy as np
 
 from noisymlt.core.files import replacing
 from noisymlt.errors import NoisyMLTError, cause
-from noisymlt.report.style import dataset_title
+from noisymlt.data.noise_models import PAPER
 from noisymlt.inference.suspects import BUDGET_SHARE
+from noisymlt.report.style import dataset_title
 from noisymlt.report.tables import cell_text, mean_ci, noise_title
 
 SCORER_TITLES = {"model": "its prediction", "pseudo_labels": "pseudo-label rule", "dividemix": "label refinement",
@@ -55,7 +56,8 @@ def _number(value) -> bool:
 def _problem(record) -> str | None:
     """What keeps a parsed file from being a suspects record with detection numbers (None: nothing)."""
     if not isinstance(record, dict):
-        kind = {list: "a list", str: "a string", bool: "true or false", type(None): "null"}.get(type(record), "a number")
+        kind = {list: "a list", str: "a string", bool: "true or false", type(None): "null"}.get(type(record),
+                                                                                             "a number")
         return f"holds {kind}, not a record of `noisymlt suspects`"
     missing = [k for k in ("method", "dataset", "gamma", "seed", "scorers") if k not in record]
     if missing:
@@ -93,7 +95,7 @@ def read_records(paths: list[str]) -> list[dict]:
         if problem:
             raise NoisyMLTError(f"{path}: {problem}")
         key = (record["method"], record["dataset"], float(record["gamma"]), record["seed"],
-               record.get("noise_model", "paper"))
+               record.get("noise_model", PAPER))
         if key in seen:
             raise NoisyMLTError(f"{path}: the same run as {seen[key]} ({record['method']}, gamma {record['gamma']}, "
                                 f"seed {record['seed']}); give each run's record once")
@@ -104,19 +106,25 @@ def read_records(paths: list[str]) -> list[dict]:
     return records
 
 
-def collect(records: list[dict], methods: list[str]) -> tuple[list[float], list[tuple[str, str]], dict]:
-    """(noise rates, rows (method, scorer), values[(method, scorer, gamma, measure)] = {seed: value})."""
-    gammas = sorted({float(r["gamma"]) for r in records})
+def level_of(record: dict) -> tuple[str, float]:
+    """A record's noisy level, a column of the tables: (noise model, rate)."""
+    return record.get("noise_model", PAPER), float(record["gamma"])
+
+
+def collect(records: list[dict], methods: list[str]) -> tuple[list[tuple], list[tuple[str, str]], dict]:
+    """(levels (noise model, rate), rows (method, scorer), values[(method, scorer, level, measure)] = {seed:
+    value})."""
+    gammas = sorted({level_of(r) for r in records})
     values: dict[tuple, dict] = {}
-    for record in sorted(records, key=lambda r: (r["method"], r["gamma"], r["seed"])):
+    for record in sorted(records, key=lambda r: (r["method"], *level_of(r), r["seed"])):
         for scorer, rec in record["scorers"].items():
             for measure, value in rec["detection"].items():
-                values.setdefault((record["method"], scorer, record["gamma"], measure), {})[record["seed"]] = value
+                values.setdefault((record["method"], scorer, level_of(record), measure), {})[record["seed"]] = value
         # chance: a ranking that knows nothing; one noisy set a (rate, seed), whichever method's record says it
         first = next(iter(record["scorers"].values()))["detection"]
         share = first["wrong"] / first["entries"]
         for measure in CHANCE:
-            values.setdefault(("chance", "", record["gamma"], measure), {})[record["seed"]] = share
+            values.setdefault(("chance", "", level_of(record), measure), {})[record["seed"]] = share
     present = {r["method"] for r in records}
     order = [m for m in methods if m in present] + sorted(present - set(methods))
     rows = [(m, s) for m in order for s in SCORER_TITLES if any((m, s, g, "ap") in values for g in gammas)]
@@ -160,7 +168,11 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
     gammas, rows, values = collect(records, methods)
     reference = reference_of(rows)
     datasets = sorted({r["dataset"] for r in records})
-    models = sorted({r.get("noise_model", "paper") for r in records})
+    models = sorted({r.get("noise_model", PAPER) for r in records})
+
+    def level_text(level):  # a column's noisy level: its rate, and its noise model where the table has several
+        return f"γ={level[1]:g}" if len(models) == 1 else f"{noise_title(level[0])} γ={level[1]:g}"
+
     budgets = sorted({rec["detection"].get("budget") for r in records for rec in r["scorers"].values()} - {None})
     where = (f"{', '.join(dataset_title(d) for d in datasets)}; noise model "
              f"{', '.join(noise_title(m) for m in models)}")
@@ -188,9 +200,9 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
             if can and wrong:
                 share = 100 * np.mean([can[s] / wrong[s] for s in can if wrong.get(s)])
                 found = [v for v in values.get((method, scorer, g, "reach_flag_recall"), {}).values() if v is not None]
-                reach.append(f"{labels.get(method, method)} at γ={g:g}: {share:.1f}% of the wrong labels, of which it "
-                             f"flags {100 * np.mean(found):.1f}%" if found else
-                             f"{labels.get(method, method)} at γ={g:g}: {share:.1f}% of the wrong labels")
+                reach.append(f"{labels.get(method, method)} at {level_text(g)}: {share:.1f}% of the wrong labels, of "
+                             f"which it flags {100 * np.mean(found):.1f}%" if found else
+                             f"{labels.get(method, method)} at {level_text(g)}: {share:.1f}% of the wrong labels")
     if reach:
         note += (" The pseudo-label rule can change only the labels its thresholds reach (a given 0 in a class whose "
                  "alpha is on, a given 1 in a class whose beta is on; [CL]'s thresholds: alpha for head classes, beta "
@@ -210,7 +222,7 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
         return shown
 
     def block(heading, measures, by_gamma_rows, style):
-        cols = ["Method", "Scorer", *(["γ"] if not by_gamma_rows else []), *heading]
+        cols = ["Method", "Scorer", *([] if by_gamma_rows else ["γ"] if len(models) == 1 else ["noise, γ"]), *heading]
         lines = []
         for method, scorer in rows:
             name = "chance" if method == "chance" else labels.get(method, method)
@@ -221,14 +233,16 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
                 lines.append([name, shown, *(text(method, scorer, g, m, style) for m in measures for g in gammas)])
             else:
                 for g in gammas:
-                    lines.append([name, shown, f"{g:g}", *(text(method, scorer, g, m, style) for m in measures)])
+                    lines.append([name, shown, level_text(g).removeprefix("γ="),
+                                  *(text(method, scorer, g, m, style) for m in measures)])
         return cols, lines
 
-    main_head = [f"{short} γ={g:g}" for short in MEASURES.values() for g in gammas]
+    main_head = [f"{short} {level_text(g)}" for short in MEASURES.values() for g in gammas]
     kinds_head = list(KINDS.values())
     md = []
     tex = []
-    for heading, caption, measures, wide in ((main_head, title, MEASURES, True), (kinds_head, kinds_title, KINDS, False)):
+    for heading, caption, measures, wide in ((main_head, title, MEASURES, True),
+                                             (kinds_head, kinds_title, KINDS, False)):
         cols, lines = block(heading, measures, wide, "md")
         md += [f"**{caption}**", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
                *("| " + " | ".join(line) + " |" for line in lines), "", note, ""]
@@ -241,7 +255,8 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
                 " & ".join(tex_cols) + " \\\\", "\\midrule", *(" & ".join(line) + " \\\\" for line in lines),
                 "\\bottomrule", "\\end{tabular}", "\\end{table}", ""]
     out.parent.mkdir(parents=True, exist_ok=True)
-    measures = sorted({m for (_, _, _, m) in values}, key=lambda m: (m not in ORDER, ORDER.index(m) if m in ORDER else m))
+    measures = sorted({m for (_, _, _, m) in values},
+                      key=lambda m: (m not in ORDER, ORDER.index(m) if m in ORDER else m))
     with contextlib.ExitStack() as whole:  # the three files reach their names together, once all are whole
         tex_tmp, md_tmp, csv_tmp = (whole.enter_context(replacing(out.with_suffix(suffix)))
                                     for suffix in (".tex", ".md", ".csv"))
@@ -252,21 +267,22 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
 
 def _write_csv(path: Path, rows, gammas, values, measures, reference) -> None:
     """Every number: per (method, scorer, rate, measure) the mean, its 95% CI and the seeds, in the record's unit
-    (fractions, counts), and the paired difference from the reference row with its CI, its seeds and whether it is decided."""
+    (fractions, counts), and the paired difference from the reference row with its CI, its seeds and whether it is
+    decided."""
     with open(path, "w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["method", "scorer", "gamma", "measure", "mean", "ci95", "seeds", "vs_reference",
+        writer.writerow(["method", "scorer", "noise_model", "gamma", "measure", "mean", "ci95", "seeds", "vs_reference",
                          "vs_reference_ci95", "paired_seeds", "decided"])
         for method, scorer in rows:
-            for gamma in gammas:
+            for level in gammas:
                 for measure in measures:
-                    got = summary(values, (method, scorer, gamma, measure), reference)
+                    got = summary(values, (method, scorer, level, measure), reference)
                     if got is None:
                         continue
                     def num(x):  # summary's percent back to the record's own unit
                         return "" if x is None else f"{x / 100:.6g}"
 
-                    writer.writerow([method, scorer, gamma, measure, num(got["mean"]), num(got["ci"]),
+                    writer.writerow([method, scorer, *level, measure, num(got["mean"]), num(got["ci"]),
                                      got["seeds"], num(got["delta"]), num(got["delta_ci"]), got["paired"],
                                      int(got["decided"])])
 
