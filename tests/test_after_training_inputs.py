@@ -439,7 +439,9 @@ def test_a_killed_predict_leaves_nothing_under_the_outputs_names(project, tmp_pa
     seen = ""
     deadline = time.monotonic() + 300
     while "predict:" not in seen and time.monotonic() < deadline:  # tqdm's bar: the scoring has begun
-        seen += proc.stderr.read(1)
+        char = proc.stderr.read(1)
+        assert char, f"predict ended before it scored: {seen[-2000:]}"  # end of its output: it exited
+        seen += char
     proc.send_signal(how)
     rest = proc.communicate(timeout=120)[1]
     assert proc.returncode == (130 if how == signal.SIGINT else -signal.SIGKILL), seen + rest
