@@ -164,7 +164,8 @@ def test_each_stated_conversion_scores_as_the_rgb_picture_it_states(inside, tmp_
         assert written.mode == "I;16"  # PIL's own conversion would clip it to white
     os.symlink("..", folder / "loop")  # a link to a folder, a loop: not entered
     out = tmp_path / "o.csv"
-    status, err = _call(capsys, "predict", "--run", RUN.format("erm"), "--images", folder, "--out", out, "--no-progress")
+    status, err = _call(capsys, "predict", "--run", RUN.format("erm"), "--images", folder, "--out", out,
+                        "--no-progress")
     assert status == 0, err[-3000:]
     rows = {r.split(",")[0]: r.split(",")[2:-1] for r in out.read_text().splitlines()[1:]}
     assert len(rows) == 2 * len(pairs)
@@ -386,7 +387,8 @@ def test_a_bad_suspects_record_is_one_line(inside, tmp_path, capsys, case):
                                          ('{"erm": 5}', "must be text")])
 def test_bad_method_labels_are_one_line(inside, tmp_path, capsys, labels, says):
     records = sorted(str(p) for p in (inside / "reports/suspects/toy").glob("*.json"))
-    status, err = _call(capsys, "detection-table", "--records", *records, "--out", tmp_path / "d.tex", "--labels", labels)
+    status, err = _call(capsys, "detection-table", "--records", *records, "--out", tmp_path / "d.tex", "--labels",
+                        labels)
     _refused(status, err, "--labels", says)
     assert not list(tmp_path.iterdir())
 

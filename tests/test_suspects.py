@@ -121,13 +121,14 @@ def test_detection_numbers_against_sklearn_and_by_hand():
     # by kind of wrong label, written out: a given 1 the clean labels lack was added, a given 0 they hold dropped
     given = rng.random(wrong.shape) < 0.3
     groups = {"head": [0, 1], "medium": [2], "tail": [3, 4, 5]}
-    got = detection(score, flagged, wrong, given=given, groups=groups)
+    reach = rng.random(wrong.shape) < 0.5  # the entries a scorer can flag at all
+    got = detection(score, flagged, wrong, given=given, groups=groups, reach=reach)
     in_top = np.zeros(wrong.size, bool)
     in_top[top] = True
     in_top = in_top.reshape(wrong.shape)
     column = np.broadcast_to(np.arange(wrong.shape[1]), wrong.shape)
     kinds = {"added": wrong & given, "dropped": wrong & ~given,
-             **{g: wrong & np.isin(column, classes) for g, classes in groups.items()}}
+             **{g: wrong & np.isin(column, classes) for g, classes in groups.items()}, "reach": wrong & reach}
     assert sum(got[f"{g}_wrong"] for g in groups) == got["added_wrong"] + got["dropped_wrong"] == n
     for kind, members in kinds.items():
         assert got[f"{kind}_wrong"] == int(members.sum()) > 0, kind

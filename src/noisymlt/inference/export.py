@@ -56,31 +56,28 @@ def scores_module(trainer, head: str):
 
 
 def check_images(trainer):
-    """The first test images as the exported model takes them (the run's test-time transform, normalised),
-    and their row count."""
+    """The first test images as the run's eval dataset yields them (before the device's part of the transform)
+    and as the exported model takes them (the run's test-time transform, normalised)."""
     import torch
 
     dataset = trainer.images.eval_dataset("test")
-    count = min(CHECK_IMAGES, len(dataset))
-    batch = torch.stack([dataset[i] for i in range(count)])
-    return trainer.images.eval_images(batch).float().cpu().contiguous(), count
+    batch = torch.stack([dataset[i] for i in range(min(CHECK_IMAGES, len(dataset)))])
+    return batch, trainer.images.eval_images(batch).float().cpu().contiguous()
 
 
-def pil_resized(trainer, count: int):
-    """The same check images with their last resize done by PIL (transform's ``without_torch``), normalised; None
-    where the run's transform has no such step."""
+def pil_resized(trainer, batch):
+    """The check images (``batch``, as the eval dataset yields them) with their last resize done by PIL (transform's
+    ``without_torch``), normalised; None where the run's transform has no such step."""
     import torch
     from PIL import Image
 
     from noisymlt.training.transforms import IMAGENET_MEAN, IMAGENET_STD
 
-    dataset = trainer.images.eval_dataset("test")
     size = int(trainer.cfg["train"]["image_size"])
-    rows = [dataset[i] for i in range(count)]
-    if rows[0].dtype != torch.uint8 or rows[0].shape[-1] == size:
+    if batch.dtype != torch.uint8 or batch.shape[-1] == size:
         return None
     resized = [np.asarray(Image.fromarray(row.permute(1, 2, 0).numpy()).resize((size, size), Image.BILINEAR),
-                          dtype=np.float32).transpose(2, 0, 1) for row in rows]
+                          dtype=np.float32).transpose(2, 0, 1) for row in batch]
     mean = np.asarray(IMAGENET_MEAN, np.float32)[None, :, None, None]
     std = np.asarray(IMAGENET_STD, np.float32)[None, :, None, None]
     return torch.from_numpy(np.ascontiguousarray((np.stack(resized) - mean) / std))
@@ -172,8 +169,7 @@ def export_run(run: Path, out: Path, *, head: str | None = None, formats=tuple(F
 
     from noisymlt.core.files import replacing, write_json
     from noisymlt.core.manifest import file_sha256
-    from noisymlt.inference.run_model import check_run_outputs
-    from noisymlt.inference.run_model import load_run, recorded_heads, transform_of
+    from noisymlt.inference.run_model import check_run_outputs, load_run, recorded_heads, transform_of
 
     if out.exists() and not out.is_dir():
         raise NoisyMLTError(f"--out {out}: a file; export writes a folder (model.json and the models)")
@@ -186,7 +182,8 @@ def export_run(run: Path, out: Path, *, head: str | None = None, formats=tuple(F
         raise NoisyMLTError(f"{why}, or export --formats torchscript exported_program")
     trainer = load_run(run, device="cpu")
     module = scores_module(trainer, head)
-    images, count = check_images(trainer)
+    rows, images = check_images(trainer)
+    count = len(rows)
     with np.load(Path(run) / "predictions.npz", allow_pickle=False) as npz:
         recorded = npz[f"scores_{head}"][:count]
     # the run's scores are another device's or precision's (a GPU, bf16): check against its own fp32 forward
@@ -208,7 +205,7 @@ def export_run(run: Path, out: Path, *, head: str | None = None, formats=tuple(F
                           "against": "predictions.npz" if precision == "fp32" else
                           f"an fp32 forward of the run's model (the run predicted in {precision})"},
               "files": {}}
-    by_pil = pil_resized(trainer, count)
+    by_pil = pil_resized(trainer, rows)
     if by_pil is not None:
         with torch.no_grad():
             record["transform"]["without_torch_max_abs_difference"] = float(np.abs(module(by_pil).numpy()

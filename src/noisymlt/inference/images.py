@@ -61,7 +61,7 @@ def image_files(folder: str | Path) -> list[Path]:
         if path.suffix.lower() not in IMAGE_SUFFIXES or (path.is_dir() and not path.is_symlink()):
             continue
         relative = path.relative_to(folder).as_posix()
-        real, problem = inside.locate(relative)
+        _, problem = inside.locate(relative)
         if problem:
             raise NoisyMLTError(f"{folder}: {problem}")
         _regular(path, f"{folder}: image {relative!r}")
@@ -89,7 +89,7 @@ def listed_files(listing: str | Path) -> list[Path]:
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        real, problem = inside.locate(line)
+        _, problem = inside.locate(line)
         if problem:
             raise NoisyMLTError(f"{listing}, line {number}: {problem}")
         path = listing.parent / line
@@ -114,7 +114,7 @@ def labelled_files(table_path: str | Path, folder: str | Path) -> tuple[list[Pat
     inside = ImageFolder(folder, name=f"the images folder {folder}", noun="path")
     files = []
     for image_id, relative in zip(table.image_ids, table.paths):
-        real, problem = inside.locate(relative)
+        _, problem = inside.locate(relative)
         if problem:
             raise NoisyMLTError(f"{table_path}, image {image_id!r}: {problem}")
         _regular(folder / relative, f"{table_path}, image {image_id!r}: {folder / relative}")

@@ -72,11 +72,10 @@ def _read_object(path: Path) -> dict:
     return obj
 
 
-def recorded_inputs(manifest: Path) -> dict[str, Path]:
-    """The inputs a run's manifest names (key -> path), each a relative path that stays inside the project (the
-    current folder) as written: no absolute path, no ``..`` out of it. The project's own links (a data folder on
-    another disk, DVC's cache) are followed as the workflow follows them."""
-    record = _read_object(manifest)
+def recorded_inputs(record: dict, manifest: Path) -> dict[str, Path]:
+    """The inputs a run's manifest (``record``, read from MANIFEST) names (key -> path), each a relative path that
+    stays inside the project (the current folder) as written: no absolute path, no ``..`` out of it. The project's
+    own links (a data folder on another disk, DVC's cache) are followed as the workflow follows them."""
     inputs = record.get("inputs")
     if not isinstance(inputs, dict) or "test_labels" not in inputs:
         raise NoisyMLTError(f"{manifest}: no recorded input 'test_labels'; not a training run's manifest")
@@ -104,7 +103,8 @@ def load_run(run_dir: str | Path, *, device: str = "cpu", train_images: str | Pa
         raise NoisyMLTError(f"{run_dir}: no such run folder")
     if not manifest.is_file():
         raise NoisyMLTError(f"{manifest}: missing; {run_dir} is not a finished training run")
-    inputs = recorded_inputs(manifest)
+    record = _read_object(manifest)
+    inputs = recorded_inputs(record, manifest)
     config = run_dir / "run_config.json"
     cfg = _read_object(config) if config.is_file() else None
     train = cfg.get("train") if cfg is not None else None
@@ -127,7 +127,7 @@ def load_run(run_dir: str | Path, *, device: str = "cpu", train_images: str | Pa
         raise
     except (KeyError, TypeError, ValueError) as exc:  # a configuration of another version or hand-edited
         raise NoisyMLTError(f"{config}: not a configuration this version can rebuild ({cause(exc)})") from None
-    recorded = _read_object(manifest).get("checkpoint_content_sha256")
+    recorded = record.get("checkpoint_content_sha256")
     if trainer.checkpoint_sha256 is None or trainer.checkpoint_sha256 != recorded:
         raise NoisyMLTError(f"{trainer.ckpt_path}: not the checkpoint the run's manifest records (content "
                             f"{trainer.checkpoint_sha256 or 'unrecorded'}, the manifest's {recorded}); its "

@@ -114,13 +114,14 @@ BUDGET_SHARE = 0.01
 
 
 def detection(score: np.ndarray, flagged: np.ndarray, wrong: np.ndarray, given: np.ndarray | None = None,
-              groups: dict[str, list[int]] | None = None) -> dict:
+              groups: dict[str, list[int]] | None = None, reach: np.ndarray | None = None) -> dict:
     """How well a ranking and its flags find the wrong labels (``wrong``: given != clean), over every entry: the
     precision of its top n (n the wrong entries) and of its top k (k the budget, ``BUDGET_SHARE`` of the entries),
     its flags' precision and recall, its average precision. With ``given`` (the given labels), the same recalls for
     the positives the noise added (given 1, clean 0) and those it dropped (given 0, clean 1); with ``groups`` (class
-    indices by head / medium / tail), for the wrong entries of each group's classes: ``KIND_wrong``,
-    ``KIND_recall_at_n`` (the share of them among the top n) and ``KIND_flag_recall``."""
+    indices by head / medium / tail), for the wrong entries of each group's classes; with ``reach`` (the entries the
+    scorer can flag at all), for the wrong entries within it: ``KIND_wrong``, ``KIND_recall_at_n`` (the share of them
+    among the top n) and ``KIND_flag_recall``."""
     from noisymlt.evaluation.metrics import average_precision
 
     s, f, w = score.reshape(-1), flagged.reshape(-1), wrong.reshape(-1).astype(bool)
@@ -143,6 +144,8 @@ def detection(score: np.ndarray, flagged: np.ndarray, wrong: np.ndarray, given: 
     if groups is not None:
         column = np.tile(np.arange(wrong.shape[1]), wrong.shape[0])
         kinds.update({name: w & np.isin(column, classes) for name, classes in groups.items()})
+    if reach is not None:
+        kinds["reach"] = w & np.asarray(reach).reshape(-1)
     for kind, members in kinds.items():
         count = int(members.sum())
         out[f"{kind}_wrong"] = count
@@ -285,11 +288,7 @@ def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, d
         rec = {"how": HOW[name], "flagged": int(flagged.sum())}
         if wrong is not None:
             rec["detection"] = detection(score, flagged, wrong, given=trainer.train_table.labels,
-                                         groups={g: trainer.split[g] for g in GROUPS})
-            if name in reach:  # what it finds of the wrong labels it can change at all
-                found, can = wrong & flagged & reach[name], wrong & reach[name]
-                rec["detection"].update(reach_wrong=int(can.sum()),
-                                        reach_flag_recall=float(found.sum() / can.sum()) if can.any() else None)
+                                         groups={g: trainer.split[g] for g in GROUPS}, reach=reach.get(name))
         record["scorers"][name] = rec
     if wrong is not None:
         record["clean_labels"] = str(clean_labels)

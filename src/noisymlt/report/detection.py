@@ -41,8 +41,8 @@ KINDS = {f"{kind}_recall_at_n": kind for kind in ("added", "dropped", "head", "m
 RANKING = ("ap", "precision_at_wrong", "precision_at_budget", *KINDS)  # measures of a ranking alone, not of flags
 CHANCE = ("ap", "precision_at_wrong", "precision_at_budget", *KINDS)  # a blind ranking's: the share of wrong labels
 COUNTS = ("wrong", "entries", "flagged", "budget", *(f"{k}_wrong" for k in KINDS.values()), "reach_wrong")
-ORDER = [*MEASURES, "flag_precision", *KINDS, *(f"{k}_flag_recall" for k in KINDS.values()), "reach_flag_recall",
-         *COUNTS]
+ORDER = [*MEASURES, "flag_precision", *KINDS, *(f"{k}_flag_recall" for k in KINDS.values()), "reach_recall_at_n",
+         "reach_flag_recall", *COUNTS]
 REFERENCE = ("erm", "model")
 
 
@@ -114,7 +114,7 @@ def level_of(record: dict) -> tuple[str, float]:
 def collect(records: list[dict], methods: list[str]) -> tuple[list[tuple], list[tuple[str, str]], dict]:
     """(levels (noise model, rate), rows (method, scorer), values[(method, scorer, level, measure)] = {seed:
     value})."""
-    gammas = sorted({level_of(r) for r in records})
+    levels = sorted({level_of(r) for r in records})
     values: dict[tuple, dict] = {}
     for record in sorted(records, key=lambda r: (r["method"], *level_of(r), r["seed"])):
         for scorer, rec in record["scorers"].items():
@@ -127,8 +127,8 @@ def collect(records: list[dict], methods: list[str]) -> tuple[list[tuple], list[
             values.setdefault(("chance", "", level_of(record), measure), {})[record["seed"]] = share
     present = {r["method"] for r in records}
     order = [m for m in methods if m in present] + sorted(present - set(methods))
-    rows = [(m, s) for m in order for s in SCORER_TITLES if any((m, s, g, "ap") in values for g in gammas)]
-    return gammas, [*rows, ("chance", "")], values
+    rows = [(m, s) for m in order for s in SCORER_TITLES if any((m, s, g, "ap") in values for g in levels)]
+    return levels, [*rows, ("chance", "")], values
 
 
 def reference_of(rows: list[tuple[str, str]]) -> tuple[str, str] | None:
@@ -165,7 +165,7 @@ def same_ranking(values: dict, method: str, scorer: str, gamma: float, measure: 
 
 
 def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods: list[str]) -> None:
-    gammas, rows, values = collect(records, methods)
+    levels, rows, values = collect(records, methods)
     reference = reference_of(rows)
     datasets = sorted({r["dataset"] for r in records})
     models = sorted({r.get("noise_model", PAPER) for r in records})
@@ -195,7 +195,7 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
 
     reach = []  # what the pseudo-label rule can change at all, and how much of it it flags
     for method, scorer in rows:
-        for g in gammas:
+        for g in levels:
             can, wrong = values.get((method, scorer, g, "reach_wrong")), values.get((method, scorer, g, "wrong"))
             if can and wrong:
                 share = 100 * np.mean([can[s] / wrong[s] for s in can if wrong.get(s)])
@@ -230,14 +230,14 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
             if style == "tex":
                 name = name.replace("_", "\\_")
             if by_gamma_rows:
-                lines.append([name, shown, *(text(method, scorer, g, m, style) for m in measures for g in gammas)])
+                lines.append([name, shown, *(text(method, scorer, g, m, style) for m in measures for g in levels)])
             else:
-                for g in gammas:
+                for g in levels:
                     lines.append([name, shown, level_text(g).removeprefix("γ="),
                                   *(text(method, scorer, g, m, style) for m in measures)])
         return cols, lines
 
-    main_head = [f"{short} {level_text(g)}" for short in MEASURES.values() for g in gammas]
+    main_head = [f"{short} {level_text(g)}" for short in MEASURES.values() for g in levels]
     kinds_head = list(KINDS.values())
     md = []
     tex = []
@@ -262,10 +262,10 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
                                     for suffix in (".tex", ".md", ".csv"))
         tex_tmp.write_text("\n".join(tex))
         md_tmp.write_text("\n".join(md))
-        _write_csv(csv_tmp, rows, gammas, values, measures, reference)
+        _write_csv(csv_tmp, rows, levels, values, measures, reference)
 
 
-def _write_csv(path: Path, rows, gammas, values, measures, reference) -> None:
+def _write_csv(path: Path, rows, levels, values, measures, reference) -> None:
     """Every number: per (method, scorer, rate, measure) the mean, its 95% CI and the seeds, in the record's unit
     (fractions, counts), and the paired difference from the reference row with its CI, its seeds and whether it is
     decided."""
@@ -274,7 +274,7 @@ def _write_csv(path: Path, rows, gammas, values, measures, reference) -> None:
         writer.writerow(["method", "scorer", "noise_model", "gamma", "measure", "mean", "ci95", "seeds", "vs_reference",
                          "vs_reference_ci95", "paired_seeds", "decided"])
         for method, scorer in rows:
-            for level in gammas:
+            for level in levels:
                 for measure in measures:
                     got = summary(values, (method, scorer, level, measure), reference)
                     if got is None:
