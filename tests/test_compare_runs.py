@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("compare_runs", REPO / "scripts" / "compare_runs.py")
-compare_runs = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(compare_runs)
+from helpers import load_script
+
+compare_runs = load_script("compare_runs")
 
 
 def _run(root: Path, scores: np.ndarray, code: str, metrics: str = '{"map": 1}', weight: float = 0.5) -> None:

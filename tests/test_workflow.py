@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
@@ -15,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from helpers import REPO, SNAKEMAKE, TINY, copy_build, project_copy, snakemake, tiny_layer, write_layer
+from helpers import REPO, SNAKEMAKE, TINY, copy_build, load_script, project_copy, snakemake, tiny_layer, write_layer
 
 
 def other_venv(where: Path) -> Path:
@@ -50,9 +49,7 @@ def child_cpu_seconds(call):
 def test_lint_is_clean(tmp_path):
     """No lint but the one the workflow answers on purpose: no rule names a conda environment or container
     (docs/slurm.md); scripts/lint_workflow.py, which `make lint` runs, leaves that one out."""
-    spec = importlib.util.spec_from_file_location("lint_workflow", REPO / "scripts" / "lint_workflow.py")
-    lint_workflow = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lint_workflow)
+    lint_workflow = load_script("lint_workflow")
     found = lint_workflow.lints(project_copy(tmp_path))
     assert found, "no lint read: did Snakemake's text change?"  # each rule has the one left out
     assert {title for _, title in found} == {lint_workflow.NOT_OFFERED}, found
