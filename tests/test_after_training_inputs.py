@@ -360,7 +360,7 @@ def _detection_cases(project: Path) -> dict:
         "gamma text": (edited(lambda r: r.update(gamma="half")), "must be numbers"),
         "seed null": (edited(lambda r: r.update(seed=None)), "must be numbers"),
         "scorers a list": (edited(lambda r: r.update(scorers=[1])), "'scorers' must map"),
-        "an unknown scorer": (edited(lambda r: r["scorers"].update(oracle=r["scorers"]["model"])), "unknown scorer"),
+        "an untitled scorer": (edited(lambda r: r["scorers"]["model"].pop("title")), "has no 'title'"),
         "no detection": (edited(lambda r: r["scorers"]["model"].pop("detection")), "--clean-labels"),
         "detection text": (edited(lambda r: r["scorers"]["model"]["detection"].update(ap="0.5")), "ap must be"),
         "detection NaN": (edited(lambda r: r["scorers"]["model"]["detection"].update(ap=float("nan"))), "ap must be"),
@@ -370,7 +370,7 @@ def _detection_cases(project: Path) -> dict:
 
 
 @pytest.mark.parametrize("case", ["empty", "not UTF-8", "a list", "a number", "no scorers", "gamma text", "seed null",
-                                  "scorers a list", "an unknown scorer", "no detection", "detection text",
+                                  "scorers a list", "an untitled scorer", "no detection", "detection text",
                                   "detection NaN", "detection short", "a duplicate run"])
 def test_a_bad_suspects_record_is_one_line(inside, tmp_path, capsys, case):
     content, says = _detection_cases(inside)[case]

@@ -162,7 +162,7 @@ def test_an_unreadable_image_is_named_in_one_line_by_the_loader_in_process_or_in
     """scores_of with the run's loader in this process (workers 0, the toy's) or in a worker process, which sends
     a file's error back as the text of a traceback: either way one line that names the file, and no traceback."""
     from noisymlt.errors import NoisyMLTError
-    from noisymlt.inference.run_model import ImageFiles, load_run, scores_of
+    from noisymlt.inference.run_model import image_dataset, load_run, scores_of
 
     monkeypatch.chdir(project)
     folder = tmp_path / "bad"
@@ -173,10 +173,10 @@ def test_an_unreadable_image_is_named_in_one_line_by_the_loader_in_process_or_in
     trainer.workers = workers
     files = [folder / "good.jpg", folder / "broken.jpg"]
     with pytest.raises(NoisyMLTError) as raised:
-        scores_of(trainer, ImageFiles(files, trainer.cfg), ["main"], batch_size=1)
+        scores_of(trainer, image_dataset(files, trainer.cfg), ["main"], batch_size=1)
     message = str(raised.value)
     assert "broken.jpg" in message and "\n" not in message and "Traceback" not in message, message
-    assert len(scores_of(trainer, ImageFiles(files[:1], trainer.cfg), ["main"])["main"]) == 1  # the good one reads
+    assert len(scores_of(trainer, image_dataset(files[:1], trainer.cfg), ["main"])["main"]) == 1  # the good one reads
 
 
 def test_a_run_of_other_code_is_refused_in_one_line(tiny_runs_project, tmp_path):

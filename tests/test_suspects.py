@@ -29,7 +29,7 @@ def _labels(rng, n=60, c=7):
 def test_the_pseudo_label_scorer_flags_what_the_rule_changes():
     import torch
 
-    from noisymlt.inference.suspects import pseudo_label_scores
+    from noisymlt.methods.pseudo_labels import pseudo_label_scores
     from noisymlt.methods.pseudo_labels import pseudo_labels
 
     rng = np.random.default_rng(0)
@@ -44,12 +44,13 @@ def test_the_pseudo_label_scorer_flags_what_the_rule_changes():
                                   torch.as_tensor(beta)).numpy()
         changed |= corrected != noisy
     assert np.array_equal(flagged, changed) and changed.any() and not changed.all()
+    assert np.array_equal(flagged, score > 0)  # the ranking's margin is positive exactly where the rule fires
     # the margin past the threshold that fired: a given 0 by q - alpha, a given 1 by beta - q
     r, c = np.argwhere(flagged & (noisy == 0))[0]
     assert score[r, c] == pytest.approx(max(q[r, c] - a[c] for q, (a, _) in zip(qs, thresholds)))
 
     # its reach: the entries some q could change (every q from 0 to 1 tried), which holds every flag
-    from noisymlt.inference.suspects import pseudo_label_reach
+    from noisymlt.methods.pseudo_labels import pseudo_label_reach
 
     off = [(np.ones(noisy.shape[1]), np.zeros(noisy.shape[1]))] * 2  # alpha 1 and beta 0 everywhere: no reach
     assert not pseudo_label_reach(noisy, [(q, a, b) for q, (a, b) in zip(qs, off)]).any()
@@ -68,13 +69,12 @@ def test_the_pseudo_label_scorer_flags_what_the_rule_changes():
 def test_the_dividemix_scorer_flags_what_its_refinement_moves_across_one_half():
     import torch
 
-    from noisymlt.inference.suspects import dividemix_scores
-    from noisymlt.methods.dividemix import refine_labels
+    from noisymlt.methods.dividemix import refine_labels, refinement_scores
 
     rng = np.random.default_rng(1)
     noisy = _labels(rng)
     nets = [(rng.random(len(noisy)), rng.random(noisy.shape)) for _ in range(2)]
-    score, flagged = dividemix_scores(noisy, nets)
+    score, flagged = refinement_scores(noisy, nets)
     moved = np.mean([np.abs(refine_labels(torch.as_tensor(noisy), torch.as_tensor(w), torch.as_tensor(p)).numpy()
                             - noisy) for w, p in nets], axis=0)
     assert np.allclose(score, moved) and np.array_equal(flagged, moved > 0.5) and flagged.any()
@@ -89,8 +89,8 @@ def test_cleanlabs_ranking_is_the_models_own_and_its_flags_are_confident_learnin
     truth = _labels(rng, n=200)
     noisy = np.where(rng.random(truth.shape) < 0.15, 1 - truth, truth)  # labels a model trained on the truth disputes
     probs = np.clip(0.6 * truth + 0.4 * rng.random(truth.shape), 0, 1)
-    score, flagged = cleanlab_scores(noisy, probs)
-    model, model_flags = model_scores(noisy, probs)
+    cleanlab, model = cleanlab_scores(noisy, probs), model_scores(noisy, probs)
+    score, flagged, model_flags, model = cleanlab.score, cleanlab.flagged, model.flagged, model.score
     assert np.allclose(score, model) and np.array_equal(ranks(score), ranks(model))
     labels = [list(np.flatnonzero(row)) for row in noisy]
     assert np.array_equal(flagged, find_multilabel_issues_per_class(labels, probs, low_memory=False))
@@ -226,59 +226,62 @@ def test_a_cell_of_the_detection_table_equals_an_independent_computation(project
     assert erm.split(" | ")[2].startswith(f"{100 * np.mean(aps):.2f} ± "), erm
 
 
+def _train_images(trainer):
+    """The training images as the run's predict loop hands them to the model (its memory format)."""
+    import torch
+
+    for _, images in trainer.iterate_train_eval():
+        if trainer.cfg["train"]["channels_last"]:
+            images = images.contiguous(memory_format=torch.channels_last)
+        yield images
+
+
 def test_one_pass_gives_the_heads_and_each_branch_as_the_branch_alone(project, monkeypatch):
-    """train_probabilities reads the reported head and both branches' probabilities from one forward pass of the
-    model; each equals what it was computed from before, bit for bit: the head from the method's predict, each
-    branch from that branch run alone on the same images (the pseudo-label rule's _probs)."""
+    """The scoring pass (the run's predict loop over predict_for_scoring) reads the reported heads and both
+    branches' logits from one forward pass of the model; each equals what it stands for, bit for bit: the heads the
+    method's predict gives, each branch that branch run alone on the same images (the pseudo-label rule's _probs)."""
     import torch
 
     from noisymlt.inference.run_model import load_run
-    from noisymlt.inference.suspects import train_probabilities
 
     monkeypatch.chdir(project)
     trainer = load_run("runs/toy/g0.5/s0/ours")
     method, model = trainer.method, trainer.model
-    got = train_probabilities(trainer)
-    assert set(got["branches"]) == {"random", "balanced"}
-    probs, branches = [], {name: [] for name in got["branches"]}
-    model.eval()
+    got = trainer.predict(part="train", forward=method.predict_for_scoring)
+    assert set(got) == {"ensemble", "random", "balanced", "branch:random", "branch:balanced"}
+    heads = trainer.predict(part="train")
+    assert all(np.array_equal(got[name], heads[name]) for name in heads)
+    branches = {name: [] for name in ("random", "balanced")}
     with torch.no_grad(), trainer.autocast():
-        for _, images in trainer.iterate_train_eval():
-            probs.append(torch.sigmoid(method.predict(model, images)["ensemble"].float()))
+        for images in _train_images(trainer):
             for name in branches:
                 branches[name].append(method._probs(model, name, images, None))
-    assert np.array_equal(got["probs"], torch.cat(probs).numpy())
     for name, parts in branches.items():
-        assert np.array_equal(got["branches"][name], torch.cat(parts).numpy()), name
+        assert np.array_equal(got[f"branch:{name}"], torch.cat(parts).numpy()), name
 
 
 def test_one_pass_gives_dividemix_head_and_each_net_as_before(project, monkeypatch):
-    """For DivideMix, train_probabilities reads the reported head and each net's probabilities from one pass of the
-    two nets; both equal what was computed from two passes before, bit for bit: the head from predict, each net's
-    probabilities from that net on the shared frozen prefix."""
+    """For DivideMix the scoring pass reads the reported head and each net's logits from one pass of the two nets:
+    the head as predict gives it, each net as that net alone on the shared frozen prefix, bit for bit."""
     import torch
 
     from noisymlt.inference.run_model import load_run
-    from noisymlt.inference.suspects import train_probabilities
     from noisymlt.methods.dividemix import NETS, net_logits
 
     monkeypatch.chdir(project)
     trainer = load_run("runs/toy/g0.5/s0/dividemix")
     method, model = trainer.method, trainer.model
-    got = train_probabilities(trainer)
-    assert set(got["nets"]) == set(NETS) and set(got["clean_probability"]) == set(NETS)
-    probs, nets = [], {name: [] for name in NETS}
-    model.eval()
+    got = trainer.predict(part="train", forward=method.predict_for_scoring)
+    assert set(got) == {"main", *(f"net:{name}" for name in NETS)}
+    assert np.array_equal(got["main"], trainer.predict(part="train")["main"])
+    nets = {name: [] for name in NETS}
     with torch.no_grad(), trainer.autocast():
-        for _, images in trainer.iterate_train_eval():
+        for images in _train_images(trainer):
             frozen = method.shared_prefix(model, images)
-            logits = [net_logits(model[name], images, frozen).float() for name in NETS]
-            probs.append(torch.sigmoid((logits[0] + logits[1]) / 2))  # DivideMix's test-time head: the nets' mean
-            for name, net in zip(NETS, logits):
-                nets[name].append(torch.sigmoid(net))
-    assert np.array_equal(got["probs"], torch.cat(probs).numpy())
+            for name in NETS:
+                nets[name].append(torch.sigmoid(net_logits(model[name], images, frozen).float()))
     for name, parts in nets.items():
-        assert np.array_equal(got["nets"][name], torch.cat(parts).numpy()), name
+        assert np.array_equal(got[f"net:{name}"], torch.cat(parts).numpy()), name
 
 
 def test_records_of_two_noise_models_make_two_columns_and_lose_none(project, tmp_path):

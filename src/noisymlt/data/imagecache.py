@@ -39,9 +39,16 @@ def rows_digest(image_ids, paths) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
+def cache_row(img, size: int) -> np.ndarray:
+    """A decoded image (PIL, RGB) as the cache stores it: resized to SIZE x SIZE by PIL's bilinear filter, uint8
+    (SIZE, SIZE, 3), a writable array."""
+    from PIL import Image
+
+    return np.array(img.resize((size, size), Image.BILINEAR), dtype=np.uint8)
+
+
 def build_cache(labels: str | Path, images: str | Path, size: int, out: str | Path, progress: bool = True) -> dict:
     """Decode every image of ``labels`` (paths relative to ``images``) into OUT (.npy) + its index (.json)."""
-    from PIL import Image
     from tqdm import tqdm
 
     from noisymlt.data.labels import read_labels
@@ -63,7 +70,7 @@ def build_cache(labels: str | Path, images: str | Path, size: int, out: str | Pa
                                        dynamic_ncols=True)):
             img = load_image(Path(images) / rel)
             sizes.append([img.width, img.height])
-            arr[row] = np.asarray(img.resize((size, size), Image.BILINEAR), dtype=np.uint8)
+            arr[row] = cache_row(img, size)
         arr.flush()
         del arr
     except BaseException:

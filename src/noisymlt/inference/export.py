@@ -2,8 +2,8 @@
 run's own scores.
 
 The exported graph is the run's network with its method's prediction for one head (the reported one unless
-``--head``: Ours' ensemble mixes its two branches' logits inside it) and the sigmoid: normalised images in,
-per-class scores out, float32, any batch size. What comes before it, the decoding and resizing of
+``--head``: a two-branch method's ensemble mixes its branches' logits inside it) and the sigmoid: normalised images
+in, per-class scores out, float32, any batch size. What comes before it, the decoding and resizing of
 noisymlt.inference.run_model (``transform_of``), is written step by step in ``model.json`` beside it, with the
 input size, mean and std, the classes in output order, the run, its run id and checkpoint, and each file's sha256.
 
@@ -83,25 +83,10 @@ def pil_resized(trainer, batch):
     return torch.from_numpy(np.ascontiguousarray((np.stack(resized) - mean) / std))
 
 
-@contextlib.contextmanager
-def plain_pooling():
-    """Global average pooling as ``maps.mean(dim=(2, 3))``, which is its forward: the autograd Function that every
-    model pools through (noisymlt.models.heads, for a faster backward in training) is opaque to tracing and
-    export. Patched for the export only: an edit of heads.py would be an edit of every run's code, which retrains
-    them all."""
-    from noisymlt.models.heads import _GlobalAverage
-
-    _GlobalAverage.apply = staticmethod(lambda maps: maps.mean(dim=(2, 3)))
-    try:
-        yield
-    finally:
-        del _GlobalAverage.apply  # torch.autograd.Function's own again
-
-
 def export_torchscript(module, example, path: Path) -> None:
     import torch
 
-    with torch.no_grad(), plain_pooling():
+    with torch.no_grad():  # no gradient: the models pool by a plain mean, which tracing sees
         traced = torch.jit.trace(module, (example,), check_trace=False)
     traced.save(str(path))
 
@@ -117,7 +102,7 @@ def run_torchscript(path: Path, images) -> np.ndarray:
 def export_program(module, example, path: Path) -> None:
     import torch
 
-    with torch.no_grad(), plain_pooling():
+    with torch.no_grad():  # no gradient: the models pool by a plain mean, which tracing sees
         program = torch.export.export(module, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
     torch.export.save(program, str(path))
 
@@ -139,7 +124,8 @@ def export_onnx(module, example, path: Path) -> None:
     for name in ("onnx_ir", "onnxscript"):  # each optimisation pass logs a line at INFO
         logging.getLogger(name).setLevel(logging.WARNING)
     batch = torch.export.Dim("batch", min=1)
-    with contextlib.redirect_stdout(io.StringIO()), plain_pooling():  # the exporter's progress lines: not shown
+    # no gradient, as above; the exporter's progress lines are not shown
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
         torch.onnx.export(module, (example,), str(path), input_names=["images"], output_names=["scores"],
                           dynamic_shapes=({0: batch},), dynamo=True, verbose=False,
                           external_data=False)  # one file, weights inside (ONNX's 2 GB limit: a ResNet-50 is 0.1 GB)

@@ -7,34 +7,18 @@ the list's own folder (``--list``); an absolute path, a way out or a link leadin
 names the folder or the list and its line. Links to folders are not entered (a loop would never end); a link to an
 image inside the folder is read. A listed or tabled path must be a regular file (a FIFO would block the reader).
 
-How a file becomes RGB (``read_image``), the conversions stated, each the same as the training decode
-(noisymlt.data.images) where that decode is right:
-
-- 8-bit RGB, grey (L), bilevel (1), palette (P), YCbCr and CMYK: PIL's conversion to RGB; CMYK by PIL's formula,
-  without an embedded ICC profile;
-- with an alpha channel (RGBA, LA, PA, a palette's transparent entry): the alpha is dropped, the colours kept as
-  stored (not composited on any background);
-- 16-bit grey (PIL modes I;16*): scaled to 8 bits, ``round(v * 255 / 65535)``, then grey to RGB. (PIL's own
-  conversion clips every value above 255 to white: a silent wrong picture.) A 16-bit-per-channel colour PNG is
-  decoded to 8 bits by PIL itself;
-- an animated image (GIF, APNG, WebP): its first frame;
-- refused in one line: 32-bit integer or float pixels (modes I and F: no stated scale to 8 bits), a header that
-  declares more pixels than PIL's limit (``PIL.Image.MAX_IMAGE_PIXELS``, a decompression bomb: refused before any
-  pixel is decoded), and an empty, truncated or otherwise undecodable file.
+Each file is decoded by noisymlt.data.images.load_image, the one decode of every step (its conversions are
+stated there).
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
-
-import numpy as np
 
 from noisymlt.errors import NoisyMLTError, cause
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
-SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
 
 
 def _regular(path: Path, where: str) -> None:
@@ -120,38 +104,3 @@ def labelled_files(table_path: str | Path, folder: str | Path) -> tuple[list[Pat
         _regular(folder / relative, f"{table_path}, image {image_id!r}: {folder / relative}")
         files.append(folder / relative)
     return files, [str(i) for i in table.image_ids]
-
-
-def _to_rgb(img, path: Path):
-    from PIL import Image
-
-    if img.mode in SIXTEEN_BIT:
-        grey = np.asarray(img, dtype=np.uint32)
-        return Image.fromarray(((grey * 255 + 32767) // 65535).astype(np.uint8), "L").convert("RGB")
-    if img.mode in ("I", "F"):
-        raise NoisyMLTError(f"{path}: {'32-bit integer' if img.mode == 'I' else 'floating-point'} pixels (PIL mode "
-                            f"{img.mode}), which have no stated scale to the 8 bits a run takes; save the image "
-                            "with 8 or 16 bits a channel")
-    return img.convert("RGB")
-
-
-def read_image(path: str | Path):
-    """PATH decoded as an 8-bit RGB PIL image by the conversions of the module docstring, or one line naming it."""
-    from PIL import Image
-
-    path = Path(path)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # e.g. PIL's palette-transparency advice: the conversion is stated
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
-                return _to_rgb(img, path)
-    except NoisyMLTError:
-        raise
-    except FileNotFoundError:
-        raise NoisyMLTError(f"{path}: image file is missing") from None
-    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
-        raise NoisyMLTError(f"{path}: refused: its header declares more pixels than the limit of "
-                            f"{Image.MAX_IMAGE_PIXELS} (a decompression bomb?) ({cause(exc)})") from None
-    except Exception as exc:  # a decoder's error on a damaged file: PIL raises OSError, SyntaxError, ValueError...
-        raise NoisyMLTError(f"{path}: corrupt or unreadable image ({cause(exc)})") from None

@@ -3,12 +3,13 @@
 The images: every image file under a folder (``--images DIR``), the paths a text file lists (``--list FILE``), or
 the rows of a label table with the folder its paths are relative to (``--labels TABLE --images DIR``: the run's
 own test table gives back its predictions.npz, the same bytes); each path inside its folder, each file decoded by
-the conversions noisymlt.inference.images states. They are read in batches of the run's
+the conversions noisymlt.data.images states. They are read in batches of the run's
 ``eval_batch_size`` through the run's own test-time transform (noisymlt.inference.run_model) and never held
 whole in memory.
 
-Scores: the sigmoid of each head's logits; the reported head (Ours: the ensemble) unless ``--heads`` asks for
-others (``all``: every head the run has). Labels: a class is predicted where its score reaches its threshold:
+Scores: the sigmoid of each head's logits; the reported head (a two-branch method's ensemble) unless ``--heads``
+asks for others (``all``: every head the run has). Labels: a class is predicted where its score reaches its
+threshold:
 
 - ``--threshold 0.5`` (the default; any number in (0, 1)): the same for every class;
 - ``--threshold train-f1``: per class, the score at which the run's predictions on its own training images (test
@@ -129,7 +130,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     from noisymlt.core.files import replacing, write_json
     from noisymlt.core.manifest import file_sha256
-    from noisymlt.inference.run_model import ImageFiles, check_run_outputs, load_run, recorded_heads, transform_of
+    from noisymlt.inference.run_model import (check_run_outputs, image_dataset, load_run, recorded_heads,
+                                             transform_of)
 
     out = Path(args.out)
     if out.suffix not in (".csv", ".parquet"):
@@ -145,7 +147,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         raise NoisyMLTError(f"--heads {' '.join(unknown)}: the run's heads are {', '.join(known)}")
     files, names = select_images(args)
     trainer = load_run(args.run, device=args.device, train_images=args.train_images)
-    scores = scores_of(trainer, ImageFiles(files, trainer.cfg), heads, args.batch_size, progress=not args.no_progress)
+    scores = scores_of(trainer, image_dataset(files, trainer.cfg), heads, args.batch_size,
+                       progress=not args.no_progress)
     classes = list(trainer.train_table.classes)
     thresholds = thresholds_for(trainer, rule, heads, args.batch_size)
     how = ("the same for every class" if rule != "train-f1" else

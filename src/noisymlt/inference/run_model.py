@@ -5,12 +5,13 @@ the train labels, class split and image caches its manifest names (each checked 
 that wrote it) and the final checkpoint, refused when it is another configuration's, other inputs' or other
 code's. A model is used only as the run whose predictions.npz it scored.
 
-``ImageFiles`` gives images by path through the run's own test-time transform, up to where the run's eval batches
-go to the device (``Trainer.predict_dataset``). With ``train.loader: cache`` that is a cache row: the image decoded
-as the cache step decodes it (PIL, RGB; no EXIF rotation), resized to ``cache_size`` with PIL's bilinear filter,
-uint8; on the device it is then resized to ``image_size`` (antialiased bilinear) and normalised with ImageNet's
-mean and std, as the run's test images were. Without the cache: the test transform of noisymlt.training.transforms
-(PIL bilinear to ``image_size``, normalised) in the loader.
+``image_dataset`` gives images by path through the run's own test-time transform, up to where the run's eval
+batches go to the device, and ``scores_of`` scores them by the run's own predict loop (``Trainer.predict``). With
+``train.loader: cache`` that is a cache row: the image decoded as the cache step decodes it (PIL, RGB; no EXIF
+rotation), resized to ``cache_size`` with PIL's bilinear filter, uint8; on the device it is then resized to
+``image_size`` (antialiased bilinear) and normalised with ImageNet's mean and std, as the run's test images were.
+Without the cache: the test transform of noisymlt.training.transforms (PIL bilinear to ``image_size``,
+normalised) in the loader.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def transform_of(cfg: dict) -> dict:
     tcfg = cfg["train"]
     size = int(tcfg["image_size"])
     steps = ["decode the file with PIL and convert it to 8-bit RGB (no EXIF rotation; alpha dropped, 16-bit grey "
-             "scaled by 255/65535, an animation's first frame: noisymlt.inference.images)"]
+             "scaled by 255/65535, an animation's first frame: noisymlt.data.images)"]
     cache = int(tcfg["cache_size"]) if tcfg.get("loader") == "cache" else None
     without_torch = None
     if cache is not None:
@@ -166,62 +167,24 @@ def transform_of(cfg: dict) -> dict:
     return out
 
 
-class ImageFiles:
+def image_dataset(paths: list[Path], cfg: dict):
     """Images by path as the run's eval dataset yields its own (see the module docstring), each decoded by
-    noisymlt.inference.images.read_image (its conversions stated there); an unreadable file fails with one line
-    naming it."""
+    noisymlt.data.images.load_image (its conversions stated there)."""
+    from noisymlt.training.loaders import EvalImages
 
-    def __init__(self, paths: list[Path], cfg: dict):
-        tcfg = cfg["train"]
-        self.paths = [Path(p) for p in paths]
-        self.cached = tcfg.get("loader") == "cache"
-        self.size = int(tcfg["cache_size"] if self.cached else tcfg["image_size"])
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int):
-        import torch
-        from PIL import Image
-
-        from noisymlt.inference.images import read_image
-        from noisymlt.training.transforms import eval_transform
-
-        img = read_image(self.paths[i])
-        if not self.cached:
-            return eval_transform(img, self.size)
-        row = np.array(img.resize((self.size, self.size), Image.BILINEAR), dtype=np.uint8)  # a writable copy
-        return torch.from_numpy(row).permute(2, 0, 1)
+    tcfg = cfg["train"]
+    cached = tcfg.get("loader") == "cache"
+    return EvalImages(Path(), [str(p) for p in paths], int(tcfg["cache_size"] if cached else tcfg["image_size"]),
+                      as_cache=cached)
 
 
 def scores_of(trainer, dataset, heads: list[str], batch_size: int | None = None,
               progress: bool = False) -> dict[str, np.ndarray]:
-    """Sigmoid scores per head of ``heads`` for every item of ``dataset``, as ``Trainer.predict`` scores the run's
-    test images: the run's batches (unless ``batch_size``), device, memory format and precision. (The loop is
-    Trainer.predict's, over another dataset: an edit of trainer.py is an edit of every run's code, which retrains
-    them all.) A loader worker's failure on a file comes back as its own one-line error."""
-    import torch
-    from tqdm import tqdm
-
-    from noisymlt.training.loaders import eval_loader
-
-    tcfg = trainer.cfg["train"]
-    loader = eval_loader(dataset, batch_size or tcfg["eval_batch_size"], trainer.workers,
-                         trainer.device.type == "cuda")
-    trainer.model.eval()
-    outs: dict[str, list] = {}
+    """Sigmoid scores per head of ``heads`` for every item of ``dataset``, by the run's own predict loop
+    (``Trainer.predict``: its batches unless ``batch_size``, device, memory format and precision). A loader
+    worker's failure on a file comes back as its own one-line error."""
     try:
-        with torch.no_grad():
-            for images in tqdm(loader, desc="predict", disable=not progress, leave=False):
-                images = trainer.images.eval_images(images)
-                if tcfg["channels_last"]:
-                    images = images.contiguous(memory_format=torch.channels_last)
-                with trainer.autocast():
-                    logits = trainer.method.predict(trainer.model, images)
-                for name in heads:
-                    if name not in logits:
-                        raise NoisyMLTError(f"head {name!r} is not among the run's: {', '.join(logits)}")
-                    outs.setdefault(name, []).append(torch.sigmoid(logits[name].float()).cpu().numpy())
+        scores = trainer.predict(dataset, batch_size=batch_size, progress=progress)
     except Exception as exc:
         # A loader worker's error comes back as its own type (a NoisyMLTError too) whose text is "Caught ... in
         # DataLoader worker process N", then the worker's traceback, ending in the original line.
@@ -229,4 +192,7 @@ def scores_of(trainer, dataset, heads: list[str], batch_size: int | None = None,
         if len(text) > 1 and "NoisyMLTError: " in text[-1]:
             raise NoisyMLTError(text[-1].split("NoisyMLTError: ", 1)[1]) from None
         raise
-    return {name: np.concatenate(outs[name]) for name in heads}
+    missing = [name for name in heads if name not in scores]
+    if missing:
+        raise NoisyMLTError(f"head {missing[0]!r} is not among the run's: {', '.join(scores)}")
+    return {name: scores[name] for name in heads}

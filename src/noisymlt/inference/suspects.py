@@ -3,22 +3,14 @@ labels that are really wrong where the clean ones are known (the benchmark's).
 
 Every (training image, class) entry gets a score from each scorer that applies to the run, higher = more likely
 wrong, and a flag, the scorer's own decision that the given label is wrong. The images are scored with the run's
-test-time transform and final weights:
+test-time transform and final weights, in one pass of the run's predict loop (``Trainer.predict``):
 
 - ``model`` (every method): the reported head's probability p against the given label y, ``|y - p|``; flagged
   where the prediction at 0.5 contradicts the label (score > 0.5).
-- ``pseudo_labels`` (Ours and the co-learning family, unless its pseudo labels are off): the rule Ours trains with
-  (Eq. 3; noisymlt.methods.pseudo_labels), applied once with each trained branch's source branch: a given 0 becomes
-  1 where the source's q > alpha, a given 1 becomes 0 where q < beta. The score is the larger margin past the
-  threshold over the two branches' corrections (``q - alpha`` for a given 0, ``beta - q`` for a given 1); flagged
-  where either correction changes the label (score > 0). As in a training step, but on unaugmented views with the
-  final weights. It can change only the entries its thresholds reach (``pseudo_label_reach``: [CL]'s turn alpha on
-  for head classes, beta for tail ones); the record says how many wrong labels those are and what share of them it
-  flags (``reach_wrong``, ``reach_flag_recall``).
-- ``dividemix`` (DivideMix): its label refinement, ``w y + (1 - w) p`` with w the image's clean probability from
-  the co-divide (the GMM on the per-image losses of the other net, noisymlt.methods.dividemix) and p the net's own
-  probability; the score is how far the refined label moves from the given one, ``(1 - w) |y - p|``, the mean over
-  the two nets; flagged where it crosses 0.5.
+- the method's own scorers, as it owns its loss (``Method.score_labels``, from the outputs of its
+  ``predict_for_scoring`` in the same pass): a method that corrects its labels while training ranks them by that
+  correction (docs/use-a-trained-model.md lists them). A scorer that can flag only some entries says which
+  (``reach``); the record then says how many wrong labels lie there and what share of them it flags.
 - ``cleanlab`` (every method, on the same probabilities as ``model``): cleanlab's multi-label label-quality score
   per class (``get_label_quality_scores_per_class``, its default self-confidence), score = 1 - quality, and its
   flags from confident learning (``find_multilabel_issues_per_class``, prune_by_noise_rate). Self-confidence of a
@@ -29,7 +21,7 @@ test-time transform and final weights:
 
 Writes OUT (.csv): image, class, the given label, each scorer's score, rank (1 = most suspect of all entries) and
 flag, and, with ``--clean-labels``, ``wrong`` (the given label differs from the clean one); a row for every entry
-some scorer flags, in the order of the run's natural scorer (pseudo_labels, dividemix, else model). And OUT's
+some scorer flags, in the order of the run's natural scorer (the method's own first, else model). And OUT's
 ``.json``: the run, per scorer what it is and how many it flags, and with the clean labels how well it finds the
 wrong ones (``detection``, noisymlt.inference.suspects.detection): precision at the number of wrong labels (the
 top-n entries, ties by image and class order; equal to the recall there) and at a budget (the top 1% of the
@@ -48,50 +40,19 @@ import numpy as np
 
 from noisymlt.data.noise_models import PAPER
 from noisymlt.errors import NoisyMLTError
+from noisymlt.evaluation.label_scores import LabelScores
 
 log = logging.getLogger(__name__)
-NATURAL = ("pseudo_labels", "dividemix", "model")  # the first a run has orders its table
-HOW = {
-    "model": "|given - p|, p the reported head's probability; flagged where it exceeds 0.5",
-    "pseudo_labels": "the pseudo-label rule's larger margin past alpha (a given 0) or beta (a given 1) over the "
-                     "two branches' corrections; flagged where either changes the label",
-    "dividemix": "(1 - w) |given - p|, w the co-divide's clean probability of the image and p the net's own, mean "
-                 "over the two nets; flagged where the refined label crosses 0.5",
-    "cleanlab": "1 - cleanlab's per-class label quality (self-confidence) on the model's probabilities; flagged by "
-                "confident learning (find_multilabel_issues_per_class, prune_by_noise_rate)",
-}
+GENERIC = ("model", "cleanlab")  # every run's scorers; a method's own come between them and order its table
 
 
-def model_scores(noisy: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def model_scores(noisy: np.ndarray, probs: np.ndarray) -> LabelScores:
     score = np.abs(noisy - probs)
-    return score, score > 0.5
+    return LabelScores("its prediction", "|given - p|, p the reported head's probability; flagged where it exceeds "
+                       "0.5", score, score > 0.5)
 
 
-def pseudo_label_scores(noisy: np.ndarray, corrections: list[tuple[np.ndarray, np.ndarray, np.ndarray]]):
-    """``corrections``: (source probabilities q, alpha, beta) of each trained branch, alpha and beta per class."""
-    margins = [np.where(noisy > 0.5, beta[None, :] - q, q - alpha[None, :]) for q, alpha, beta in corrections]
-    score = np.max(margins, axis=0)
-    return score, score > 0
-
-
-def pseudo_label_reach(noisy: np.ndarray, corrections: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray:
-    """The entries the pseudo-label rule can change at all: a given 0 in a class where some branch's alpha is on
-    (below 1: q can pass it), a given 1 where some branch's beta is on (above 0). [CL]'s thresholds turn on alpha for
-    head classes and beta for tail ones, so the rest of the wrong labels lie beyond its reach."""
-    from noisymlt.methods.pseudo_labels import ALPHA_OFF, BETA_OFF
-
-    can_set = np.any([alpha < ALPHA_OFF for _, alpha, _ in corrections], axis=0)
-    can_clear = np.any([beta > BETA_OFF for _, _, beta in corrections], axis=0)
-    return np.where(noisy > 0.5, can_clear[None, :], can_set[None, :])
-
-
-def dividemix_scores(noisy: np.ndarray, nets: list[tuple[np.ndarray, np.ndarray]]):
-    """``nets``: (clean probability w per image, the net's own probabilities p) of each net."""
-    score = np.mean([(1 - w[:, None]) * np.abs(noisy - p) for w, p in nets], axis=0)
-    return score, score > 0.5
-
-
-def cleanlab_scores(noisy: np.ndarray, probs: np.ndarray):
+def cleanlab_scores(noisy: np.ndarray, probs: np.ndarray) -> LabelScores:
     from cleanlab.multilabel_classification.filter import find_multilabel_issues_per_class
     from cleanlab.multilabel_classification.rank import get_label_quality_scores_per_class
 
@@ -106,7 +67,9 @@ def cleanlab_scores(noisy: np.ndarray, probs: np.ndarray):
         log.info("cleanlab: %s", warning)
     if quality.shape != noisy.shape or issues.shape != noisy.shape:
         raise NoisyMLTError(f"cleanlab returned shapes {quality.shape} and {issues.shape} for {noisy.shape} labels")
-    return 1.0 - quality, issues.astype(bool)
+    return LabelScores("cleanlab", "1 - cleanlab's per-class label quality (self-confidence) on the model's "
+                       "probabilities; flagged by confident learning (find_multilabel_issues_per_class, "
+                       "prune_by_noise_rate)", 1.0 - quality, issues.astype(bool))
 
 
 # The labels a person would check by hand: the top 1% of a run's (image, class) entries by a scorer's ranking
@@ -162,68 +125,21 @@ def ranks(score: np.ndarray) -> np.ndarray:
     return out.reshape(score.shape)
 
 
-def train_probabilities(trainer) -> dict[str, object]:
-    """What the scorers read, from one pass over the training images: the reported head's probabilities, and the
-    branch probabilities (co-learning) or per-net probabilities and losses (DivideMix)."""
-    import torch
-
+def suspicion(trainer) -> dict[str, LabelScores]:
+    """Every scorer that applies to the run (see the module docstring), in the table's order: the model's, the
+    method's own, cleanlab's."""
     from noisymlt.inference.run_model import recorded_heads
-    from noisymlt.methods.dividemix import NETS
 
-    method, model = trainer.method, trainer.model
-    family = trainer.cfg["method_cfg"]["family"]
-    head = recorded_heads(trainer.out)[0]
-    model.eval()
-    out: dict[str, list] = {"probs": [], "branches": {}, "nets": {}}
-    with torch.no_grad(), trainer.autocast():
-        for _, images in trainer.iterate_train_eval():
-            if family == "colearning":
-                heads, branches = method.predict_with_branches(model, images)
-                if method.source != "none":
-                    for name, probs in branches.items():
-                        out["branches"].setdefault(name, []).append(probs.cpu())
-            elif family == "dividemix":
-                heads, nets = method.predict_with_nets(model, images)
-                for name, logits in nets.items():
-                    out["nets"].setdefault(name, []).append(torch.sigmoid(logits).cpu())
-            else:
-                heads = method.predict(model, images)
-            out["probs"].append(torch.sigmoid(heads[head].float()).cpu())
-    result = {"probs": torch.cat(out["probs"]).numpy(),
-              "branches": {k: torch.cat(v).numpy() for k, v in out["branches"].items()},
-              "nets": {k: torch.cat(v).numpy() for k, v in out["nets"].items()}}
-    if family == "dividemix":  # the co-divide of the final weights: each net's w from the other net's losses
-        prob = method.co_divide(method.sample_losses(model)).cpu().numpy()
-        result["clean_probability"] = dict(zip(NETS, prob))  # co_divide's rows: the nets in NETS order
-    return result
-
-
-def suspicion(trainer) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray]]:
-    """(score, flagged) per scorer that applies to the run (see the module docstring), and the entries a scorer can
-    flag at all where that is not every entry (the pseudo-label rule's reach)."""
     noisy = np.asarray(trainer.train_table.labels, dtype=np.float64)
-    seen = train_probabilities(trainer)
-    probs = seen["probs"].astype(np.float64)
-    out = {"model": model_scores(noisy, probs)}
-    if seen["branches"]:
-        method = trainer.method
-        names = list(method.specs)
-        corrections = []
-        for name in names:
-            source = name if method.source == "self" else next(m for m in names if m != name)
-            alpha, beta = method.thresholds[source]
-            corrections.append((seen["branches"][source].astype(np.float64), np.asarray(alpha, dtype=np.float64),
-                                np.asarray(beta, dtype=np.float64)))
-        out["pseudo_labels"] = pseudo_label_scores(noisy, corrections)
-        reach = {"pseudo_labels": pseudo_label_reach(noisy, corrections)}
-    else:
-        reach = {}
-    if "clean_probability" in seen:
-        w = seen["clean_probability"]
-        out["dividemix"] = dividemix_scores(noisy, [(w[n].astype(np.float64), seen["nets"][n].astype(np.float64))
-                                                    for n in seen["nets"]])
-    out["cleanlab"] = cleanlab_scores(noisy, probs)
-    return out, reach
+    method = trainer.method
+    outputs = trainer.predict(part="train", forward=method.predict_for_scoring)
+    probs = outputs[recorded_heads(trainer.out)[0]].astype(np.float64)
+    own = method.score_labels(trainer.model, noisy, outputs)
+    clash = set(own) & set(GENERIC)
+    if clash:
+        raise NoisyMLTError(f"method {trainer.cfg['method']!r}: its label scorer {sorted(clash)[0]!r} takes the name "
+                            "of a scorer every run has")
+    return {"model": model_scores(noisy, probs), **own, "cleanlab": cleanlab_scores(noisy, probs)}
 
 
 def write_suspects(out: Path, trainer, scored: dict, wrong: np.ndarray | None) -> None:
@@ -232,9 +148,9 @@ def write_suspects(out: Path, trainer, scored: dict, wrong: np.ndarray | None) -
 
     table = trainer.train_table
     noisy = np.asarray(table.labels) > 0.5
-    natural = next(name for name in NATURAL if name in scored)
-    rank = {name: ranks(score) for name, (score, _) in scored.items()}
-    any_flag = np.any([flagged for _, flagged in scored.values()], axis=0)
+    natural = next((name for name in scored if name not in GENERIC), "model")
+    rank = {name: ranks(scorer.score) for name, scorer in scored.items()}
+    any_flag = np.any([scorer.flagged for scorer in scored.values()], axis=0)
     rows, cols = np.nonzero(any_flag)
     order = np.argsort(rank[natural][rows, cols], kind="stable")
     header = ["image", "class", "given", *(f"{n}_{k}" for n in scored for k in ("score", "rank", "flagged"))]
@@ -245,8 +161,8 @@ def write_suspects(out: Path, trainer, scored: dict, wrong: np.ndarray | None) -
         writer.writerow(header)
         for r, c in zip(rows[order], cols[order]):
             cells = [table.image_ids[r], table.classes[c], int(noisy[r, c])]
-            for name, (score, flagged) in scored.items():
-                cells += [format(float(score[r, c]), ".6g"), int(rank[name][r, c]), int(flagged[r, c])]
+            for name, scorer in scored.items():
+                cells += [format(float(scorer.score[r, c]), ".6g"), int(rank[name][r, c]), int(scorer.flagged[r, c])]
             if wrong is not None:
                 cells.append(int(wrong[r, c]))
             writer.writerow(cells)
@@ -278,17 +194,17 @@ def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, d
     from noisymlt.inference.run_model import load_run
 
     trainer = load_run(run, device=device, train_images=train_images)
-    scored, reach = suspicion(trainer)
+    scored = suspicion(trainer)
     wrong = clean_truth(trainer, clean_labels) if clean_labels else None
     record = {"run": str(run), "run_id": trainer.run_id, "method": trainer.cfg["method"],
               "dataset": trainer.cfg["dataset"], "gamma": float(trainer.cfg["gamma"]), "seed": int(trainer.cfg["seed"]),
               "noise_model": (trainer.cfg.get("noise") or {}).get("model", PAPER),  # the paper's: not in the config
               "checkpoint_sha256": trainer.checkpoint_sha256, "table": out.name, "scorers": {}}
-    for name, (score, flagged) in scored.items():
-        rec = {"how": HOW[name], "flagged": int(flagged.sum())}
+    for name, scorer in scored.items():
+        rec = {"title": scorer.title, "how": scorer.how, "flagged": int(scorer.flagged.sum())}
         if wrong is not None:
-            rec["detection"] = detection(score, flagged, wrong, given=trainer.train_table.labels,
-                                         groups={g: trainer.split[g] for g in GROUPS}, reach=reach.get(name))
+            rec["detection"] = detection(scorer.score, scorer.flagged, wrong, given=trainer.train_table.labels,
+                                         groups={g: trainer.split[g] for g in GROUPS}, reach=scorer.reach)
         record["scorers"][name] = rec
     if wrong is not None:
         record["clean_labels"] = str(clean_labels)
@@ -327,7 +243,7 @@ def add_cli(sub) -> None:
     p = sub.add_parser(
         "suspects", help="the training labels a finished run disputes, ranked, and how well it finds wrong ones",
         description="Score every (training image, class) label of a finished run by how likely it is wrong: the "
-                    "model's own prediction, Ours' pseudo-label rule, DivideMix's label refinement, cleanlab's "
+                    "model's own prediction, the method's own label correction where it has one, cleanlab's "
                     "multi-label ranking. Writes a table of the flagged labels (image, class, given, score, rank) "
                     "and a .json record; with --clean-labels, how well each finds the wrong labels.")
     p.add_argument("--run", required=True, nargs="+", help="finished run folder(s)")

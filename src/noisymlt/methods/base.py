@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from noisymlt.evaluation.label_scores import LabelScores
 from noisymlt.methods import options as family_options
 from noisymlt.methods.options import method_options
 from noisymlt.data.sampling import StreamSpec
@@ -126,6 +127,19 @@ class Method:
 
     def predict(self, model: nn.Module, images: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError
+
+    def predict_for_scoring(self, model: nn.Module, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``predict``'s heads and, under keys of their own, the logits the method's label scorers read
+        (``score_labels``), from one forward pass over the training images."""
+        return self.predict(model, images)
+
+    def score_labels(self, model: nn.Module, noisy: np.ndarray, outputs: dict[str, np.ndarray]
+                     ) -> dict[str, LabelScores]:
+        """The method's own rankings of its training labels by how likely each is wrong, beside its prediction's
+        (``noisymlt suspects``), as it owns its loss: ``outputs`` holds the sigmoid of every output of
+        ``predict_for_scoring`` over the training images (test transform, final weights), ``noisy`` the given
+        labels (N, C). None by default."""
+        return {}
 
     def lr_multipliers(self) -> dict[str, float]:
         """Learning-rate factors by parameter-name prefix of the model (ML-GCN's code trains its GCN at 10x

@@ -26,7 +26,9 @@ import torch
 from noisymlt.data.labels import GROUPS
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.base import Method, PublishedTargets, eval_mode, register_family
-from noisymlt.methods.pseudo_labels import group_thresholds, pseudo_labels, reference_thresholds
+from noisymlt.evaluation.label_scores import LabelScores
+from noisymlt.methods.pseudo_labels import (group_thresholds, pseudo_label_reach, pseudo_label_scores, pseudo_labels,
+                                         reference_thresholds)
 from noisymlt.methods.options import method_options
 from noisymlt.data.sampling import StreamSpec
 from noisymlt.methods.options import (
@@ -149,11 +151,33 @@ class CoLearning(Method):
     def predict(self, model, images) -> dict[str, torch.Tensor]:
         return self.head_logits(model(images))
 
-    def predict_with_branches(self, model, images) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """``predict``'s heads and each branch's probabilities, from one forward pass. With the model in eval mode a
-        branch's equal ``_probs`` of that branch alone on the same images, bit for bit (tests/test_suspects.py)."""
+    def predict_for_scoring(self, model, images) -> dict[str, torch.Tensor]:
+        """``predict``'s heads and, as ``branch:NAME``, each branch's logits, from one forward pass: the pseudo-label
+        rule's source probabilities (with the model in eval mode, a branch's equal ``_probs`` of that branch alone
+        on the same images, bit for bit: tests/test_suspects.py)."""
         logits = model(images)
-        return self.head_logits(logits), {name: torch.sigmoid(logits[name].float()) for name in self.specs}
+        return {**self.head_logits(logits), **{f"branch:{name}": logits[name] for name in self.specs}}
+
+    def score_labels(self, model, noisy, outputs) -> dict[str, LabelScores]:
+        """The rule Ours trains with (Eq. 3), applied once with each trained branch's source branch on the final
+        weights (noisymlt.methods.pseudo_labels.pseudo_label_scores), and the entries its thresholds reach."""
+        if self.source == "none":
+            return {}
+        corrections = []
+        for name in self.specs:
+            source = self.source_of(name)
+            alpha, beta = self.thresholds[source]
+            corrections.append((outputs[f"branch:{source}"].astype(np.float64),
+                                np.asarray(alpha, dtype=np.float64), np.asarray(beta, dtype=np.float64)))
+        score, flagged = pseudo_label_scores(noisy, corrections)
+        return {"pseudo_labels": LabelScores(
+            "pseudo-label rule", "the pseudo-label rule's larger margin past alpha (a given 0) or beta (a given 1) "
+            "over the two branches' corrections; flagged where either changes the label", score, flagged,
+            pseudo_label_reach(noisy, corrections))}
+
+    def source_of(self, name: str) -> str:
+        """The branch whose predictions correct branch NAME's labels."""
+        return name if self.source == "self" else next(n for n in self.specs if n != name)
 
     def head_logits(self, logits: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The reported heads from every branch's logits (``model(images)``)."""
@@ -225,7 +249,7 @@ class CoLearning(Method):
         """Eq. 3 labels of every view, and how many labels of the used views were added / removed."""
         if self.source == "none":
             return noisy, {}
-        source = name if self.source == "self" else next(n for n in self.specs if n != name)
+        source = self.source_of(name)
         # The backbone maps of these views are reusable when the source runs the same backbone.
         reuse = maps if maps is not None and (source == name or model.shared_backbone) else None
         probs = self._probs(model, source, views, reuse, frozen)

@@ -55,6 +55,7 @@ import torch
 from torch import nn
 
 from noisymlt.errors import NoisyMLTError
+from noisymlt.evaluation.label_scores import LabelScores
 from noisymlt.losses import build_loss
 from noisymlt.methods.base import Method, eval_mode, register_family
 from noisymlt.methods.options import DIVIDEMIX_DEFAULTS as DEFAULTS
@@ -79,6 +80,14 @@ def refine_labels(noisy: torch.Tensor, w: torch.Tensor, own_probs: torch.Tensor)
     ``w`` holds one clean probability per sample (B,), the others are (B, C)."""
     w = w.unsqueeze(1).to(own_probs.dtype)
     return w * noisy.to(own_probs.dtype) + (1 - w) * own_probs
+
+
+def refinement_scores(noisy: np.ndarray, nets: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """How far ``refine_labels`` moves each given label (numpy): ``nets`` holds (clean probability w per image, the
+    net's own probabilities p) of each net; |w y + (1 - w) p - y| = (1 - w) |y - p|, the mean over the nets;
+    flagged where the refined label crosses 0.5."""
+    score = np.mean([(1 - w[:, None]) * np.abs(noisy - p) for w, p in nets], axis=0)
+    return score, score > 0.5
 
 
 def net_logits(net: nn.Module, x: torch.Tensor, frozen: torch.Tensor | None = None,
@@ -295,6 +304,21 @@ class DivideMix(Method):
         frozen = self.shared_prefix(model, images)
         logits = {name: net_logits(model[name], images, frozen).float() for name in NETS}
         return {"main": (logits["a"] + logits["b"]) / 2}, logits
+
+    def predict_for_scoring(self, model, images) -> dict[str, torch.Tensor]:
+        """``predict``'s head and, as ``net:NAME``, each net's logits, from one pass."""
+        heads, nets = self.predict_with_nets(model, images)
+        return {**heads, **{f"net:{name}": logits for name, logits in nets.items()}}
+
+    def score_labels(self, model, noisy, outputs) -> dict[str, LabelScores]:
+        """Its label refinement on the final weights: each net's clean probability w from the co-divide (the GMM on
+        the other net's per-image losses), the net's own probabilities p (``refinement_scores``)."""
+        prob = self.co_divide(self.sample_losses(model)).cpu().numpy()  # rows: the nets in NETS order
+        score, flagged = refinement_scores(noisy, [(w.astype(np.float64), outputs[f"net:{name}"].astype(np.float64))
+                                                   for name, w in zip(NETS, prob)])
+        return {"dividemix": LabelScores(
+            "label refinement", "(1 - w) |given - p|, w the co-divide's clean probability of the image and p the "
+            "net's own, mean over the two nets; flagged where the refined label crosses 0.5", score, flagged)}
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict:

@@ -154,6 +154,25 @@ def pseudo_labels(
     return torch.where(q < beta_t, torch.zeros_like(noisy_targets), out)
 
 
+def pseudo_label_scores(noisy: np.ndarray, corrections: list[tuple[np.ndarray, np.ndarray, np.ndarray]]):
+    """The rule as a ranking of the given labels (numpy): ``corrections`` holds (source probabilities q, alpha,
+    beta) of each trained branch, alpha and beta per class. Score: the larger margin past the threshold over the
+    branches' corrections, ``q - alpha`` for a given 0 and ``beta - q`` for a given 1; flagged where some branch's
+    correction (``pseudo_labels``) changes the label, which is where that margin is positive."""
+    margins = [np.where(noisy > 0.5, beta[None, :] - q, q - alpha[None, :]) for q, alpha, beta in corrections]
+    flagged = np.any([pseudo_labels(noisy, q, alpha, beta) != noisy for q, alpha, beta in corrections], axis=0)
+    return np.max(margins, axis=0), flagged
+
+
+def pseudo_label_reach(noisy: np.ndarray, corrections: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray:
+    """The entries the rule can change at all: a given 0 in a class where some branch's alpha is on (below 1: q can
+    pass it), a given 1 where some branch's beta is on (above 0). [CL]'s thresholds turn on alpha for head classes
+    and beta for tail ones, so the rest of the wrong labels lie beyond its reach."""
+    can_set = np.any([alpha < ALPHA_OFF for _, alpha, _ in corrections], axis=0)
+    can_clear = np.any([beta > BETA_OFF for _, _, beta in corrections], axis=0)
+    return np.where(noisy > 0.5, can_clear[None, :], can_set[None, :])
+
+
 def correction_stats(
     noisy: np.ndarray | torch.Tensor,
     corrected: np.ndarray | torch.Tensor,

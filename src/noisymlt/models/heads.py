@@ -27,8 +27,12 @@ class _GlobalAverage(torch.autograd.Function):
 
 
 def global_average(maps: torch.Tensor) -> torch.Tensor:
-    """Global average pooling (B, D, h, w) -> (B, D), its gradient in the maps' memory format."""
-    return _GlobalAverage.apply(maps)
+    """Global average pooling (B, D, h, w) -> (B, D), its gradient in the maps' memory format. Where no gradient is
+    taken (prediction, export: tracing and export cannot see into an autograd Function) it is the plain mean, the
+    same values."""
+    if torch.is_grad_enabled() and maps.requires_grad:
+        return _GlobalAverage.apply(maps)
+    return maps.mean(dim=(2, 3))
 
 
 class Neck(nn.Module):

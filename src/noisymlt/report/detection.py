@@ -34,8 +34,6 @@ from noisymlt.inference.suspects import BUDGET_SHARE
 from noisymlt.report.style import dataset_title
 from noisymlt.report.tables import cell_text, mean_ci, noise_title
 
-SCORER_TITLES = {"model": "its prediction", "pseudo_labels": "pseudo-label rule", "dividemix": "label refinement",
-                 "cleanlab": "cleanlab"}
 MEASURES = {"ap": "AP", "precision_at_wrong": "P@n", "precision_at_budget": "P@k", "flag_recall": "R"}
 KINDS = {f"{kind}_recall_at_n": kind for kind in ("added", "dropped", "head", "medium", "tail")}
 RANKING = ("ap", "precision_at_wrong", "precision_at_budget", *KINDS)  # measures of a ranking alone, not of flags
@@ -69,9 +67,9 @@ def _problem(record) -> str | None:
     if not isinstance(record["scorers"], dict) or not record["scorers"]:
         return "'scorers' must map each scorer to its numbers"
     for scorer, rec in record["scorers"].items():
-        if scorer not in SCORER_TITLES:
-            return f"unknown scorer {scorer!r} (known: {', '.join(SCORER_TITLES)})"
-        numbers = rec.get("detection") if isinstance(rec, dict) else None
+        if not isinstance(rec, dict) or not isinstance(rec.get("title"), str):
+            return f"scorer {scorer!r} has no 'title' text; rerun `noisymlt suspects` to write a current record"
+        numbers = rec.get("detection")
         if numbers is None:
             return f"scorer {scorer!r} has no detection numbers; run `noisymlt suspects` with --clean-labels"
         if not isinstance(numbers, dict) or any(k not in numbers for k in DETECTION_NUMBERS):
@@ -125,9 +123,11 @@ def collect(records: list[dict], methods: list[str]) -> tuple[list[tuple], list[
         share = first["wrong"] / first["entries"]
         for measure in CHANCE:
             values.setdefault(("chance", "", level_of(record), measure), {})[record["seed"]] = share
-    present = {r["method"] for r in records}
-    order = [m for m in methods if m in present] + sorted(present - set(methods))
-    rows = [(m, s) for m in order for s in SCORER_TITLES if any((m, s, g, "ap") in values for g in levels)]
+    scorers: dict[str, dict] = {}  # a method's scorers in its records' order: the model's, its own, cleanlab's
+    for record in records:
+        scorers.setdefault(record["method"], {}).update(dict.fromkeys(record["scorers"]))
+    order = [m for m in methods if m in scorers] + sorted(set(scorers) - set(methods))
+    rows = [(m, s) for m in order for s in scorers[m] if any((m, s, g, "ap") in values for g in levels)]
     return levels, [*rows, ("chance", "")], values
 
 
@@ -166,6 +166,7 @@ def same_ranking(values: dict, method: str, scorer: str, gamma: float, measure: 
 
 def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods: list[str]) -> None:
     levels, rows, values = collect(records, methods)
+    titles = {scorer: rec["title"] for record in records for scorer, rec in record["scorers"].items()}
     reference = reference_of(rows)
     datasets = sorted({r["dataset"] for r in records})
     models = sorted({r.get("noise_model", PAPER) for r in records})
@@ -226,7 +227,7 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
         lines = []
         for method, scorer in rows:
             name = "chance" if method == "chance" else labels.get(method, method)
-            shown = SCORER_TITLES.get(scorer, "")
+            shown = titles.get(scorer, "")
             if style == "tex":
                 name = name.replace("_", "\\_")
             if by_gamma_rows:

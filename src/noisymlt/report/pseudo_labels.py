@@ -60,30 +60,22 @@ def score_train_set(run: Path, train_labels: Path, split: Path, train_images: Pa
     trainer = Trainer.from_run_dir(Path(run), test_labels=train_labels, train_images=train_images,
                                    test_images=train_images, device=device, train_labels=train_labels, split=split,
                                    resolved=resolved)
-    method, model = trainer.method, trainer.model
+    method = trainer.method
     if not isinstance(method, CoLearning):  # the family check above, as the trainer built it
         raise NoisyMLTError(f"{config}: the trainer built a {type(method).__name__}, not a co-learning method")
-    model.eval()
     names = list(method.specs)
-    probs = {n: [] for n in names}
-    scores = []
-    with torch.no_grad():
-        for _, images in trainer.iterate_train_eval():
-            heads, branches = method.predict_with_branches(model, images)
-            for n in names:
-                probs[n].append(branches[n].cpu())
-            scores.append(torch.sigmoid(next(iter(heads.values())).float()).cpu())
-    probs = {n: torch.cat(p) for n, p in probs.items()}
+    outputs = trainer.predict(part="train", forward=method.predict_for_scoring)  # one pass: heads and branches
+    probs = {n: torch.as_tensor(outputs[f"branch:{n}"]) for n in names}
     noisy = torch.as_tensor(trainer.train_table.labels, dtype=torch.float32)
     sources = {}
     pseudo = {}
     if method.source != "none":
         for n in names:
-            sources[n] = n if method.source == "self" else next(m for m in names if m != n)
+            sources[n] = method.source_of(n)
             alpha, beta = method.thresholds[sources[n]]
             pseudo[n] = pseudo_labels(noisy, probs[sources[n]], alpha, beta).numpy().astype(np.uint8)
     return {"noisy": trainer.train_table.labels, "probs": {n: p.numpy() for n, p in probs.items()},
-            "pseudo": pseudo, "sources": sources, "scores": torch.cat(scores).numpy(),
+            "pseudo": pseudo, "sources": sources, "scores": outputs[method.heads[0]],
             "classes": list(trainer.train_table.classes), "image_ids": list(trainer.train_table.image_ids),
             "paths": list(trainer.train_table.paths), "trainer": trainer}
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from noisymlt.data.imagecache import cache_row
 from noisymlt.data.images import load_image
 from noisymlt.training.augment import augment, draw_train_params, eval_resize
 from noisymlt.training.transforms import eval_transform, train_transform
@@ -40,16 +41,24 @@ class TrainImages(Dataset):
 
 
 class EvalImages(Dataset):
-    def __init__(self, root: str | Path, paths: list[str], size: int):
+    """Images by path through the test transform (resized to ``size``, normalised), or with ``as_cache`` each as
+    the image cache stores it (uint8 (3, size, size), noisymlt.data.imagecache.cache_row), which the device then
+    resizes and normalises as it does a cached run's test rows (``CachedEvalImages``)."""
+
+    def __init__(self, root: str | Path, paths: list[str], size: int, as_cache: bool = False):
         self.root = Path(root)
         self.paths = paths
         self.size = size
+        self.as_cache = as_cache
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        return eval_transform(load_image(self.root / self.paths[i]), self.size)
+        img = load_image(self.root / self.paths[i])
+        if self.as_cache:
+            return torch.from_numpy(cache_row(img, self.size)).permute(2, 0, 1)
+        return eval_transform(img, self.size)
 
 
 class CacheRows:

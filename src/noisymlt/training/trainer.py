@@ -432,29 +432,34 @@ class Trainer:
             start += len(images)
             yield idx, self.images.eval_images(images)
 
-    def predict(self, batch_size: int | None = None, forward_seconds: list | None = None,
-                part: str = "test") -> dict[str, np.ndarray]:
-        """Sigmoid scores of every image of ``part`` (test or train, test transform) per head.
-        ``forward_seconds``: a list that receives the time of each batch's forward pass (synchronised on
-        a GPU), for the inference-time table."""
+    def predict(self, dataset=None, *, part: str = "test", forward=None, batch_size: int | None = None,
+                forward_seconds: list | None = None, progress: bool | None = None) -> dict[str, np.ndarray]:
+        """Sigmoid scores per output of ``forward`` (default the method's ``predict``: one per head) of every
+        image of ``dataset``, default the run's ``part`` (test or train), through the test transform.
+        ``dataset``: items as the run's eval dataset yields them (noisymlt.training.loaders.EvalImages).
+        ``forward_seconds``: a list that receives the time of each batch's forward pass (synchronised on a GPU),
+        for the inference-time table."""
         import torch
         from tqdm import tqdm
 
         from noisymlt.training.loaders import eval_loader
 
         tcfg = self.cfg["train"]
-        loader = eval_loader(self.images.eval_dataset(part), batch_size or tcfg["eval_batch_size"], self.workers,
-                             self.device.type == "cuda")
+        forward = forward or self.method.predict
+        desc = f"predict {part}" if dataset is None else "predict"
+        dataset = self.images.eval_dataset(part) if dataset is None else dataset
+        loader = eval_loader(dataset, batch_size or tcfg["eval_batch_size"], self.workers, self.device.type == "cuda")
         self.model.eval()
         outs: dict[str, list] = {}
         with torch.no_grad():
-            for images in tqdm(loader, desc=f"predict {part}", disable=not self.progress, leave=False):
+            shown = self.progress if progress is None else progress
+            for images in tqdm(loader, desc=desc, disable=not shown, leave=False):
                 images = self.images.eval_images(images)
                 if tcfg["channels_last"]:
                     images = images.contiguous(memory_format=torch.channels_last)
                 t0 = time.perf_counter()
                 with self.autocast():
-                    heads = self.method.predict(self.model, images)
+                    heads = forward(self.model, images)
                 if forward_seconds is not None:
                     if self.device.type == "cuda":
                         torch.cuda.synchronize(self.device)
