@@ -17,7 +17,7 @@ from noisymlt.data import assets
 from noisymlt.data.download import fetch_asset
 from noisymlt.errors import NoisyMLTError
 from noisymlt.config import load_params, resolve_run
-from noisymlt.pipeline.paths import asset_argv
+from noisymlt.pipeline.paths import asset_entry
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = REPO / "params.yaml"
@@ -103,10 +103,13 @@ def test_step_asset_runs_the_fetch_of_the_params_entry(tmp_path, monkeypatch):
     params = {"assets": {"glove": {"voc": {"url": "v.pkl", "sha256": hashlib.sha256(data).hexdigest()}}},
               "download": {"retries": 0}}
     path = assets.glove_file(params, "voc")
-    argv = asset_argv(params, path)
-    assert argv[:2] == ["fetch-asset", "--url"] and "--out" in argv and argv[argv.index("--out") + 1] == path
+    entry = asset_entry(params, path)
+    assert entry == {"group": "glove", "name": "voc", **params["assets"]["glove"]["voc"]}
     with pytest.raises(NoisyMLTError, match="not an asset of the params"):
-        asset_argv(params, "data/assets/glove/other.pkl")
+        asset_entry(params, "data/assets/glove/other.pkl")
+    # the fetch_asset rule's words (tests/test_workflow.py holds the rule to them)
+    argv = ["fetch-asset", "--url", entry["url"], "--sha256", entry["sha256"], "--out", path, "--name",
+            f"assets.{entry['group']}.{entry['name']}", "--retries", "0"]
     monkeypatch.chdir(tmp_path)
     from noisymlt.cli import main
 

@@ -42,9 +42,9 @@ RUN = "runs/toy/g0.5/s{}/{}/"
 VERSIONED = ("data/", "runs/", "reports/")
 
 
-def test_dvc_yaml_is_three_phase_stages_that_run_snakemake_and_each_rule_shows_its_command():
+def test_dvc_yaml_is_three_phase_stages_that_run_snakemake():
     """dvc.yaml is short and hand-written: one stage a phase rule of the Snakefile, each running Snakemake with the
-    `dvc` block's profile and layers and versioning its folder; and every rule's shell is text in the rule."""
+    `dvc` block's profile and layers and versioning its folder."""
     import re
 
     text = (REPO / "dvc.yaml").read_text()
@@ -59,10 +59,54 @@ def test_dvc_yaml_is_three_phase_stages_that_run_snakemake_and_each_rule_shows_i
     assert stages["runs"]["deps"][0] == "data" and stages["reports"]["deps"][:2] == ["data", "runs"]
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     assert params["dvc"] == {"profile": "workflow/profiles/demo", "configfiles": "workflow/profiles/demo/params.yaml"}
-    for rules in sorted((REPO / "workflow" / "rules").glob("*.smk")):
-        shells = re.findall(r"^    shell:\n(.*?)(?=\n\S|\n\n|\Z)", rules.read_text(), re.M | re.S)
-        for shell in shells:
-            assert all(line.strip().startswith('"') for line in shell.splitlines()), (rules.name, shell)
+
+
+# The rules whose words a plug-in spells, each with the noisymlt.pipeline.paths function that asks it (a dataset
+# kind's method of the same name, a noise model's argv): the only ones that run `$NOISYMLT_CLI {params.args}`.
+PLUGIN_WORDS = {"make_raw": "raw_argv", "download": "raw_argv", "parse_labels": "parse_argv",
+                "fetch_train_images": "train_images_argv", "noise": "noise_argv"}
+
+
+def rule_shells(rules_dir: Path = REPO / "workflow" / "rules") -> dict[str, tuple[str, str]]:
+    """Each rule's (params block, shell text) as written in workflow/rules/*.smk; a `use rule A as B` has A's."""
+    import re
+
+    found, derived = {}, {}
+    for rules in sorted(rules_dir.glob("*.smk")):
+        text = rules.read_text()
+        for name, body in re.findall(r"^(?:rule|checkpoint) (\w+):\n(.*?)(?=^\S|\Z)", text, re.M | re.S):
+            shell = re.search(r"^    shell:\n(.*?)(?=\n\S|\n\n|\Z)", body, re.M | re.S)
+            params = re.search(r"^    params:\n(.*?)(?=^    \S)", body, re.M | re.S)
+            assert shell, (rules.name, name)  # no run: or script: blocks, a shell command each
+            assert all(line.strip().startswith('"') for line in shell.group(1).splitlines()), (name, shell.group(1))
+            found[name] = (params.group(1) if params else "", shell.group(1))
+        derived.update(re.findall(r"^use rule (\w+) as (\w+)", text, re.M))
+    return {**found, **{new: found[old] for old, new in derived.items()}}
+
+
+def test_each_rule_writes_its_command_unless_a_plug_in_spells_it():
+    """Every rule's shell is text in the rule, and names its noisymlt command and options: `{params.args}` (the words
+    from Python) only where a dataset kind or a noise model supplies them, at most five rules."""
+    import inspect
+
+    from noisymlt.data.kinds.base import DatasetKind
+    from noisymlt.data.noise_models.base import NoiseModel
+    from noisymlt.pipeline import paths
+
+    shells = rule_shells()
+    assert len(shells) > 25 and {"longtail", "pretrain", "cache_test_images", "select_split"} <= set(shells)
+    args = sorted(name for name, (_, shell) in shells.items() if "{params.args}" in shell)
+    assert args == sorted(PLUGIN_WORDS) and len(args) <= 5, args
+    for name, (params, shell) in shells.items():
+        if name in PLUGIN_WORDS:
+            assert f"args=lambda w" in params and f"paths.{PLUGIN_WORDS[name]}(" in params, (name, params)
+        else:  # the command's name follows the interpreter, never a param's words
+            assert "$NOISYMLT_CLI {" not in shell and "args=" not in params, (name, shell)
+    for function in set(PLUGIN_WORDS.values()):  # each asks the plug-in for its words
+        source = inspect.getsource(getattr(paths, function))
+        asks = "noise_model(noise).argv(" if function == "noise_argv" else f"kind(params, name).{function}("
+        assert asks in source, function
+        assert callable(getattr(NoiseModel, "argv") if function == "noise_argv" else getattr(DatasetKind, function))
 
 
 def _git(args: list, cwd: Path) -> str:

@@ -202,6 +202,71 @@ def test_a_train_job_writes_its_config_trains_on_it_and_evaluates(tmp_path):
 
 
 @pytest.mark.slow
+def test_rules_that_write_their_command_run_the_words_of_their_params(tmp_path):
+    """The rules that write their command in the rule (data, pretraining, selection split and caches), planned:
+    each job's command is its params' words, an option its block leaves out not written (longtail's draw for source
+    all, --cap-to-available, --groups, --dataset; fetch-asset's --mirror), a value that needs quoting quoted; and the
+    words scripts/device_check.py runs without Snakemake (noisymlt.pipeline.paths: longtail_argv, cache_argv,
+    pretrain_argv) are the rules' own."""
+    from noisymlt.config import load_params
+    from noisymlt.data import assets
+    from noisymlt.pipeline import layout as L
+    from noisymlt.pipeline import paths
+    from noisymlt.pipeline import selection as S
+
+    wf = project_copy(tmp_path)
+    demo = yaml.safe_load((wf / "workflow/profiles/demo/params.yaml").read_text())["datasets"]["toy"]
+    layer = {"download": {"mirror": "file:///a mirror", "retries": 2}, "datasets": {
+        "toy_all": {**demo, "longtail": {"source": "all"}},
+        "toy_cap": {**demo, "longtail": {"source": "pareto", "max": 20, "cap_to_available": True}}}}
+    args = write_layer(wf, layer, "words.yaml")
+    P = load_params(*(wf / f for f in ("params.yaml", "workflow/profiles/demo/params.yaml", "words.yaml")))
+    assert P["datasets"]["coco"]["longtail"]["source"] == "official"  # params.yaml's
+    asset = assets.glove_file(P, "voc")
+    gamma, seed = S.selection_sets(P)[0]
+    fit = L.fill(L.SELECT_PART, dataset="toy", gamma=gamma, seed=seed, part="fit")
+    expected = {"pretrain": [(paths.pretrain_argv(P, "toy_glyphs", "data/pretrained/toy_glyphs.pt"),
+                              "logs/pretrain/toy_glyphs.log")],
+                "fetch_asset": [(["fetch-asset", "--url", paths.asset_entry(P, asset)["url"], "--sha256",
+                                  paths.asset_entry(P, asset)["sha256"], "--out", asset, "--name", "assets.glove.voc",
+                                  "--mirror", "file:///a mirror", "--retries", "2"],
+                                 f"logs/data/fetch_asset_glove_{Path(asset).name}.log")],
+                "select_split": [(["select", "split", "--noisy",
+                                   *[f"{name}={table}" for name, table in S.split_tables(P, "toy").items()],
+                                   "--held-out", str(P["selection"]["held_out"]), "--seed",
+                                   str(P["selection"]["split_seed"]), "--out", "data/toy/select/split.json"],
+                                  "logs/select/split_toy.log")],
+                "cache_select_images": [(["cache-images", "--labels", fit, "--images",
+                                          paths.image_root(P, "toy", "train"), "--size",
+                                          str(paths.cache_size(P, "toy")), "--out", "data/toy/cache/select_fit.npy",
+                                          "--no-progress"], "logs/data/cache_images_toy_select_fit.log")]}
+    expected["longtail"] = [(paths.longtail_argv(P, d, L.fill(L.SOURCE_LABELS, dataset=d),
+                                                 L.fill(L.TRAIN_LABELS, dataset=d), L.fill(L.CLASS_SPLIT, dataset=d)),
+                             f"logs/data/longtail_{d}.log") for d in ("toy", "toy_all", "toy_cap", "coco")]
+    for part in ("train", "test"):
+        expected[f"cache_{part}_images"] = [(paths.cache_argv(P, "toy", part, f"data/toy/cache/{part}.npy"),
+                                             f"logs/data/cache_images_toy_{part}.log")]
+    # the cases the words cover: each longtail option present and absent, the draw's defaults
+    words = {tuple(w) for w, _ in expected["longtail"]}
+    assert sum("--b" in w for w in words) == 3 and sum("--cap-to-available" in w for w in words) == 1
+    assert sum("--groups" in w for w in words) == 1 and ("--dataset", "coco") in {w[-2:] for w in words}
+
+    targets = [*(L.fill(L.TRAIN_LABELS, dataset=d) for d in ("toy", "toy_all", "toy_cap", "coco")),
+               "data/toy/cache/train.npy", "data/toy/cache/test.npy", "data/pretrained/toy_glyphs.pt", asset,
+               "data/toy/select/split.json", "data/toy/cache/select_fit.npy"]
+    out = snakemake(wf, *args, "-n", "--printshellcmds", "--", *targets).stdout
+    planned = {}
+    for block in re.split(r"\n(?=(?:local)?(?:rule|checkpoint) \w+:)", out):
+        rule = re.match(r"(?:local)?(?:rule|checkpoint) (\w+):", block)
+        command = re.search(r"^Shell command: (.*)$", block, re.M)
+        if rule and command and rule.group(1) in expected:
+            planned.setdefault(rule.group(1), []).append(" ".join(command.group(1).split()))
+    for rule, jobs in expected.items():
+        want = sorted(" ".join(f"$NOISYMLT_CLI {shlex.join(w)} > {log} 2>&1".split()) for w, log in jobs)
+        assert sorted(planned.get(rule, [])) == want, rule
+    assert "'file:///a mirror'" in planned["fetch_asset"][0]
+
+
 def test_demo_profile_runs_end_to_end(tmp_path, tiny_data_project):
     wf = copy_build(tiny_data_project, tmp_path / "wf")  # TINY's data made (conftest); the runs and reports here
     args = write_layer(wf, TINY)

@@ -1,6 +1,6 @@
-# Helpers shared by every phase file: the grid, file layout per dataset kind, resolved run configs.
-# Paths come from noisymlt.pipeline.layout (the one module that spells the file layout); the words of a step that
-# depend on a dataset's kind or a params block from noisymlt.pipeline.paths.
+# Helpers of the phase files (Snakemake's lint wants no function in a file of rules): the grid, file layout per dataset
+# kind, resolved run configs, selection's. Paths come from noisymlt.pipeline.layout (the one module that spells the
+# file layout); the words of a step that a dataset kind or a noise model spells from noisymlt.pipeline.paths.
 import functools
 import json
 import os
@@ -353,6 +353,13 @@ def candidate_config(w):
     cfg = resolve_run(config, w.dataset, w.method, float(w.gamma), int(w.seed), chosen=candidate_values(w),
                       candidate=True)
     return json.dumps(cfg, sort_keys=True, indent=1)
+
+
+def select_cache_labels(w):
+    """The table of a selection part (fit, val) its image cache is made from: the first selection set's (the other
+    sets' tables hold the same rows, which is all a cache checks)."""
+    gamma, seed = S.selection_sets(config)[0]
+    return layout.fill(layout.SELECT_PART, dataset=w.dataset, gamma=gamma, seed=seed, part=w.part)
 
 
 def candidate_caches(w):

@@ -1,7 +1,7 @@
 # Raw data -> label tables -> long-tailed training subset and class split -> decoded-image caches.
-# A step whose words depend on a dataset's kind (raw files, parsing, the train images COCO fetches) or on a
-# params block (long-tail draw, pretraining, assets, caches) computes them in its `args` param with a function of
-# noisymlt.pipeline.paths: its command is `noisymlt {params.args}`, and `snakemake -n -p` prints the words.
+# A step whose words the dataset's kind spells (raw files, parsing, the train images COCO fetches) takes them from
+# the kind (noisymlt.pipeline.paths) as its `args` param: `noisymlt {params.args}`, and `snakemake -n -p` prints
+# the words. Every other rule writes its command here, its values in params.
 
 
 # Raw files, once a folder under data/raw, written by the command of the dataset's kind (noisymlt.data.kinds:
@@ -45,13 +45,19 @@ rule fetch_asset:
     wildcard_constraints:
         group="imagenet|glove",
     params:
-        args=lambda w, output: argv(paths.asset_argv(config, output[0])),
+        url=lambda w, output: paths.asset_entry(config, output.asset)["url"],
+        sha256=lambda w, output: paths.asset_entry(config, output.asset)["sha256"],
+        name=lambda w, output: "assets.{group}.{name}".format(**paths.asset_entry(config, output.asset)),
+        # params download, as the kinds' download commands take it: a mirror only when one is set
+        mirror=lambda w: ["--mirror", m] if (m := (config.get("download") or {}).get("mirror")) else [],
+        retries=(config.get("download") or {}).get("retries", 5),
     log:
         "logs/data/fetch_asset_{group}_{file}.log",
     benchmark:
         "benchmarks/data/fetch_asset_{group}_{file}.tsv"
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI fetch-asset --url {params.url:q} --sha256 {params.sha256:q} --out {output.asset} "
+        "--name {params.name:q} {params.mirror:q} --retries {params.retries} > {log} 2>&1"
 
 
 # The same step for the kinds that download theirs, as a local rule (and without make_raw's code param: a change
@@ -95,7 +101,8 @@ rule parse_labels:
         "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
-# `noisymlt longtail --labels SOURCE --out SUBSET --split-out SPLIT --source ...` with the dataset's longtail block.
+# The subset and class split by the dataset's longtail block; an option the block leaves out is not written
+# (noisymlt.pipeline.paths: longtail_options).
 
 
 rule longtail:
@@ -105,15 +112,19 @@ rule longtail:
         labels=layout.TRAIN_LABELS,
         split=layout.CLASS_SPLIT,
     params:
-        args=lambda w, input, output: argv(paths.longtail_argv(config, w.dataset, input.labels, output.labels,
-                                                                output.split)),
+        source=lambda w: paths.dataset_block(config, w.dataset)["longtail"]["source"],
+        draw=lambda w: paths.longtail_options(config, w.dataset)["draw"],
+        cap=lambda w: paths.longtail_options(config, w.dataset)["cap"],
+        groups=lambda w: paths.longtail_options(config, w.dataset)["groups"],
+        official=lambda w: paths.longtail_options(config, w.dataset)["official"],
         code=code("longtail"),
     log:
         "logs/data/longtail_{dataset}.log",
     benchmark:
         "benchmarks/data/longtail_{dataset}.tsv"
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI longtail --labels {input.labels} --out {output.labels} --split-out {output.split} "
+        "--source {params.source} {params.draw:q} {params.cap:q} {params.groups:q} {params.official:q} > {log} 2>&1"
 
 
 # Kinds that fetch their train images for the subset only (COCO's fetch-coco-images) do it here, once the subset
@@ -137,10 +148,10 @@ rule fetch_train_images:
         "$NOISYMLT_CLI {params.args} > {log} 2>&1"
 
 
-# Every image of the train subset / test set decoded once into a uint8 array (train.loader: cache reads it):
-# `noisymlt cache-images --labels PART --images FOLDER --size N --out ARRAY`. Two rules, one per part: the report's
-# rule graph keeps one job per rule and DAG level, and the two caches sit at different depths (the train cache
-# waits for the long-tail subset), so one rule would be drawn twice.
+# Every image of the train subset / test set decoded once into a uint8 array (train.loader: cache reads it), at the
+# dataset's train.cache_size. Two rules, one per part: the report's rule graph keeps one job per rule and DAG level,
+# and the two caches sit at different depths (the train cache waits for the long-tail subset), so one rule would be
+# drawn twice.
 
 
 rule cache_train_images:
@@ -154,14 +165,16 @@ rule cache_train_images:
     wildcard_constraints:
         part="train",
     params:
-        args=lambda w, output: argv(paths.cache_argv(config, w.dataset, w.part, output.array)),
+        images=lambda w: image_root(w.dataset, w.part),
+        size=lambda w: paths.cache_size(config, w.dataset),
         code=code("cache-images"),
     log:
         "logs/data/cache_images_{dataset}_{part}.log",
     benchmark:
         "benchmarks/data/cache_images_{dataset}_{part}.tsv"
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI cache-images --labels {input.labels} --images {params.images:q} --size {params.size} "
+        "--out {output.array} --no-progress > {log} 2>&1"
 
 
 use rule cache_train_images as cache_test_images with:

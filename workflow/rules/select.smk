@@ -13,8 +13,7 @@ wildcard_constraints:
     tag="[a-z0-9._]+",
 
 
-# `noisymlt select split --noisy NAME=TABLE ... --held-out F --seed S --out SPLIT`: the held-out images, one draw a
-# dataset over the selection sets' noisy tables.
+# The held-out images, one draw a dataset over the selection sets' noisy tables (NAME=TABLE each).
 
 
 rule select_split:
@@ -23,12 +22,15 @@ rule select_split:
     output:
         split=layout.SELECT_SPLIT,
     params:
-        args=lambda w, output: argv(paths.select_split_argv(config, w.dataset, output.split)),
+        noisy=lambda w: [f"{name}={table}" for name, table in S.split_tables(config, w.dataset).items()],
+        held_out=lambda w: config["selection"]["held_out"],
+        seed=lambda w: config["selection"]["split_seed"],
         code=code("select"),
     log:
         "logs/select/split_{dataset}.log",
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI select split --noisy {params.noisy:q} --held-out {params.held_out} --seed {params.seed} "
+        "--out {output.split} > {log} 2>&1"
 
 
 rule select_parts:
@@ -47,12 +49,13 @@ rule select_parts:
         "> {log} 2>&1"
 
 
-# The fit / val images decoded once (train.loader: cache), from the first selection set's tables of the part.
+# The fit / val images decoded once (train.loader: cache), from the first selection set's table of the part, at the
+# dataset's train.cache_size.
 
 
 rule cache_select_images:
     input:
-        labels=lambda w: paths.select_cache_argv(config, w.dataset, w.part, "")[2],
+        labels=select_cache_labels,
         images=lambda w: train_images_ready(w.dataset),
     output:
         array=layout.SELECT_CACHE,
@@ -61,12 +64,14 @@ rule cache_select_images:
     wildcard_constraints:
         part="fit|val",
     params:
-        args=lambda w, output: argv(paths.select_cache_argv(config, w.dataset, w.part, output.array)),
+        images=lambda w: image_root(w.dataset, "train"),
+        size=lambda w: paths.cache_size(config, w.dataset),
         code=code("cache-images"),
     log:
         "logs/data/cache_images_{dataset}_select_{part}.log",
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI cache-images --labels {input.labels} --images {params.images:q} --size {params.size} "
+        "--out {output.array} --no-progress > {log} 2>&1"
 
 
 # A candidate is an ordinary training run: on the fit part, its "test" set the validation part (train images),

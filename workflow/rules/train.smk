@@ -1,5 +1,5 @@
-# A backbone pretrained on the synthetic source task (the demo's ImageNet), once; runs whose
-# train.weights_path names it wait for it. `noisymlt pretrain --config BLOCK --out WEIGHTS` (block pretrain.NAME).
+# A backbone pretrained on the synthetic source task (the demo's ImageNet), once, by block pretrain.NAME; runs whose
+# train.weights_path names it wait for it.
 
 
 rule pretrain:
@@ -8,7 +8,7 @@ rule pretrain:
         report=layout.PRETRAINED_REPORT,
         manifest=layout.PRETRAINED_MANIFEST,
     params:
-        args=lambda w, output: argv(paths.pretrain_argv(config, w.name, output.weights)),
+        config=lambda w: json.dumps(paths.pretrain_block(config, w.name), sort_keys=True),
         code=code("pretrain"),
     threads: 2
     log:
@@ -16,7 +16,7 @@ rule pretrain:
     benchmark:
         "benchmarks/pretrain/{name}.tsv"
     shell:
-        "$NOISYMLT_CLI {params.args} > {log} 2>&1"
+        "$NOISYMLT_CLI pretrain --config {params.config:q} --out {output.weights} --no-progress > {log} 2>&1"
 
 
 # One training run per (dataset, noise rate, seed, method), then its evaluation: AP per class and mAP

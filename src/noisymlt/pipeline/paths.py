@@ -1,9 +1,12 @@
-"""params.yaml -> the explicit arguments of the steps that depend on a dataset's kind, and the run grid.
+"""params.yaml -> the words of the steps that a plug-in spells, the values the other rules write, and the run grid.
 
 Each dataset kind (noisymlt.data.kinds) says how its raw files arrive and how its parts become label tables, and a
-run's image folders and caches follow its dataset and loader: these functions ask the kind and compute a step's
-arguments from the params
-(Snakemake's rules call them as their `args` params, so `snakemake -n -p` prints the words a job runs).
+noise model how it draws a noisy set: these functions ask the plug-in for a step's words (the rules that run them
+take them as their `args` param, so `snakemake -n -p` prints the words a job runs). Every other rule writes its
+command in its `shell:`, with values from here (image folders, cache size, asset entries, pretrain blocks, the
+long-tail options a block may leave out); ``longtail_argv``, ``pretrain_argv`` and ``cache_argv`` spell those rules'
+words again for a script that runs the steps without Snakemake (scripts/device_check.py), held to the rules by
+tests/test_workflow.py.
 The path patterns are ``noisymlt.pipeline.layout``'s; the raw folders under ``layout.RAW_ROOT`` are the kinds'.
 """
 
@@ -83,17 +86,16 @@ def raw_argv(params: dict, name: str) -> list[str] | None:
     return kind(params, name).raw_argv(dataset_block(params, name), raw_dir(params, name), _download_args(params))
 
 
-def asset_argv(params: dict, path: str) -> list[str]:
-    """`noisymlt fetch-asset` of the asset stored at ``path`` (a key of noisymlt.data.assets.entries)."""
+def asset_entry(params: dict, path: str) -> dict:
+    """The params entry of the asset stored at ``path`` (noisymlt.data.assets.entries): the fetch_asset rule's
+    url, sha256 and name."""
     from noisymlt.data.assets import entries
 
     known = entries(params)
     if path not in known:
         listed = ", ".join(sorted(known)) or "none"
         raise NoisyMLTError(f"{path}: not an asset of the params (assets.imagenet / assets.glove give: {listed})")
-    spec = known[path]
-    return (["fetch-asset", "--url", spec["url"], "--sha256", spec["sha256"], "--out", path,
-             "--name", f"assets.{spec['group']}.{spec['name']}"] + _download_args(params))
+    return known[path]
 
 
 def parse_argv(params: dict, name: str, part: str, out: str) -> list[str]:
@@ -103,20 +105,26 @@ def parse_argv(params: dict, name: str, part: str, out: str) -> list[str]:
     return kind(params, name).parse_argv(dataset_block(params, name), raw_dir(params, name), part, out)
 
 
-def longtail_argv(params: dict, name: str, labels: str, out: str, split_out: str) -> list[str]:
+def longtail_options(params: dict, name: str) -> dict[str, list[str]]:
+    """The longtail rule's options that a dataset's longtail block may leave out, each as its words (none when left
+    out): the draw's settings with the command's defaults (none for source all, the set as it is),
+    --cap-to-available, --groups, and the kind whose published list source official reads."""
     block = dataset_block(params, name)
     lt = block["longtail"]
-    argv = ["longtail", "--labels", labels, "--out", out, "--split-out", split_out, "--source", lt["source"]]
-    if lt["source"] != "all":  # the set as it is: no draw, no settings
-        argv += ["--b", str(lt.get("b", 6)), "--max", str(lt.get("max", 800)), "--min", str(lt.get("min", 1)),
-                 "--seed", str(lt.get("seed", 0))]
-    if lt.get("cap_to_available"):
-        argv.append("--cap-to-available")
-    if lt.get("groups", "fixed") != "fixed":
-        argv += ["--groups", lt["groups"]]
-    if lt["source"] == "official":
-        argv += ["--dataset", block["kind"]]  # the kind's published list (noisymlt.data.kinds: official_list)
-    return argv
+    draw = [] if lt["source"] == "all" else ["--b", str(lt.get("b", 6)), "--max", str(lt.get("max", 800)),
+                                             "--min", str(lt.get("min", 1)), "--seed", str(lt.get("seed", 0))]
+    return {"draw": draw,
+            "cap": ["--cap-to-available"] if lt.get("cap_to_available") else [],
+            "groups": [] if lt.get("groups", "fixed") == "fixed" else ["--groups", lt["groups"]],
+            "official": ["--dataset", block["kind"]] if lt["source"] == "official" else []}  # kinds: official_list
+
+
+def longtail_argv(params: dict, name: str, labels: str, out: str, split_out: str) -> list[str]:
+    """The longtail rule's words (workflow/rules/data.smk), for a script."""
+    source = dataset_block(params, name)["longtail"]["source"]
+    options = longtail_options(params, name)
+    return ["longtail", "--labels", labels, "--out", out, "--split-out", split_out, "--source", source,
+            *options["draw"], *options["cap"], *options["groups"], *options["official"]]
 
 
 def train_images_argv(params: dict, name: str, ids: str, out: str) -> list[str] | None:
@@ -126,13 +134,20 @@ def train_images_argv(params: dict, name: str, ids: str, out: str) -> list[str] 
                                                 _download_args(params))
 
 
-def pretrain_argv(params: dict, name: str, out: str) -> list[str]:
-    """`noisymlt pretrain` of block pretrain.NAME (the Snakemake rule passes the same JSON)."""
+def pretrain_block(params: dict, name: str) -> dict:
+    """Block pretrain.NAME, which the pretrain rule passes as JSON."""
     blocks = params.get("pretrain", {})
     if name not in blocks:
         known = ", ".join(sorted(blocks)) or "none"
-        raise NoisyMLTError(f"{out}: no block pretrain.{name} in params (configured: {known})")
-    return ["pretrain", "--config", json.dumps(blocks[name], sort_keys=True), "--out", out, "--no-progress"]
+        raise NoisyMLTError(f"{L.fill(L.PRETRAINED, name=name)}: no block pretrain.{name} in params "
+                            f"(configured: {known})")
+    return blocks[name]
+
+
+def pretrain_argv(params: dict, name: str, out: str) -> list[str]:
+    """The pretrain rule's words (workflow/rules/train.smk), for a script."""
+    return ["pretrain", "--config", json.dumps(pretrain_block(params, name), sort_keys=True), "--out", out,
+            "--no-progress"]
 
 
 def cache_size(params: dict, name: str) -> int:
@@ -146,7 +161,8 @@ def cache_size(params: dict, name: str) -> int:
 
 
 def cache_argv(params: dict, name: str, part: str, out: str) -> list[str]:
-    """`noisymlt cache-images` of a dataset's train subset or test set at its cache size (the train cache holds the
+    """The words of rules cache_train_images / cache_test_images (workflow/rules/data.smk), for a script:
+    `noisymlt cache-images` of a dataset's train subset or test set at its cache size (the train cache holds the
     subset's images, whose rows the noisy copies share)."""
     labels = L.fill(L.LABELS, dataset=name, part="train" if part == "train" else "test")
     return ["cache-images", "--labels", labels, "--images", image_root(params, name, part),
@@ -161,26 +177,6 @@ def cache_args(name: str, loader: str, candidate: bool = False) -> list[str]:
     pattern, parts = (L.SELECT_CACHE, ("fit", "val")) if candidate else (L.CACHE, ("train", "test"))
     return ["--train-cache", L.fill(pattern, dataset=name, part=parts[0]),
             "--test-cache", L.fill(pattern, dataset=name, part=parts[1])]
-
-
-def select_split_argv(params: dict, dataset: str, out: str) -> list[str]:
-    from noisymlt.pipeline.selection import split_tables
-
-    block = params["selection"]
-    tables = [f"{name}={path}" for name, path in split_tables(params, dataset).items()]
-    return ["select", "split", "--noisy", *tables, "--held-out", str(block["held_out"]),
-            "--seed", str(block["split_seed"]), "--out", out]
-
-
-def select_cache_argv(params: dict, dataset: str, part: str, out: str) -> list[str]:
-    """`noisymlt cache-images` of the fit or val images, from the first selection set's table of that part (the
-    other sets' tables hold the same rows, which is all a cache checks)."""
-    from noisymlt.pipeline.selection import selection_sets
-
-    gamma, seed = selection_sets(params)[0]
-    return ["cache-images", "--labels", L.fill(L.SELECT_PART, dataset=dataset, gamma=gamma, seed=seed, part=part),
-            "--images", image_root(params, dataset, "train"), "--size", str(cache_size(params, dataset)),
-            "--out", out, "--no-progress"]
 
 
 class Run(NamedTuple):
