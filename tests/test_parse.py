@@ -128,7 +128,7 @@ def test_coco_labels_filters_and_order(tmp_path):
 @pytest.mark.parametrize(
     "content, problem",
     [
-        ('{"images": [', "not valid JSON"),
+        ('{"images": [', "cannot read the annotation file"),
         ('[1, 2]', "top level must be a JSON object"),
         ('{"images": [], "annotations": []}', "missing or non-list 'categories'"),
         ('{"images": [{"id": 1}], "annotations": [], "categories": [{"id": 1, "name": "a"}]}',

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from noisymlt.errors import NoisyMLTError
+from noisymlt.errors import NoisyMLTError, cause
 
 
 def _same(a: str, b: str) -> bool:
@@ -96,12 +96,25 @@ def write_json(path: str | Path, obj, *, indent: int | None = 1, sort_keys: bool
     return write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")
 
 
+def _parsed(read, where: str, what: str, require_object: bool):
+    """The JSON that ``read()`` returns (text or bytes), or one line naming ``where`` and the cause."""
+    try:
+        data = json.loads(read())
+    except (OSError, ValueError) as exc:  # missing, unreadable, not UTF-8, not JSON
+        raise NoisyMLTError(f"{where}: cannot read {what} ({cause(exc)})") from None
+    if require_object and not isinstance(data, dict):
+        raise NoisyMLTError(f"{where}: holds a {type(data).__name__}, not a JSON object")
+    return data
+
+
+def read_json(path: str | Path, what: str = "it as JSON", *, require_object: bool = False):
+    """The JSON in ``path``, the reader beside ``write_json``: a missing, unreadable or damaged file is one
+    NoisyMLTError naming it, what it is (``what``: "cannot read a suspects record") and the cause; with
+    ``require_object``, anything but a JSON object is refused too."""
+    return _parsed(Path(path).read_bytes, str(path), what, require_object)
+
+
 def json_object_arg(value: str, option: str) -> dict:
     """A command-line JSON object given as the text itself (starting with '{') or as a file."""
-    try:
-        obj = json.loads(value if value.lstrip().startswith("{") else Path(value).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise NoisyMLTError(f"{option} {value[:80]}: cannot read it as JSON ({exc})") from exc
-    if not isinstance(obj, dict):
-        raise NoisyMLTError(f"{option} {value[:80]}: expected a JSON object")
-    return obj
+    read = (lambda: value) if value.lstrip().startswith("{") else Path(value).read_bytes
+    return _parsed(read, f"{option} {value[:80]}", "it as JSON", require_object=True)

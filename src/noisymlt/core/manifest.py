@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from noisymlt.core.files import write_json
+from noisymlt.core.files import read_json, write_json
 from noisymlt.errors import NoisyMLTError
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the package (this module is in noisymlt/core)
@@ -145,8 +145,8 @@ def producer_record(path: str | Path) -> tuple[Path, dict, dict] | None:
         if not candidate.is_file():
             continue
         try:
-            record = json.loads(candidate.read_text())
-        except (OSError, ValueError):
+            record = read_json(candidate)
+        except NoisyMLTError:
             continue  # not a manifest this check can read: the producer's own checks own it
         outputs = record.get("outputs") if isinstance(record, dict) else None
         for entry in (outputs or {}).values():

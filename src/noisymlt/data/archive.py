@@ -23,7 +23,7 @@ from pathlib import Path
 
 from noisymlt.errors import NoisyMLTError
 from noisymlt.core import codedeps
-from noisymlt.core.files import write_text
+from noisymlt.core.files import read_json, write_text
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +115,8 @@ def _archive_kind(archive: Path) -> str:
 
 def _read_marker(marker: Path) -> dict | None:
     try:
-        return json.loads(marker.read_text())
-    except (OSError, ValueError):
+        return read_json(marker)
+    except NoisyMLTError:  # missing or damaged: unpacked again
         return None
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from pathlib import Path
 
 import numpy as np
 
+from noisymlt.core.files import read_json
 from noisymlt.data.labels import LabelTable
 from noisymlt.errors import NoisyMLTError
 
@@ -26,13 +26,7 @@ _REQUIRED = {
 
 def _load_checked(path: Path) -> dict:
     """json + key checks first, so a damaged file fails with its name instead of a pycocotools KeyError."""
-    try:
-        with open(path, "rb") as fh:
-            data = json.load(fh)
-    except FileNotFoundError as exc:
-        raise NoisyMLTError(f"{path}: annotation file does not exist") from exc
-    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise NoisyMLTError(f"{path}: not valid JSON ({exc})") from exc
+    data = read_json(path, "the annotation file")
     if not isinstance(data, dict):
         raise NoisyMLTError(f"{path}: top level must be a JSON object, got {type(data).__name__}")
     for section, keys in _REQUIRED.items():

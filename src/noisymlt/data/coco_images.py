@@ -6,7 +6,6 @@ decoded before it counts, and ``manifest.json`` (size and sha256 of each image) 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -15,7 +14,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from noisymlt.core.files import write_json
+from noisymlt.core.files import read_json, write_json
 from noisymlt.data.archive import file_digests
 from noisymlt.data.download import add_retry_args, fetch, mirror_url
 from noisymlt.errors import NoisyMLTError
@@ -54,13 +53,10 @@ def read_image_ids(path: str | Path) -> list[int]:
 
 def _coco_image_index(annotation_json: Path) -> dict[int, tuple[str, str]]:
     """image id -> (coco_url, file_name) from a COCO instances JSON."""
+    data = read_json(annotation_json, "annotation file")
     try:
-        with open(annotation_json, "rb") as fh:
-            data = json.load(fh)
         images = data["images"]
         return {int(im["id"]): (im.get("coco_url", ""), im["file_name"]) for im in images}
-    except OSError as exc:
-        raise NoisyMLTError(f"{annotation_json}: cannot read annotation file ({exc})") from exc
     except (ValueError, KeyError, TypeError) as exc:
         raise NoisyMLTError(
             f"{annotation_json}: not a COCO annotation file with an 'images' list of id/file_name "

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from noisymlt.core.files import read_json
 from noisymlt.errors import NoisyMLTError
 
 log = logging.getLogger(__name__)
@@ -107,10 +108,7 @@ def open_cache(array_path: str | Path, *, labels: str | Path, image_ids, paths, 
     if not array_path.is_file() or not idx_path.is_file():
         missing = array_path if not array_path.is_file() else idx_path
         raise NoisyMLTError(f"{missing}: image cache is missing; build it with `noisymlt cache-images`")
-    try:
-        index = json.loads(idx_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise NoisyMLTError(f"{idx_path}: unreadable image-cache index ({exc})") from exc
+    index = read_json(idx_path, "the image-cache index", require_object=True)
     if index.get("format") != FORMAT:
         raise NoisyMLTError(f"{idx_path}: image-cache format {index.get('format')!r}, expected {FORMAT}; {REBUILD}")
     same_file = index.get("labels_sha256") == file_sha256(labels)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from noisymlt.core.files import replacing, write_text
+from noisymlt.core.files import read_json, replacing, write_text
 from noisymlt.errors import NoisyMLTError, cause
 
 CLEAN_PREFIX = "clean_"
@@ -207,10 +207,7 @@ def write_class_split(split: dict[str, list[int]], path: str | Path) -> Path:
 def read_class_split(path: str | Path) -> dict[str, list[int]]:
     """Read head/medium/tail class indices; the published files call 'medium' 'middle'."""
     path = Path(path)
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:  # ValueError: bad JSON, not UTF-8
-        raise NoisyMLTError(f"{path}: cannot read class split ({exc})") from exc
+    raw = read_json(path, "class split")
     if not isinstance(raw, dict):
         raise NoisyMLTError(f"{path}: a class split is a mapping of the groups {list(GROUPS)} to class indices, "
                             f"(it holds {json.dumps(raw)[:60]})")

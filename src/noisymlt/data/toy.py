@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from noisymlt.core.files import read_json
 from noisymlt.data import toy_scenes
 from noisymlt.data.toy_scenes import DEFAULT_SIZES, LABEL_MODELS, label_draws
 from noisymlt.errors import NoisyMLTError
@@ -383,7 +384,7 @@ def make_voc_standin(
                 xml = xml.replace(old, new)
             (dest / "Annotations" / f"{image_id}.xml").write_text(xml)
         (dest / "ImageSets/Main" / f"{image_set}.txt").write_text("".join(f"{i}\n" for i in ids))
-    manifest = json.loads((toy / "toy_manifest.json").read_text())
+    manifest = read_json(toy / "toy_manifest.json", "the toy's manifest")
     manifest.update(layout="voc", classes=list(VOC_CLASSES), glyphs=list(TOY_CLASSES))
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     shutil.rmtree(tmp / "build")

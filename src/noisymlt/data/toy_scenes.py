@@ -14,13 +14,13 @@ selectable, with its bytes unchanged, until the demo moves to ``voc``.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
+from noisymlt.core.files import read_json
 from noisymlt.errors import NoisyMLTError
 
 LABEL_MODELS = ("glyph", "voc")
@@ -49,11 +49,11 @@ OBJECTS_PER_IMAGE = (0.4, 0.3, 0.2, 0.1)  # P(1), P(2), P(3), P(4) instances
 @lru_cache(maxsize=None)
 def fitted_scenes(num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     """Scene weights (K,) and per-scene label probabilities (K, C) of toy_scenes.json."""
+    record = read_json(SCENES_FILE, "the toy's scene model")
     try:
-        record = json.loads(SCENES_FILE.read_text())
         weights = np.asarray(record["weights"], dtype=np.float64)
         theta = np.asarray(record["theta"], dtype=np.float64)
-    except (OSError, ValueError, KeyError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise NoisyMLTError(f"{SCENES_FILE}: cannot read the toy's scene model ({exc})") from exc
     if theta.shape != (weights.size, num_classes) or not ((theta > 0) & (theta < 1)).all() or (weights <= 0).any():
         raise NoisyMLTError(f"{SCENES_FILE}: needs K positive weights and K x {num_classes} probabilities in (0, 1), "

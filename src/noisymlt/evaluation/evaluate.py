@@ -4,7 +4,6 @@ mAP per class group, noisymlt.evaluation.metrics), written as metrics.json and m
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
@@ -73,7 +72,7 @@ def map_summary(result: dict) -> dict:
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from noisymlt.core.codedeps import CLI
-    from noisymlt.core.files import check_outputs, write_json
+    from noisymlt.core.files import check_outputs, read_json, write_json
     from noisymlt.core.manifest import check_inputs, now, write_manifest
 
     started = now()
@@ -84,7 +83,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     result = evaluate_predictions(Path(args.predictions), Path(args.test_labels), Path(args.split))
     run_manifest = Path(args.predictions).with_name("manifest.json")
     if run_manifest.exists():
-        result["run_id"] = json.loads(run_manifest.read_text()).get("run_id")
+        result["run_id"] = read_json(run_manifest, "the run's manifest", require_object=True).get("run_id")
     write_json(out, result)
     outputs = {"metrics": out}
     if args.map_out:

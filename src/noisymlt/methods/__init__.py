@@ -11,30 +11,17 @@ them imports the training code.
 
 from __future__ import annotations
 
-import ast
 import importlib
 
-from noisymlt.errors import NoisyMLTError
-from noisymlt.core.registry import registered
+from noisymlt.core.registry import decorated_classes, import_registered
 
-
-def _family_names(tree: ast.Module) -> list[str]:
-    """The names in a module's ``@register_family("name")`` class decorators."""
-    return [deco.args[0].value for node in tree.body if isinstance(node, ast.ClassDef) for deco in node.decorator_list
-            if isinstance(deco, ast.Call) and getattr(deco.func, "id", None) == "register_family"
-            and deco.args and isinstance(deco.args[0], ast.Constant)]
-
-
-FAMILY_MODULES = registered(__file__, __name__, _family_names, "method family",
-                            marker="@register_family(")
+FAMILY_MODULES = decorated_classes(__file__, __name__, "register_family", "method family")
 _BASE_NAMES = ("FAMILIES", "Method", "TrainContext", "register_family", "eval_mode")
 
 
 def load_family(name: str):
     """The Method class of family ``name`` (its module imported now)."""
-    if name not in FAMILY_MODULES:
-        raise NoisyMLTError(f"unknown method family {name!r}; known: {', '.join(sorted(FAMILY_MODULES))}")
-    importlib.import_module(FAMILY_MODULES[name])
+    import_registered(FAMILY_MODULES, name, "method family")
     # by name, like the families: the package stays light for whoever imports it for its names
     return importlib.import_module("noisymlt.methods.base").FAMILIES[name]
 

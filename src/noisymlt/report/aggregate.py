@@ -24,7 +24,7 @@ import pandas as pd
 from noisymlt.data.labels import GROUPS
 from noisymlt.data.noise_models import PAPER
 from noisymlt.errors import NoisyMLTError
-from noisymlt.core.files import replacing, write_json
+from noisymlt.core.files import read_json, replacing, write_json
 
 COLUMNS = {
     "run_id": "string", "dataset": "string", "method": "string", "gamma": "float64", "noise_model": "string",
@@ -46,11 +46,8 @@ def rows_for_run(metrics_path: Path) -> list[dict]:
     run_dir = metrics_path.parent
     manifest_path = run_dir / "manifest.json"
     check_inputs({"metrics": metrics_path})  # against the record of the evaluation that wrote it
-    try:
-        metrics = json.loads(metrics_path.read_text())
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise NoisyMLTError(f"{run_dir}: cannot read metrics/manifest ({exc})") from exc
+    metrics = read_json(metrics_path, "the run's metrics")
+    manifest = read_json(manifest_path, "the run's manifest")
     run = manifest["run"]
     base = {
         "run_id": manifest["run_id"], "dataset": run["dataset"], "method": run["method"], "gamma": run["gamma"],
@@ -123,9 +120,10 @@ def write_curves(metrics_files: list[Path], curves: Path, pseudo_labels: Path | 
     epochs, pseudo = [], []
     for f in metrics_files:
         manifest_path = Path(f).parent / "manifest.json"
+        manifest = read_json(manifest_path, "the run's manifest")
         try:
-            e, p = curve_rows(json.loads(manifest_path.read_text()))
-        except (OSError, json.JSONDecodeError, KeyError) as exc:
+            e, p = curve_rows(manifest)
+        except KeyError as exc:
             raise NoisyMLTError(f"{manifest_path}: cannot read the run's history ({exc!r})") from exc
         epochs += e
         pseudo += p

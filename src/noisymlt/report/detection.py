@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from noisymlt.core.files import replacing
+from noisymlt.core.files import read_json, replacing
 from noisymlt.errors import NoisyMLTError, cause
 from noisymlt.data.noise_models import PAPER
 from noisymlt.inference.suspects import BUDGET_SHARE
@@ -85,10 +85,7 @@ def read_records(paths: list[str]) -> list[dict]:
     rate, seed, noise model) are refused: averaged, they would count one noisy set as two seeds."""
     records, seen = [], {}
     for path in paths:
-        try:
-            record = json.loads(Path(path).read_bytes())
-        except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
-            raise NoisyMLTError(f"{path}: cannot read a suspects record ({cause(exc)})") from None
+        record = read_json(path, "a suspects record")
         problem = _problem(record)
         if problem:
             raise NoisyMLTError(f"{path}: {problem}")

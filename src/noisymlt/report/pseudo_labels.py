@@ -22,11 +22,11 @@ drawing and choosing.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 
+from noisymlt.core.files import read_json
 from noisymlt.errors import NoisyMLTError
 from noisymlt.report.style import BLUE, COLUMN_WIDTH, FONT_PT, VERMILLION, paper_style, save_figure
 
@@ -52,7 +52,7 @@ def score_train_set(run: Path, train_labels: Path, split: Path, train_images: Pa
     config = Path(run) / "run_config.json"
     if not config.is_file():
         raise NoisyMLTError(f"{config}: missing; {run} is not a finished training run")
-    resolved = json.loads(config.read_text())
+    resolved = read_json(config, "a run's configuration", require_object=True)
     if resolved["method_cfg"]["family"] != "colearning":
         raise NoisyMLTError(f"{config}: method {resolved['method']!r} is not of the co-learning family; "
                             "it has no pseudo labels to show")

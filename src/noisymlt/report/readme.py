@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from noisymlt.core.files import read_json
 from noisymlt.errors import NoisyMLTError
 from noisymlt.report.sentinels import SPOTLIGHT, run_numerics, sentinel_record
 from noisymlt.report.tables import DECIMALS, cell_text, read_results
@@ -37,10 +38,7 @@ def selection_summary(stage_files: list[str | Path], labels: dict[str, str]) -> 
     stage the candidates' validation mAP and the winner."""
     out = []
     for path in stage_files:
-        try:
-            rec = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise NoisyMLTError(f"{path}: cannot read a model-selection stage file ({exc})") from exc
+        rec = read_json(path, "a model-selection stage file")
         stages = [*rec.get("earlier_stages", []), rec]
         out.append({"method": rec["method"], "label": labels.get(rec["method"], rec["method"]), "chosen": rec["chosen"],
                     "sets": rec["sets"], "held_out": rec["held_out"], "file": Path(path).as_posix(),
@@ -100,10 +98,7 @@ def structure_entry(path: str | Path, dataset: str) -> dict:
     from noisymlt.report.structure import readme_entry
 
     path = Path(path)
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise NoisyMLTError(f"{path}: cannot read a structure report ({exc})") from exc
+    record = read_json(path, "a structure report", require_object=True)
     if record.get("dataset") != dataset:
         raise NoisyMLTError(f"{path}: the structure of dataset {record.get('dataset')!r}, the results are {dataset!r}'s")
     return readme_entry(record, path.with_suffix(".md").as_posix())
@@ -384,7 +379,7 @@ def replace_block(readme: str, block: str, where: str) -> str:
 def _cmd_readme_numbers(args: argparse.Namespace) -> int:
     results = read_results(args.results)
     labels = json.loads(args.labels) if args.labels else {}
-    timing = json.loads(Path(args.timing).read_text()) if args.timing else None
+    timing = read_json(args.timing, "the timing file") if args.timing else None
     numbers = demo_numbers(results, args.methods, labels, timing, args.selection or (), args.structure)
     Path(args.out).write_text(json.dumps(numbers, indent=1, sort_keys=True) + "\n")
     return 0
@@ -392,10 +387,7 @@ def _cmd_readme_numbers(args: argparse.Namespace) -> int:
 
 def _cmd_readme(args: argparse.Namespace) -> int:
     path, numbers_path = Path(args.readme), Path(args.numbers)
-    try:
-        numbers = json.loads(numbers_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise NoisyMLTError(f"{numbers_path}: cannot read demo numbers ({exc})") from exc
+    numbers = read_json(numbers_path, "demo numbers")
     current = path.read_text()
     wanted = replace_block(current, render(numbers), str(path))
     if args.write:

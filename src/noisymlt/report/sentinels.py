@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from noisymlt.core.files import read_json
 from noisymlt.errors import NoisyMLTError
 from noisymlt.training.numerics import identity
 
@@ -81,7 +82,7 @@ def sentinel_record(results: pd.DataFrame, middle: float, first: int) -> dict:
         run = cell[cell["seed"] == first]
         if len(run) != 1:
             continue
-        manifest = json.loads(Path(run["manifest"].iloc[0]).read_text())
+        manifest = read_json(run["manifest"].iloc[0], "a run's manifest")
         selected = (manifest["run"].get("selected") or {}).get("values")
         runs[f"{m}/{middle:g}/{first}"] = {"map": float(run["value"].iloc[0]), "selected": selected,
                                            # the run's configuration (its hash): a reading is of this demo's run
@@ -93,10 +94,10 @@ def sentinel_record(results: pd.DataFrame, middle: float, first: int) -> dict:
 
 
 def read_readings(path: str | Path) -> list[dict]:
-    try:
-        return json.loads(Path(path).read_text())["readings"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise NoisyMLTError(f"{path}: cannot read the recorded numerics readings ({exc})") from exc
+    record = read_json(path, "the recorded numerics readings", require_object=True)
+    if "readings" not in record:
+        raise NoisyMLTError(f"{path}: cannot read the recorded numerics readings (no 'readings')")
+    return record["readings"]
 
 
 def _same_selection(a: dict | None, b: dict | None) -> bool:

@@ -9,29 +9,15 @@ names from the source (``noisymlt.core.registry``), so a new kind is one module 
 
 from __future__ import annotations
 
-import ast
-import importlib
-
-from noisymlt.core.registry import registered
+from noisymlt.core.registry import decorated_classes, import_registered
 from noisymlt.data.kinds.base import DatasetKind, register_kind
-from noisymlt.errors import NoisyMLTError
 
-
-def _kind_names(tree: ast.Module) -> list[str]:
-    """The names in a module's ``@register_kind("name")`` class decorators."""
-    return [deco.args[0].value for node in tree.body if isinstance(node, ast.ClassDef) for deco in node.decorator_list
-            if isinstance(deco, ast.Call) and getattr(deco.func, "id", None) == "register_kind"
-            and deco.args and isinstance(deco.args[0], ast.Constant)]
-
-
-KIND_MODULES = registered(__file__, __name__, _kind_names, "dataset kind", marker="@register_kind(")
+KIND_MODULES = decorated_classes(__file__, __name__, "register_kind", "dataset kind")
 
 
 def kind_of(name: str) -> DatasetKind:
     """The kind ``name`` (its module imported now)."""
-    if name not in KIND_MODULES:
-        raise NoisyMLTError(f"unknown dataset kind {name!r}; known: {', '.join(sorted(KIND_MODULES))}")
-    importlib.import_module(KIND_MODULES[name])
+    import_registered(KIND_MODULES, name, "dataset kind")
     return register_kind.KINDS[name]
 
 

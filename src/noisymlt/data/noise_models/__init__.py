@@ -9,29 +9,15 @@ co-occurrence model, the default: its files, paths and run ids carry no model na
 
 from __future__ import annotations
 
-import ast
-import importlib
-
-from noisymlt.core.registry import registered
+from noisymlt.core.registry import decorated_classes, import_registered
 from noisymlt.data.noise_models.base import DROP, KEEP, PAPER, NoiseModel, register_noise_model
-from noisymlt.errors import NoisyMLTError
 
-
-def _model_names(tree: ast.Module) -> list[str]:
-    """The names in a module's ``@register_noise_model("name")`` class decorators."""
-    return [deco.args[0].value for node in tree.body if isinstance(node, ast.ClassDef) for deco in node.decorator_list
-            if isinstance(deco, ast.Call) and getattr(deco.func, "id", None) == "register_noise_model"
-            and deco.args and isinstance(deco.args[0], ast.Constant)]
-
-
-NOISE_MODULES = registered(__file__, __name__, _model_names, "noise model", marker="@register_noise_model(")
+NOISE_MODULES = decorated_classes(__file__, __name__, "register_noise_model", "noise model")
 
 
 def noise_model(name: str) -> NoiseModel:
     """The model ``name`` (its module imported now)."""
-    if name not in NOISE_MODULES:
-        raise NoisyMLTError(f"unknown noise model {name!r}; known: {', '.join(sorted(NOISE_MODULES))}")
-    importlib.import_module(NOISE_MODULES[name])
+    import_registered(NOISE_MODULES, name, "noise model")
     return register_noise_model.MODELS[name]
 
 

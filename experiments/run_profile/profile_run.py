@@ -6,8 +6,8 @@ for the run named by --dataset/--gamma/--seed/--method, into a scratch folder, u
 wall seconds of each phase (cumulative time of the trainer's own methods), with the calibration workload of
 scripts/calibration.py timed in the same call:
 
-    python scripts/profile_run.py --repo CLONE --method erm            # CLONE: a clone after `make demo`
-    python scripts/profile_run.py --repo CLONE --method dividemix --json benchmarks/profile_dividemix.json
+    python experiments/run_profile/profile_run.py --repo CLONE --method erm     # CLONE: a clone after `make demo`
+    python experiments/run_profile/profile_run.py --repo CLONE --method dividemix --json profile_dividemix.json
 
 The imports are timed apart, first (what a job pays without the preload server). Run it on an idle machine.
 """
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # trainer method -> phase name (cumulative seconds; the phases do not overlap but for predict, which
 # fit_record calls for the training images)
 PHASES = {
