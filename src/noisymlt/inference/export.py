@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -153,7 +152,7 @@ def export_run(run: Path, out: Path, *, head: str | None = None, formats=tuple(F
     """Write the run's model in ``formats`` into OUT with model.json; returns that record."""
     import torch
 
-    from noisymlt.core.files import replacing, write_json
+    from noisymlt.core.files import read_json, replacing, write_json
     from noisymlt.core.manifest import file_sha256
     from noisymlt.inference.run_model import check_run_outputs, load_run, recorded_heads, transform_of
 
@@ -173,7 +172,7 @@ def export_run(run: Path, out: Path, *, head: str | None = None, formats=tuple(F
     with np.load(Path(run) / "predictions.npz", allow_pickle=False) as npz:
         recorded = npz[f"scores_{head}"][:count]
     # the run's scores are another device's or precision's (a GPU, bf16): check against its own fp32 forward
-    ran_on = str(json.loads((Path(run) / "manifest.json").read_text()).get("device", "cpu"))
+    ran_on = str(read_json(Path(run) / "manifest.json").get("device", "cpu"))
     precision = trainer.precision if ran_on == "cpu" else f"{ran_on}'s precision"
     if precision != "fp32":
         with torch.no_grad():

@@ -16,7 +16,6 @@ normalised) in the loader.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -62,17 +61,6 @@ def recorded_heads(run_dir: Path) -> list[str]:
         raise NoisyMLTError(f"{path}: cannot read its heads ({exc})") from exc
 
 
-def _read_object(path: Path) -> dict:
-    """A JSON object file of the run, or one line naming it."""
-    try:
-        obj = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
-        raise NoisyMLTError(f"{path}: cannot read it as JSON ({cause(exc)})") from None
-    if not isinstance(obj, dict):
-        raise NoisyMLTError(f"{path}: holds a {type(obj).__name__}, not a JSON object")
-    return obj
-
-
 def recorded_inputs(record: dict, manifest: Path) -> dict[str, Path]:
     """The inputs a run's manifest (``record``, read from MANIFEST) names (key -> path), each a relative path that
     stays inside the project (the current folder) as written: no absolute path, no ``..`` out of it. The project's
@@ -96,6 +84,7 @@ def load_run(run_dir: str | Path, *, device: str = "cpu", train_images: str | Pa
     """The Trainer holding RUN_DIR's finished model, whose checkpoint is the one its manifest records (the model
     that wrote predictions.npz). ``train_images``: the folder the run's train table paths are relative to, needed
     only by a run that read its images without the cache (to score its training images)."""
+    from noisymlt.core.files import read_json
     from noisymlt.training.trainer import Trainer
 
     run_dir = Path(run_dir)
@@ -104,10 +93,10 @@ def load_run(run_dir: str | Path, *, device: str = "cpu", train_images: str | Pa
         raise NoisyMLTError(f"{run_dir}: no such run folder")
     if not manifest.is_file():
         raise NoisyMLTError(f"{manifest}: missing; {run_dir} is not a finished training run")
-    record = _read_object(manifest)
+    record = read_json(manifest, require_object=True)
     inputs = recorded_inputs(record, manifest)
     config = run_dir / "run_config.json"
-    cfg = _read_object(config) if config.is_file() else None
+    cfg = read_json(config, require_object=True) if config.is_file() else None
     train = cfg.get("train") if cfg is not None else None
     if cfg is not None and not isinstance(train, dict):
         raise NoisyMLTError(f"{config}: no 'train' block; not a run's configuration")

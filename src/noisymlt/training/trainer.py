@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from noisymlt.core.files import read_json
 from noisymlt.data.assets import run_inputs
 from noisymlt.errors import NoisyMLTError
 from noisymlt.training import checkpoint
@@ -197,8 +198,8 @@ class Trainer:
         for name, path in files.items():
             if not path.is_file():
                 raise NoisyMLTError(f"{path}: missing; {run_dir} is not a finished training run")
-        cfg = resolved if resolved is not None else json.loads(files["run_config.json"].read_text())
-        inputs = json.loads(files["manifest.json"].read_text()).get("inputs", {})
+        cfg = resolved if resolved is not None else read_json(files["run_config.json"], require_object=True)
+        inputs = read_json(files["manifest.json"], require_object=True).get("inputs", {})
         given = {"train_labels": train_labels, "split": split}
         for key, value in given.items():
             if value is None and key not in inputs:
