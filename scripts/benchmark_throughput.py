@@ -67,7 +67,8 @@ def method_step(params: dict, dataset: str, method: str, device: torch.device, n
                 num_classes: int, compile: bool | str = False):
     """(one training step of ``method`` on synthetic batches, images it processes); ``compile``: the model's
     stages compiled as ``train.compile`` does. The optimiser is the trainer's (fused SGD on CUDA)."""
-    from noisymlt.training.speed import compile_model, make_sgd, mark_step
+    from noisymlt.training.schedule import build_optimizer
+    from noisymlt.training.speed import compile_model, mark_step
 
     cfg = resolve_run(params, dataset, method, 0.5, 0)
     tcfg = cfg["train"]
@@ -87,7 +88,9 @@ def method_step(params: dict, dataset: str, method: str, device: torch.device, n
         model = model.to(memory_format=torch.channels_last)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = make_sgd(trainable, {"lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-4}, device)
+    # the trainer's SGD, over every trainable parameter in one group at a small rate
+    sgd = {"lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-4, "new_layers_lr_mult": 1.0}
+    opt, _ = build_optimizer(model, sgd, {}, 1, device)
     if compile:  # True: the trainer's mode; a string: that torch.compile mode
         compile_model(model, device, compile if isinstance(compile, str) else None)
     size = tcfg["image_size"]

@@ -406,7 +406,7 @@ def end_to_end(ctx: dict) -> dict:
     (work / "fixed.yaml").write_text(yaml.safe_dump(FIXED_LAYER))
     params.append(str(work / "fixed.yaml"))
     d, g, s, method = E2E["dataset"], E2E["gamma"], E2E["seed"], E2E["method"]
-    from noisymlt.config import load_params
+    from noisymlt.config import config_text, final_run, load_params
     from noisymlt.pipeline import layout as L
     from noisymlt.pipeline import paths
     from noisymlt.pipeline.paths import run_dir
@@ -441,9 +441,9 @@ def end_to_end(ctx: dict) -> dict:
                 continue
             run = run_dir(d, g, s, method, root=f"runs/{device}")
             t0 = time.perf_counter()
-            resolved = paths.final_run(P, d, method, g, s, None)  # the train rule's config param
+            resolved = final_run(P, d, method, g, s, None)  # the train rule's config param
             (work / run).mkdir(parents=True, exist_ok=True)
-            (work / run / "requested_config.json").write_text(paths.config_text(resolved) + "\n")
+            (work / run / "requested_config.json").write_text(config_text(resolved) + "\n")
             loader = resolved["train"].get("loader", "pil")
             noisymlt(["train", "--run-config", f"{run}/requested_config.json", "--train-labels", noisy,
                       "--test-labels", test, "--split", split, "--train-images", paths.image_root(P, d, "train"),

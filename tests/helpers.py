@@ -209,7 +209,7 @@ def folder_project(root: Path, text: str | None = None) -> Path:
 
 
 # Lines that stand in for torch in a probe process whose code reads only torch.cuda's two answers (the card choice,
-# noisymlt.pipeline.cards): CUDA available over the cards in CUDA_VISIBLE_DEVICES. A real `import torch` costs seconds
+# noisymlt.training.cards): CUDA available over the cards in CUDA_VISIBLE_DEVICES. A real `import torch` costs seconds
 # a process, and the packing tests start up to eight at once on the test machine's cores.
 CUDA_STAND_IN = ("import os, sys, types\n"
                  "sys.modules['torch'] = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True, "

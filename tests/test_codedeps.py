@@ -16,11 +16,11 @@ from noisymlt.pipeline.step_code import method_entries
 
 REPO = Path(__file__).resolve().parents[1]
 # Infrastructure that cannot change a result: the CLI, its command table and its dispatch, the preload server (its
-# runs equal plain runs byte for byte: test_preload), the `train` command (it only resolves the configuration, hashed
-# into the run id), the per-step digests and `trace`.
+# runs equal plain runs byte for byte: test_preload), the `train` command (it only reads the configuration, hashed
+# into the run id) and the card it chooses, the per-step digests and `trace`.
 NEVER_IN_A_RUN = {"noisymlt.__main__", "noisymlt.cli", "noisymlt.commands", "noisymlt.pipeline.preload",
-                  "noisymlt.pipeline.train", "noisymlt.pipeline.step_code", "noisymlt.pipeline.trace",
-                  "noisymlt.pipeline.selection"}
+                  "noisymlt.pipeline.train", "noisymlt.training.cards", "noisymlt.pipeline.step_code",
+                  "noisymlt.pipeline.trace", "noisymlt.pipeline.selection", "noisymlt.config"}
 ERM = ["noisymlt", "noisymlt.core", "noisymlt.core.codedeps", "noisymlt.core.files", "noisymlt.core.jsonlog",
        "noisymlt.core.locks", "noisymlt.core.manifest", "noisymlt.core.registry", "noisymlt.core.schema",
        "noisymlt.data", "noisymlt.data.assets", "noisymlt.data.imagecache", "noisymlt.data.images",

@@ -127,7 +127,7 @@ def test_select_device_takes_slots_on_fake_cards_and_honours_cuda_visible_device
 
 
 def test_slot_folder_is_private_to_a_slurm_allocation_and_on_the_node(monkeypatch):
-    from noisymlt.pipeline import cards
+    from noisymlt.training import cards
     from noisymlt.training.devices import lock_dir
 
     for var in ("NOISYMLT_GPU_LOCK_DIR", "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES"):
@@ -149,7 +149,7 @@ def test_slot_folder_is_private_to_a_slurm_allocation_and_on_the_node(monkeypatc
 
 
 def test_choose_device_leaves_a_forced_device_alone_and_falls_back_to_the_cpu(monkeypatch):
-    from noisymlt.pipeline.cards import choose_device
+    from noisymlt.training.cards import choose_device
 
     assert choose_device("cpu") == "cpu" and choose_device("cuda:3") == "cuda:3"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -159,7 +159,7 @@ def test_choose_device_leaves_a_forced_device_alone_and_falls_back_to_the_cpu(mo
 # A train job inside a SLURM allocation that holds four cards (a packed group job: `--gpus=4`, four runs in one
 # job step, each seeing all four cards), as the train command's choose_device sees it: CUDA available with the allocation's cards.
 # It prints its card and holds it until its stdin closes (a training run's lifetime).
-SLURM_RUN = (CUDA_STAND_IN + "from noisymlt.pipeline.cards import choose_device; "
+SLURM_RUN = (CUDA_STAND_IN + "from noisymlt.training.cards import choose_device; "
              "print(choose_device('auto', int(sys.argv[1])).split(':')[1], flush=True); sys.stdin.read()")
 
 
@@ -178,7 +178,7 @@ def start_runs(n: int, slots: int, env: dict) -> list[subprocess.Popen]:
 @pytest.fixture
 def slurm_job_ids():
     """Fresh allocation ids, and their lock folders removed afterwards (they live in the node's /dev/shm)."""
-    from noisymlt.pipeline import cards
+    from noisymlt.training import cards
 
     ids = [f"{os.getpid()}{i}{time.monotonic_ns() % 10**6}" for i in range(2)]
     yield ids

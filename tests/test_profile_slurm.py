@@ -172,7 +172,7 @@ def node_gpus() -> int:
 # card and holds its slot until every run of the job has chosen, as concurrent training runs would.
 PACKED_RUN = CUDA_STAND_IN + """
 import time
-from noisymlt.pipeline.cards import choose_device
+from noisymlt.training.cards import choose_device
 slots, runs, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 card = choose_device("auto", slots).split(":")[1]
 with open(out, "a") as f:

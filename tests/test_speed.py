@@ -10,7 +10,8 @@ import torch
 from helpers import tiny_params, toy_trainer
 from noisymlt.config import resolve_run
 from noisymlt.errors import NoisyMLTError
-from noisymlt.training.speed import StepLog, compile_mode, make_sgd
+from noisymlt.training.schedule import build_optimizer
+from noisymlt.training.speed import StepLog, compile_mode
 
 # compiled and eager kernels sum in other orders: after 4 SGD steps of ERM on resnet_tiny (neck dropout 0.5) the
 # weights agreed to 6e-8 on an AMD EPYC (AVX-512); 1e-5 leaves room for other kernels and is 100x below what the
@@ -58,12 +59,12 @@ def test_compile_mode_uses_cuda_graphs_only_on_a_gpu():
 
 
 def test_sgd_is_fused_on_cuda_only():
-    p = [torch.nn.Parameter(torch.zeros(3))]
     cfg = {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}
-    assert not make_sgd([{"params": p}], cfg, torch.device("cpu")).defaults.get("fused")  # the CPU's own bits
+    cpu, _ = build_optimizer(torch.nn.Linear(3, 1), cfg, {}, 1, torch.device("cpu"))
+    assert not cpu.defaults.get("fused")  # the CPU's own bits
     if torch.cuda.is_available():
-        q = [torch.nn.Parameter(torch.zeros(3, device="cuda"))]
-        assert make_sgd([{"params": q}], cfg, torch.device("cuda")).defaults["fused"] is True
+        gpu, _ = build_optimizer(torch.nn.Linear(3, 1).cuda(), cfg, {}, 1, torch.device("cuda"))
+        assert gpu.defaults["fused"] is True
 
 
 def test_step_log_sums_equal_per_step_python_floats_to_the_bit():

@@ -97,15 +97,49 @@ def test_corrupt_image_names_the_file(tiny_toy, tmp_path):
         trainer.fit()
 
 
-def test_train_cli_rejects_unknown_method(tiny_toy, tmp_path, capsys):
-    from noisymlt.cli import main
+def _train_argv(tiny_toy, config: Path, out: Path) -> list[str]:
+    return ["train", "--run-config", str(config), "--train-labels", str(tiny_toy["noisy"]), "--test-labels",
+            str(tiny_toy["test"]), "--split", str(tiny_toy["split"]), "--train-images", "x", "--test-images", "x",
+            "--out", str(out)]
 
-    repo_params = [str(p) for p in tiny_params.__globals__["Path"](__file__).resolve().parents[1].glob("params.yaml")]
-    rc = main(["train", "--params", *repo_params, "--dataset", "voc", "--method", "no_such_method", "--gamma", "0.5",
-               "--seed", "0", "--train-labels", str(tiny_toy["noisy"]), "--test-labels", str(tiny_toy["test"]),
-               "--split", str(tiny_toy["split"]), "--train-images", "x", "--test-images", "x", "--out", str(tmp_path)])
-    assert rc == 2
-    assert "unknown method 'no_such_method'" in capsys.readouterr().err
+
+def test_train_cli_rejects_unknown_method(tiny_toy, tmp_path, capsys):
+    """A method the params do not define has no run config; a run config of an unknown family stops the command."""
+    from noisymlt.cli import main
+    from noisymlt.config import config_text, final_run
+
+    params = tiny_params("erm", epochs=1)
+    with pytest.raises(NoisyMLTError, match="unknown method 'no_such_method'"):
+        final_run(params, "toy", "no_such_method", 0.5, 0, None)
+    resolved = final_run(params, "toy", "erm", 0.5, 0, None)
+    resolved["method_cfg"]["family"] = "no_such_family"
+    config = tmp_path / "requested_config.json"
+    config.write_text(config_text(resolved) + "\n")
+    assert main(_train_argv(tiny_toy, config, tmp_path / "run")) == 2
+    assert "unknown family 'no_such_family'" in capsys.readouterr().err
+
+
+def test_train_cli_checks_the_run_config_against_its_selection(tiny_toy, tmp_path, capsys):
+    """--selection: the run config must hold the values the choice file chose (the workflow's final runs)."""
+    from noisymlt.cli import main
+    from noisymlt.config import config_text, final_run
+    from noisymlt.pipeline.train import _check_selection
+
+    params = tiny_params("erm", epochs=1)
+    choice = tmp_path / "stage1.choice.json"
+    choice.write_text(json.dumps({"chosen": {"lr": 0.08}}))
+    resolved = final_run(params, "toy", "erm", 0.5, 0, str(choice))
+    assert resolved["train"]["lr"] == 0.08 and resolved["selected"]["values"] == {"lr": 0.08}
+    _check_selection(resolved, str(choice))  # what the rule wrote holds the choice
+    other = tmp_path / "other.choice.json"
+    other.write_text(json.dumps({"chosen": {"lr": 0.2}}))
+    for config_of, why in ((resolved, "chose {'lr': 0.2}, the run config holds {'lr': 0.08}"),
+                           (final_run(params, "toy", "erm", 0.5, 0, None), "the run config holds no selection")):
+        config = tmp_path / "requested_config.json"
+        config.write_text(config_text(config_of) + "\n")
+        assert main([*_train_argv(tiny_toy, config, tmp_path / "run"), "--selection", str(other)]) == 2
+        assert why in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # stopped before anything was trained
 
 
 def test_config_change_keeps_the_previous_run_and_switching_back_reuses_it(tiny_toy, tmp_path, monkeypatch):
@@ -360,6 +394,27 @@ def test_new_layers_train_at_their_factor_and_a_methods_own_factor_comes_first()
     assert {n for n, f in by_name.items() if f == 7.0} == {"gcn.weight", "gcn.bias"}
     assert all(f == 1.0 for n, f in by_name.items() if n.split(".")[0] in ("backbone", "stage_c", "headless"))
     assert [mult for mult, _ in lr_groups(net, {}, 1.0)] == [1.0]
+
+
+def test_build_optimizer_sets_each_group_at_its_factor_of_the_schedules_rate():
+    """One SGD group per lr factor, in lr_groups' order; each step's rate is lr_at's times the group's factor, and the
+    run's rates (the fit record's) are lr_at's at every step."""
+    from torch import nn
+
+    from noisymlt.training.schedule import build_optimizer, lr_groups
+
+    net = nn.ModuleDict({"backbone": nn.Linear(3, 4), "head": nn.Linear(4, 2), "gcn": nn.Linear(2, 2)})
+    cfg = {"lr": 0.3, "lr_gamma": 0.1, "lr_steps": [1], "warmup_iters": 3, "warmup_ratio": 0.25, "epochs": 2,
+           "momentum": 0.9, "weight_decay": 1e-4, "new_layers_lr_mult": 10}
+    optimizer, schedule = build_optimizer(net, cfg, {"gcn.": 7.0}, 4, torch.device("cpu"))
+    groups = lr_groups(net, {"gcn.": 7.0}, 10)
+    assert [g["params"] for g in optimizer.param_groups] == [params for _, params in groups]
+    assert [(g["lr"], g["momentum"], g["weight_decay"]) for g in optimizer.param_groups] == [(0.3, 0.9, 1e-4)] * 3
+    for epoch, it in ((0, 0), (0, 2), (1, 1)):
+        lr = schedule.apply(optimizer, epoch, it)
+        assert lr == lr_at(cfg, epoch, it, 4)
+        assert [g["lr"] for g in optimizer.param_groups] == [lr * 1.0, lr * 10.0, lr * 7.0]
+    assert schedule.rates() == [lr_at(cfg, e, i, 4) for e in range(2) for i in range(4)]
 
 
 def test_new_layers_lr_mult_is_validated():

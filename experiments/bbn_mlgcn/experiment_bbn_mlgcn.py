@@ -182,15 +182,12 @@ def erm_no_neck(model, cfg, pool="avg"):
 def rebuild_optimizer(trainer, mults: dict | None = None):
     """A fresh SGD over the (edited) model's trainable parameters, grouped by the method's lr factors and
     ``mults`` (parameter-name prefix -> factor, taking precedence)."""
-    torch, nn = _nn()
-    from noisymlt.training.schedule import lr_groups
+    from noisymlt.training.schedule import build_optimizer
 
-    tcfg = trainer.cfg["train"]
-    groups = lr_groups(trainer.model, {**(mults or {}), **trainer.method.lr_multipliers()},
-                       tcfg.get("new_layers_lr_mult", 1.0))  # as the Trainer groups them
-    trainer.lr_mults = [mult for mult, _ in groups]
-    trainer.optimizer = torch.optim.SGD([{"params": ps} for _, ps in groups], lr=tcfg["lr"],
-                                        momentum=tcfg["momentum"], weight_decay=tcfg["weight_decay"])
+    # as the Trainer builds them (its SGD, fused on CUDA, and the schedule of the new groups)
+    trainer.optimizer, trainer.lr_schedule = build_optimizer(trainer.model, trainer.cfg["train"],
+                                                             {**(mults or {}), **trainer.method.lr_multipliers()},
+                                                             trainer.iters, trainer.device)
 
 
 @contextlib.contextmanager

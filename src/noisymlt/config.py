@@ -1,4 +1,4 @@
-"""params.yaml: loading, layering, validation, and the resolved configuration of one run.
+"""params.yaml: loading, layering, validation, and the resolved configuration of one run as its train job reads it.
 
 The resolved run config is the single thing a training run depends on besides its input files;
 its hash is the run id that every manifest, result row and table cell refers to.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import json
 from pathlib import Path
 
 import yaml
@@ -359,3 +360,34 @@ def _with_chosen(params: dict, resolved: dict, chosen: dict, chosen_by: str) -> 
         pseudo["thresholds"] = {b: {**base.get(b, {}), **per_branch} for b in BRANCH_NAMES}
     resolved["selected"] = {"values": {k: float(v) for k, v in values.items()}, "by": chosen_by}
     return resolved
+
+
+# A final run's configuration as its train job reads it: the rule writes config_text(final_run(...)) to the run's
+# requested_config.json, which `noisymlt train --run-config` reads.
+
+def read_choice(path: str | Path) -> dict:
+    """The values a model selection chose (noisymlt.pipeline.selection), from its choice file."""
+    try:
+        return json.loads(Path(path).read_text())["chosen"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise NoisyMLTError(f"{path}: cannot read the selection's choice ({exc})") from exc
+
+
+def final_run(params: dict, dataset: str, method: str, gamma: float, seed: int, choice: str | None,
+              noise: str = PAPER) -> dict:
+    """A final run's resolved config, with its method's chosen values read from the choice file (if any) as the
+    configuration's last layer (resolve_run)."""
+    chosen = read_choice(choice) if choice else None
+    return resolve_run(params, dataset, method, gamma, seed, chosen=chosen, chosen_by=str(choice or ""), noise=noise)
+
+
+def config_text(resolved: dict) -> str:
+    """A run's resolved config as the text the train job writes to OUT/requested_config.json (with a final
+    newline) before it trains: the train command reads it."""
+    return json.dumps(resolved, sort_keys=True, indent=1)
+
+
+def requested_config(params: dict, dataset: str, method: str, gamma: float, seed: int, choice: str | None,
+                     noise: str = PAPER) -> str:
+    """A final run's requested_config.json text (final_run, config_text)."""
+    return config_text(final_run(params, dataset, method, gamma, seed, choice, noise))

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from noisymlt.config import check_layered, resolve_run
+from noisymlt.config import check_layered, config_text, read_choice, requested_config, resolve_run
 from noisymlt.data import assets
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import run_digest
@@ -139,8 +139,8 @@ def _resolved(dataset, method, gamma, seed, noise):
 def final_run_config(w):
     """A run's resolved config, with its method's selected values once the selection has chosen them."""
     choice = final_choice(w)  # select.smk
-    return paths.requested_config(config, w.dataset, w.method, float(w.gamma), int(w.seed), str(choice) if choice else None,
-                                  noise_of(w))
+    return requested_config(config, w.dataset, w.method, float(w.gamma), int(w.seed), str(choice) if choice else None,
+                            noise_of(w))
 
 
 def train_threads(w):
@@ -345,14 +345,13 @@ def candidate_values(w):
                          f"(candidates: {', '.join(values)})")
     earlier = {}
     if int(w.stage) > 1:
-        earlier = S.read_choice(previous_choice(w))
+        earlier = read_choice(previous_choice(w))
     return {**earlier, **values[w.tag]}
 
 
 def candidate_config(w):
-    cfg = resolve_run(config, w.dataset, w.method, float(w.gamma), int(w.seed), chosen=candidate_values(w),
-                      candidate=True)
-    return json.dumps(cfg, sort_keys=True, indent=1)
+    return config_text(resolve_run(config, w.dataset, w.method, float(w.gamma), int(w.seed),
+                                   chosen=candidate_values(w), candidate=True))
 
 
 def select_cache_labels(w):

@@ -29,8 +29,8 @@ def load_family(name: str):
 def run_entries(resolved: dict) -> tuple[str, ...]:
     """The code of a training run's result: the trainer, its method's family module and the modules of the
     losses it trains with (both loaded by name at run time, hence not in the trainer's own closure). Not the
-    `train` command around it, which only turns arguments into the resolved configuration (whose hash is the
-    run id) and the input files (whose hashes the checkpoint and manifest hold)."""
+    `train` command around it, which only reads the resolved configuration (whose hash is the run id) and names
+    the input files (whose hashes the checkpoint and manifest hold)."""
     from noisymlt.core.codedeps import TRAINER
     from noisymlt.losses import LOSSES
     from noisymlt.methods.options import losses_used, method_options

@@ -267,29 +267,6 @@ def method_labels(params: dict) -> str:
     return json.dumps({m: b.get("label", m) for m, b in params["methods"].items()})
 
 
-def final_run(params: dict, dataset: str, method: str, gamma: float, seed: int, choice: str | None,
-              noise: str = PAPER) -> dict:
-    """A final run's resolved config, with its method's chosen values read from the choice file (if any) as the
-    configuration's last layer (config.resolve_run)."""
-    from noisymlt.config import resolve_run
-    from noisymlt.pipeline.selection import read_choice
-
-    chosen = read_choice(choice) if choice else None
-    return resolve_run(params, dataset, method, gamma, seed, chosen=chosen, chosen_by=str(choice or ""), noise=noise)
-
-
-def config_text(resolved: dict) -> str:
-    """A run's resolved config as the text the train job writes to OUT/requested_config.json (with a final
-    newline) before it trains: the train command reads it."""
-    return json.dumps(resolved, sort_keys=True, indent=1)
-
-
-def requested_config(params: dict, dataset: str, method: str, gamma: float, seed: int, choice: str | None,
-                     noise: str = PAPER) -> str:
-    """A final run's requested_config.json text (final_run, config_text)."""
-    return config_text(final_run(params, dataset, method, gamma, seed, choice, noise))
-
-
 def authors_checkpoints(params: dict) -> dict:
     """The trained models of [CL]'s own the params name (authors_checkpoints: NAME -> dataset, file, sha256)."""
     return params.get("authors_checkpoints") or {}

@@ -31,7 +31,8 @@ import numpy as np
 from noisymlt.data.splits import stratified_split  # in the data layer: a user folder's test part draws with it too
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.options import BRANCH_NAMES
-from noisymlt.config import PSEUDO_KEYS, chosen_that_apply, method_entry, threshold_groups, uses_pseudo_labels
+from noisymlt.config import (PSEUDO_KEYS, chosen_that_apply, method_entry, read_choice, threshold_groups,
+                             uses_pseudo_labels)
 from noisymlt.core.files import write_json
 from noisymlt.pipeline import layout as L
 
@@ -167,13 +168,6 @@ def candidate_tag(values: dict) -> str:
 def candidates(params: dict, method: str, stage: int) -> list[tuple[str, dict]]:
     """(tag, values) of a stage's candidates (stages count from 1)."""
     return [(candidate_tag(v), v) for v in stage_grid(params, stages(params, method)[stage - 1])]
-
-
-def read_choice(path: str | Path) -> dict:
-    try:
-        return json.loads(Path(path).read_text())["chosen"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise NoisyMLTError(f"{path}: cannot read the selection's choice ({exc})") from exc
 
 
 def final_choice_file(params: dict, dataset: str, method: str) -> str | None:

@@ -1,8 +1,8 @@
 """The `noisymlt train` command: one run's resolved configuration and files, handed to the Trainer.
 
-Only turns arguments into the resolved configuration (whose hash is the run id) and the input paths (whose
-hashes the checkpoint and manifest hold), so it is not part of a run's code digest (noisymlt.core.codedeps):
-the model selection it reads with --params lives here, not in the trainer.
+It reads the resolved configuration the workflow's rule wrote (--run-config, noisymlt.config.requested_config),
+checks it holds what the method's model selection chose, picks the run's card (noisymlt.training.cards) and hands
+the configuration, the input files and the card to the Trainer (noisymlt.training.trainer).
 """
 
 from __future__ import annotations
@@ -13,39 +13,25 @@ import logging
 import time
 from pathlib import Path
 
+from noisymlt.config import read_choice
+from noisymlt.core.files import json_object_arg
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.cards import choose_device
+from noisymlt.training.cards import choose_device
 from noisymlt.training.checkpoint import archive_run
 from noisymlt.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
 
-def _resolved_from_args(args: argparse.Namespace) -> dict:
-    from noisymlt.config import load_params
-    from noisymlt.core.files import json_object_arg
-    from noisymlt.pipeline.paths import final_run
-
-    if args.run_config:
-        return json_object_arg(args.run_config, "--run-config")
-    missing = [o for o in ("dataset", "method", "gamma", "seed") if getattr(args, o) is None]
-    if missing:
-        raise NoisyMLTError(f"without --run-config, --params needs --{' --'.join(missing)}")
-    # --selection: the method's model selection, whose chosen values the configuration takes (pipeline.selection)
-    return final_run(load_params(*args.params), args.dataset, args.method, args.gamma, args.seed, args.selection)
-
-
 def _check_selection(resolved: dict, path: str) -> None:
-    """A --run-config that names a selection must hold what that selection chose."""
-    from noisymlt.pipeline.selection import read_choice
-
+    """A run config that names a selection must hold what that selection chose."""
     chosen, selected = read_choice(path), (resolved.get("selected") or {}).get("values", {})
     if not selected or any(chosen.get(k) != v for k, v in selected.items()):
         raise NoisyMLTError(f"--selection {path} chose {chosen}, the run config holds {selected or 'no selection'}")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    resolved = _resolved_from_args(args)
+    resolved = json_object_arg(args.run_config, "--run-config")
     out = Path(args.out)
     if args.restart and (out / "checkpoint.pt").exists():
         # the old run moves to previous/replaced-STAMP/ and the new log says so in its first line
@@ -59,8 +45,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             raise NoisyMLTError(f"--provenance {item!r}: expected NAME=FILE with an existing file")
         extra[name] = Path(path)
     if args.selection:
-        if args.run_config:
-            _check_selection(resolved, args.selection)
+        _check_selection(resolved, args.selection)
         extra["selection"] = Path(args.selection)
     trainer = Trainer(resolved, train_labels=args.train_labels, test_labels=args.test_labels, split=args.split,
                       train_images=args.train_images, test_images=args.test_images, out_dir=out,
@@ -77,18 +62,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def add_cli(sub) -> None:
     p = sub.add_parser(
         "train", help="train one method on one noisy training set and predict the test set",
-        description="Train one (dataset, noise rate, seed, method) run. The configuration comes either from "
-                    "--run-config (a resolved JSON, as the Snakemake workflow writes it) or from --params files "
-                    "(layered left to right) plus --dataset/--method/--gamma/--seed. Resumes from OUT/checkpoint.pt "
-                    "when present; refuses a checkpoint of a different configuration.",
+        description="Train one (dataset, noise rate, seed, method) run from its resolved configuration "
+                    "(--run-config: the JSON the Snakemake workflow writes to the run folder's requested_config.json, "
+                    "noisymlt.config.requested_config). Resumes from OUT/checkpoint.pt when present; refuses a "
+                    "checkpoint of a different configuration.",
     )
-    src = p.add_argument_group("configuration")
-    src.add_argument("--run-config", help="resolved run config: a JSON file, or the JSON text itself")
-    src.add_argument("--params", nargs="+", default=["params.yaml"], help="params files (default: params.yaml)")
-    src.add_argument("--dataset")
-    src.add_argument("--method")
-    src.add_argument("--gamma", type=float)
-    src.add_argument("--seed", type=int)
+    p.add_argument("--run-config", required=True, help="resolved run config: a JSON file, or the JSON text itself")
     io = p.add_argument_group("files")
     io.add_argument("--train-labels", required=True, help="noisy train labels (Parquet from `noisymlt noise`)")
     io.add_argument("--test-labels", required=True, help="clean test labels (Parquet from `noisymlt parse`)")
@@ -101,8 +80,9 @@ def add_cli(sub) -> None:
     io.add_argument("--clean-labels",
                     help="clean long-tail subset table: logs the noise of the targets each branch trains on "
                          "(OUT/noise_level.jsonl); read for that log only, never by training")
-    io.add_argument("--selection", help="the choice file of the method's model selection (noisymlt.pipeline.selection): with "
-                    "--params its values are applied, with --run-config they are checked; recorded in the manifest")
+    io.add_argument("--selection", help="the choice file of the method's model selection "
+                    "(noisymlt.pipeline.selection): the run config must hold the values it chose; recorded in the "
+                    "manifest")
     io.add_argument("--provenance", nargs="*", metavar="NAME=FILE",
                     help="further upstream files whose sha256 the manifest records (raw-data manifest, clean subset)")
     p.add_argument("--device", default="auto", help="auto (a slot on the least-loaded GPU this job sees, in "

@@ -6,7 +6,7 @@ least-loaded card and keeps it for its lifetime, so k concurrent jobs per card a
 spread over the cards before any card takes a second one. The locks are flock()s: a job that dies releases its
 slot, whoever started it (Snakemake, DVC, a shell).
 
-The train command chooses its card with these slots before the trainer starts (``noisymlt.pipeline.cards``, which
+The train command chooses its card with these slots before the trainer starts (``noisymlt.training.cards``, which
 also puts a SLURM allocation's slots in a folder of its own) and hands the trainer a concrete ``cuda:N``.
 ``select_device("auto")`` is the choice for a caller that builds a trainer itself: it takes the first card
 whenever CUDA_VISIBLE_DEVICES is set, so several such jobs in one allocation would share it.

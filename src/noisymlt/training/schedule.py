@@ -1,4 +1,9 @@
-"""A run's learning-rate schedule, its parameter groups and the length of an epoch."""
+"""A run's optimizer and learning-rate schedule, and the length of an epoch.
+
+``build_optimizer`` turns the run's train block and the method's own lr factors into the SGD, one parameter group per
+factor, and the ``LrSchedule`` that sets each group's rate at every step; ``check_warmup`` refuses a warm-up that
+outlasts the first lr step.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +38,38 @@ def lr_groups(model, multipliers: dict[str, float], new_layers: float = 1.0) -> 
                 mult = float(new_layers) if NEW_LAYERS.intersection(name.split(".")) else 1.0
             groups.setdefault(mult, []).append(param)
     return list(groups.items())
+
+
+class LrSchedule:
+    """The rate of every step (``lr_at``), each parameter group at its factor of it."""
+
+    def __init__(self, cfg: dict, iters_per_epoch: int, factors: list[float]):
+        self.cfg, self.iters, self.factors = cfg, iters_per_epoch, factors
+
+    def apply(self, optimizer, epoch: int, it: int) -> float:
+        """Set each group's rate for step ``it`` of ``epoch``; returns the schedule's rate."""
+        lr = lr_at(self.cfg, epoch, it, self.iters)
+        for group, factor in zip(optimizer.param_groups, self.factors):
+            group["lr"] = lr * factor
+        return lr
+
+    def rates(self) -> list[float]:
+        """The schedule's rate at every step of the run."""
+        return [lr_at(self.cfg, e, i, self.iters) for e in range(self.cfg["epochs"]) for i in range(self.iters)]
+
+
+def build_optimizer(model, cfg: dict, method_factors: dict[str, float], iters_per_epoch: int, device):
+    """The run's SGD over ``model``'s trainable parameters, a group per lr factor (``lr_groups``: the method's own
+    ``method_factors``, then train.new_layers_lr_mult), with the run's lr, momentum and weight decay, and its
+    ``LrSchedule``. Fused into one kernel on CUDA (the CPU keeps torch's default implementation, and with it the
+    CPU path's bits)."""
+    import torch
+
+    groups = lr_groups(model, method_factors, cfg.get("new_layers_lr_mult", 1.0))
+    extra = {"fused": True} if device.type == "cuda" else {}
+    optimizer = torch.optim.SGD([{"params": params} for _, params in groups], lr=cfg["lr"],
+                                momentum=cfg["momentum"], weight_decay=cfg["weight_decay"], **extra)
+    return optimizer, LrSchedule(cfg, iters_per_epoch, [factor for factor, _ in groups])
 
 
 def check_warmup(cfg: dict, iters_per_epoch: int, where: str) -> None:

@@ -3,8 +3,8 @@
 A ResNet-50 step at batch 32 on an H200 is bound by kernel launches and Python, not arithmetic
 (docs/benchmarks/device_check_h200.md): ``train.compile`` compiles the backbone stages and heads in
 place (CUDA graphs on a GPU, where a run's batch shapes are fixed; plain inductor code on the CPU); SGD
-is fused on CUDA; and the loop reads nothing back from the device per step: the epoch's loss sums and the
-finiteness check stay on the device until a log point (``StepLog``).
+is fused on CUDA (``noisymlt.training.schedule.build_optimizer``); and the loop reads nothing back from the device per
+step: the epoch's loss sums and the finiteness check stay on the device until a log point (``StepLog``).
 """
 
 from __future__ import annotations
@@ -50,16 +50,6 @@ def compile_model(model, device, mode: str | None = None) -> list[str]:
             names.append(name)
     log.info("torch.compile (mode %s): %d modules", mode, len(names))
     return names
-
-
-def make_sgd(param_groups: list[dict], tcfg: dict, device):
-    """SGD with the run's lr, momentum and weight decay; fused into one kernel on CUDA (the CPU keeps
-    torch's default implementation, and with it the CPU path's bits)."""
-    import torch
-
-    extra = {"fused": True} if device.type == "cuda" else {}
-    return torch.optim.SGD(param_groups, lr=tcfg["lr"], momentum=tcfg["momentum"],
-                           weight_decay=tcfg["weight_decay"], **extra)
 
 
 class StepLog:

@@ -30,8 +30,8 @@ from noisymlt.errors import NoisyMLTError
 from noisymlt.training import checkpoint
 from noisymlt.training.inputs import RunImages
 from noisymlt.training.run_outputs import write_run_outputs
-from noisymlt.training.schedule import capped, check_warmup, epoch_iterations, lr_at, lr_groups
-from noisymlt.training.speed import StepLog, compile_model, make_sgd, mark_step
+from noisymlt.training.schedule import build_optimizer, capped, check_warmup, epoch_iterations
+from noisymlt.training.speed import StepLog, compile_model, mark_step
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +145,8 @@ class Trainer:
             init_bias_at_prior(self.model, self.train_table.labels)
         if tcfg["channels_last"]:
             self.model = self.model.to(memory_format=torch.channels_last)
-        groups = lr_groups(self.model, self.method.lr_multipliers(), tcfg.get("new_layers_lr_mult", 1.0))
-        self.lr_mults = [mult for mult, _ in groups]
-        self.optimizer = make_sgd([{"params": params} for _, params in groups], tcfg, self.device)
+        self.optimizer, self.lr_schedule = build_optimizer(self.model, tcfg, self.method.lr_multipliers(),
+                                                           self.iters, self.device)
         self.compiled = compile_model(self.model, self.device) if tcfg.get("compile", False) else []
         self.noise_monitor = None
         self.saved_noise_log: str | None = None  # the noise log as the loaded checkpoint holds it
@@ -367,9 +366,7 @@ class Trainer:
             bar = tqdm(zip(*loaders), total=self.iters, desc=f"{self.cfg['method']} epoch {epoch + 1}/{tcfg['epochs']}",
                        disable=not self.progress, leave=False, dynamic_ncols=True)
             for it, raw in enumerate(bar):
-                lr = lr_at(tcfg, epoch, it, self.iters)
-                for group, mult in zip(self.optimizer.param_groups, self.lr_mults):
-                    group["lr"] = lr * mult
+                lr = self.lr_schedule.apply(self.optimizer, epoch, it)
                 mark_step(self.device, bool(self.compiled))
                 batches = {s.name: self.images.to_device(b) for s, b in zip(streams, raw)}
                 with self.autocast(), self.images.frozen_inputs(self.model):
@@ -489,7 +486,7 @@ class Trainer:
         from noisymlt.training.fit_diagnostics import diagnose
 
         tcfg = self.cfg["train"]
-        rates = [lr_at(tcfg, e, i, self.iters) for e in range(tcfg["epochs"]) for i in range(self.iters)]
+        rates = self.lr_schedule.rates()
         noise_log = self.noise_monitor.snapshot() if self.noise_monitor is not None else None
         record = diagnose(train_cfg=tcfg, lr_rates=rates, history=history, noisy=self.train_table.labels,
                           train_scores=self.predict(part="train"), test_scores=test_scores, noise_log=noise_log)

@@ -1,4 +1,4 @@
-"""Which GPU a training job takes: the train command chooses it before the trainer starts.
+"""Which GPU a training job takes: the train command chooses its card before it builds the trainer.
 
 A job sees the cards in CUDA_VISIBLE_DEVICES (or every card of the machine) and takes a slot on the least-loaded
 one (``noisymlt.training.devices.acquire_gpu``: ``runs_per_gpu`` flock slots a card, held for the job's lifetime).
@@ -11,8 +11,7 @@ Where the slot files live decides who shares a card:
 - elsewhere, the machine's folder (``devices.lock_dir``), one subfolder per CUDA_VISIBLE_DEVICES value when that is
   set, since card indices are then that set's.
 
-This lives here, in the command around the trainer, and not in the trainer's code: where a run trains changes
-none of its bytes, and the trainer's code is what a run's code digest covers (docs/reruns.md).
+The command hands the trainer the device it chose: ``cuda:N``, or ``cpu`` where no GPU is visible.
 """
 
 from __future__ import annotations
