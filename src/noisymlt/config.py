@@ -367,10 +367,12 @@ def _with_chosen(params: dict, resolved: dict, chosen: dict, chosen_by: str) -> 
 
 def read_choice(path: str | Path) -> dict:
     """The values a model selection chose (noisymlt.pipeline.selection), from its choice file."""
-    try:
-        return json.loads(Path(path).read_text())["chosen"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise NoisyMLTError(f"{path}: cannot read the selection's choice ({exc})") from exc
+    from noisymlt.core.files import read_json
+
+    record = read_json(path, "the selection's choice", require_object=True)
+    if "chosen" not in record:
+        raise NoisyMLTError(f"{path}: cannot read the selection's choice (no 'chosen')")
+    return record["chosen"]
 
 
 def final_run(params: dict, dataset: str, method: str, gamma: float, seed: int, choice: str | None,

@@ -33,7 +33,7 @@ from noisymlt.errors import NoisyMLTError
 from noisymlt.methods.options import BRANCH_NAMES
 from noisymlt.config import (PSEUDO_KEYS, chosen_that_apply, method_entry, read_choice, threshold_groups,
                              uses_pseudo_labels)
-from noisymlt.core.files import write_json
+from noisymlt.core.files import read_json, write_json
 from noisymlt.pipeline import layout as L
 
 log = logging.getLogger(__name__)
@@ -289,7 +289,7 @@ def select_stage(params: dict, dataset: str, method: str, stage: int, runs: str 
         "chosen": chosen,
     }
     if previous:
-        earlier = json.loads(Path(L.stage_file_of(previous)).read_text())
+        earlier = read_json(L.stage_file_of(previous), "the earlier stage's record", require_object=True)
         record["earlier_stages"] = earlier.get("earlier_stages", []) + [
             {k: earlier.get(k) for k in ("stage", "keys", "candidates", "tie_margin", "tied", "winner", "chosen")}]
     write_json(root / stage_file(dataset, method, stage), record)

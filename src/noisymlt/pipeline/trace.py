@@ -13,6 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
+from noisymlt.core.files import read_json
 from noisymlt.core.manifest import file_sha256
 from noisymlt.data.noise_models import PAPER
 from noisymlt.pipeline import layout as L
@@ -107,7 +108,7 @@ def trace(sidecar: Path, cell: str) -> list[dict]:
             run["problems"].append(f"MISSING run: {manifest_path} does not exist (run folder {manifest_path.parent} "
                                    "deleted or never finished; rerun the workflow to rebuild it)")
             continue
-        m = json.loads(manifest_path.read_text())
+        m = read_json(manifest_path, "the run's manifest", require_object=True)
         if m.get("run_id") != entry["run_id"]:
             run["problems"].append(f"RUN ID: the table used run {entry['run_id']}, {manifest_path} is of run "
                                    f"{m.get('run_id')} (retrained since the table was made)")
@@ -115,7 +116,7 @@ def trace(sidecar: Path, cell: str) -> list[dict]:
         run["selection"], problems = selection_report(m.get("run", {}))
         run["problems"] += problems
         evaluation = manifest_path.with_name("metrics.manifest.json")
-        steps = [("train", m)] + ([("evaluate", json.loads(evaluation.read_text()))] if evaluation.is_file() else [])
+        steps = [("train", m)] + ([("evaluate", read_json(evaluation))] if evaluation.is_file() else [])
         if len(steps) == 1:
             run["problems"].append(f"MISSING evaluation manifest {evaluation}")
         for step, man in steps:
