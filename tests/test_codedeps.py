@@ -25,6 +25,7 @@ ERM = ["noisymlt", "noisymlt.core", "noisymlt.core.codedeps", "noisymlt.core.fil
        "noisymlt.core.locks", "noisymlt.core.manifest", "noisymlt.core.registry", "noisymlt.core.schema",
        "noisymlt.data", "noisymlt.data.assets", "noisymlt.data.imagecache", "noisymlt.data.images",
        "noisymlt.data.labels", "noisymlt.data.sampling", "noisymlt.errors", "noisymlt.evaluation",
+       "noisymlt.evaluation.label_scores",
        "noisymlt.evaluation.metrics", "noisymlt.losses", "noisymlt.losses.base", "noisymlt.losses.bce",
        "noisymlt.methods", "noisymlt.methods.base", "noisymlt.methods.options", "noisymlt.methods.single",
        "noisymlt.models", "noisymlt.models.backbones", "noisymlt.models.branch", "noisymlt.models.choices",
