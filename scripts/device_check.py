@@ -25,9 +25,10 @@ is missing, or that the time budget no longer allows, is skipped with a line say
                per image against a bare backbone and the GPU memory of one run.
   loader       scripts/benchmark_loader.py: the decoded cache + augmentation in img/s with this machine's
                cores, and whether that keeps up with each method's training img/s.
-  end_to_end   the demo profile's `ours` at gamma 0.5, seed 0 through the pipeline's own steps (`noisymlt
-               step ...`, as DVC runs them, in this process): data, pretraining, then train + evaluate +
-               trace on the CPU and on CUDA; wall times and the mAP difference (quick: a smaller toy set).
+  end_to_end   the demo profile's `ours` at gamma 0.5, seed 0: its data, image caches and pretrained weights
+               through Snakemake (the demo profile, in a copy of the workflow; needs snakemake), then train +
+               evaluate + trace (`noisymlt step ...`, in this process) on the CPU and on CUDA; wall times and
+               the mAP difference (quick: a smaller toy set).
   grid_wall    scripts/device_grid.py: every grid method at paper shapes on the enlarged smoke stand-in through
                Snakemake, packed as workflow/profiles/h200 packs them; from those runs, the paper grid's wall time on
                one card (without CUDA or with --dry-run: `snakemake -n` and the grid's plan only).
@@ -77,7 +78,7 @@ NEEDS = {"smoke": ["snakemake", "yaml", "jsonschema", "tqdm", "scipy", "sklearn"
                    "matplotlib"],
          "cuda_tests": ["pytest", "yaml", "jsonschema", "tqdm", "scipy", "pandas", "pyarrow", "PIL"],
          "throughput": ["yaml", "jsonschema"], "loader": ["PIL", "pandas", "pyarrow", "tqdm"],
-         "end_to_end": ["yaml", "jsonschema", "tqdm", "scipy", "sklearn", "pandas", "pyarrow", "PIL"],
+         "end_to_end": ["snakemake", "yaml", "jsonschema", "tqdm", "scipy", "sklearn", "pandas", "pyarrow", "PIL"],
          "grid": ["yaml", "jsonschema", "pandas", "pyarrow"],
          "step_profile": ["yaml", "jsonschema"],
          "grid_wall": ["snakemake", "yaml", "jsonschema", "tqdm", "scipy", "sklearn", "pandas", "pyarrow", "PIL",
@@ -96,6 +97,8 @@ QUICK_LAYER = {
 # this part times, and a final run under selection needs the selection's choice file.
 FIXED_LAYER = {"selection": {"enabled": False}}
 E2E = {"dataset": "toy", "method": "ours", "gamma": 0.5, "seed": 0}
+# What end_to_end keeps in OUT/e2e of the Snakemake run that prepared its data: each job's log and time.
+PREPARE_RECORDS = ["logs/**/*.log", "benchmarks/**/*.tsv"]
 
 log = logging.getLogger("device_check")
 
@@ -391,45 +394,56 @@ def smoke_in(ctx: dict, work: Path) -> dict:
             "map_max": max(maps.values()), "log": str(log_path.relative_to(ctx["out"]))}
 
 
+def warm_up() -> None:
+    """This process's one-time costs, paid before the first run is timed (the data steps ran in Snakemake's jobs, not
+    here), so that its train_s counts its training: every step's import, torchvision's (~3 s on 2 cores: a backbone
+    imports it when first built) and torch's first CPU convolution."""
+    import torch
+    import torchvision  # noqa: F401
+    from noisymlt.cli import build_parser
+
+    build_parser()
+    torch.nn.Conv2d(3, 8, 3)(torch.randn(2, 3, 32, 32)).sum().backward()
+
+
 def end_to_end(ctx: dict) -> dict:
     import yaml
 
-    work = Path(tempfile.mkdtemp(prefix="device_check_e2e_"))
+    # in a copy of the workflow, as the smoke part: Snakemake prepares the run's data there, by the rules' own commands
+    work = device_grid.copy_workflow(Path(tempfile.mkdtemp(prefix="device_check_e2e_")))
     keep = ctx["out"] / "e2e"
     keep.mkdir(exist_ok=True)
     log_path = ctx["out"] / "logs" / "end_to_end.log"
-    log_path.write_text("")
-    params = [str(REPO / "params.yaml"), str(REPO / "workflow/profiles/demo/params.yaml")]
-    if ctx["quick"]:
-        (work / "quick.yaml").write_text(yaml.safe_dump(QUICK_LAYER))
-        params.append(str(work / "quick.yaml"))
-    (work / "fixed.yaml").write_text(yaml.safe_dump(FIXED_LAYER))
-    params.append(str(work / "fixed.yaml"))
+    params = ["params.yaml", "workflow/profiles/demo/params.yaml"]  # in work, the later layers over the earlier
+    for name, layer in (("quick", QUICK_LAYER if ctx["quick"] else None), ("fixed", FIXED_LAYER)):
+        if layer:
+            (work / f"{name}.yaml").write_text(yaml.safe_dump(layer))
+            params.append(f"{name}.yaml")
     d, g, s, method = E2E["dataset"], E2E["gamma"], E2E["seed"], E2E["method"]
     from noisymlt.config import config_text, final_run, load_params
+    from noisymlt.data import assets
     from noisymlt.pipeline import layout as L
     from noisymlt.pipeline import paths
     from noisymlt.pipeline.paths import run_dir
 
-    test, split = L.fill(L.TEST_LABELS, dataset=d), L.fill(L.CLASS_SPLIT, dataset=d)
-    result = {"params": [os.path.relpath(p, REPO) if p.startswith(str(REPO)) else Path(p).stem + " layer"
-                         for p in params],
+    noisy, test, split = (L.fill(L.NOISY, dataset=d, gamma=g, seed=s), L.fill(L.TEST_LABELS, dataset=d),
+                          L.fill(L.CLASS_SPLIT, dataset=d))
+    result = {"params": [{"quick.yaml": "quick layer", "fixed.yaml": "fixed layer"}.get(p, p) for p in params],
               "quick_layer": QUICK_LAYER if ctx["quick"] else None, "fixed_layer": FIXED_LAYER, **E2E}
     try:
+        P = load_params(*(work / p for p in params))
+        resolved = final_run(P, d, method, g, s, None)  # the train rule's config param
+        loader = resolved["train"].get("loader", "pil")
+        # what the train rule reads (workflow/rules/train.smk): labels, split, backbone weights, image caches
+        targets = [noisy, test, split, *assets.run_files(resolved), *paths.cache_args(d, loader)[1::2]]
+        # the demo profile with these layers over params.yaml (its own --configfile, replaced); targets after `--`,
+        # which --configfile would otherwise take as layers
+        cmd = [sys.executable, "-m", "snakemake", "--profile", "workflow/profiles/demo", "--configfile", *params[1:],
+               "--cores", str(ctx["cores"]), "--printshellcmds", "--", *targets]
         t0 = time.perf_counter()
-        # the words the workflow's rules run (their `args` params: noisymlt.pipeline.paths), on these layers
-        P = load_params(*params)
-        noisymlt(paths.raw_argv(P, d), work, log_path)
-        for part in ("train_source", "test"):
-            noisymlt(paths.parse_argv(P, d, part, L.fill(L.LABELS, dataset=d, part=part)), work, log_path)
-        noisymlt(paths.longtail_argv(P, d, L.fill(L.SOURCE_LABELS, dataset=d), L.fill(L.TRAIN_LABELS, dataset=d),
-                                     split), work, log_path)
-        noisy = L.fill(L.NOISY, dataset=d, gamma=g, seed=s)
-        noisymlt(paths.noise_argv(P, d, g, s, "cooccurrence"), work, log_path)
-        noisymlt(paths.pretrain_argv(P, "toy_glyphs", L.fill(L.PRETRAINED, name="toy_glyphs")), work, log_path)
-        for part in ("train", "test"):
-            noisymlt(paths.cache_argv(P, d, part, L.fill(L.CACHE, dataset=d, part=part)), work, log_path)
-        result["prepare_s"] = time.perf_counter() - t0
+        run_logged(cmd, log_path, ctx["budget"].left(), ctx["env"], cwd=work)
+        result["prepare_s"] = time.perf_counter() - t0  # Snakemake's whole run: parsing, planning and every job
+        warm_up()
         for device in ("cpu", "cuda"):
             if device == "cuda" and ctx["device"] != "cuda":
                 result["cuda"] = None
@@ -441,10 +455,8 @@ def end_to_end(ctx: dict) -> dict:
                 continue
             run = run_dir(d, g, s, method, root=f"runs/{device}")
             t0 = time.perf_counter()
-            resolved = final_run(P, d, method, g, s, None)  # the train rule's config param
             (work / run).mkdir(parents=True, exist_ok=True)
             (work / run / "requested_config.json").write_text(config_text(resolved) + "\n")
-            loader = resolved["train"].get("loader", "pil")
             noisymlt(["train", "--run-config", f"{run}/requested_config.json", "--train-labels", noisy,
                       "--test-labels", test, "--split", split, "--train-images", paths.image_root(P, d, "train"),
                       "--test-images", paths.image_root(P, d, "test"), *paths.cache_args(d, loader), "--out", run,
@@ -472,6 +484,7 @@ def end_to_end(ctx: dict) -> dict:
                     (keep / device).mkdir(exist_ok=True)
                     shutil.copy2(work / run / name, keep / device / name)
     finally:
+        device_grid.keep_records(work, keep, PREPARE_RECORDS)
         shutil.rmtree(work, ignore_errors=True)
         if ctx["device"] == "cuda":  # the packing measurement that follows wants the card to itself
             import torch

@@ -8,8 +8,9 @@
 # Missing libraries can travel as wheels in benchmarks/wheels/, e.g. prepared on a machine with network:
 #   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 --no-deps \
 #       -d benchmarks/wheels pyyaml jsonschema jsonschema-specifications referencing rpds-py attrs tqdm
-# The smoke part needs snakemake and its dependencies the same way (each pinned to the version in .venv); one of
-# them, connection_pool, has no wheel on PyPI: `pip wheel --no-deps connection_pool==0.0.3 -w benchmarks/wheels`.
+# The Snakemake parts (end_to_end, grid_wall, smoke) need snakemake and its dependencies the same way (each pinned
+# to the version in .venv; scripts/device_wheels.py downloads them); one of them, connection_pool, has no wheel on
+# PyPI: `pip wheel --no-deps connection_pool==0.0.3 -w benchmarks/wheels`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${PYTHON:-}" ]; then

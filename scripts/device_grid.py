@@ -51,9 +51,9 @@ KEEP = ["runs/**/manifest.json", "runs/**/manifest.timing.json", "runs/**/map.js
         "runs/**/train_log.jsonl", "benchmarks/**/*.tsv", "logs/**/*.log", "*.yaml"]
 
 
-def keep_records(work: Path, keep: Path) -> None:
-    """Copy the records and logs of the workflow folder ``work`` into ``keep`` (KEEP)."""
-    for pattern in KEEP:
+def keep_records(work: Path, keep: Path, patterns: list[str] = KEEP) -> None:
+    """Copy the records and logs of the workflow folder ``work`` into ``keep`` (``patterns``, default KEEP)."""
+    for pattern in patterns:
         for f in work.glob(pattern):
             if f.is_file() and f.stat().st_size < 2**20:
                 (keep / f.relative_to(work)).parent.mkdir(parents=True, exist_ok=True)

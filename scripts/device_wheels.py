@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Wheels for the device check's Snakemake parts (smoke, grid_wall) on a GPU machine without Snakemake.
+"""Wheels for the device check's Snakemake parts (end_to_end, smoke, grid_wall) on a GPU machine without Snakemake.
 
 A GPU machine often has torch and the scientific stack but not Snakemake, and no network. Run this with the
 project's venv on a machine that reaches the package index; it downloads Snakemake and every distribution it

@@ -107,6 +107,8 @@ def test_each_rule_writes_its_command_unless_a_plug_in_spells_it():
         asks = "noise_model(noise).argv(" if function == "noise_argv" else f"kind(params, name).{function}("
         assert asks in source, function
         assert callable(getattr(NoiseModel, "argv") if function == "noise_argv" else getattr(DatasetKind, function))
+    # no second spelling of a rule's words in Python: a script that needs a rule's outputs asks Snakemake for them
+    assert {name for name in dir(paths) if name.endswith("_argv")} == set(PLUGIN_WORDS.values())
 
 
 def _git(args: list, cwd: Path) -> str:

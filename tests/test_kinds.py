@@ -46,8 +46,8 @@ def test_a_folder_dataset_is_read_in_place_with_its_options():
     assert paths.parse_argv(params, "own", "test", "out.parquet") == [
         "parse-folder", "--labels", "own/set/labels.csv", "--images", "own/set/img", "--part", "test", "--out",
         "out.parquet", "--split-seed", "3", "--classes", "a,b"]
-    assert paths.longtail_argv(params, "own", "in.parquet", "o.parquet", "s.json") == [
-        "longtail", "--labels", "in.parquet", "--out", "o.parquet", "--split-out", "s.json", "--source", "all"]
+    # source all: the set as it is, none of the longtail rule's optional options
+    assert paths.longtail_options(params, "own") == {"draw": [], "cap": [], "groups": [], "official": []}
     assert paths.train_images_ready(params, "own") == "own/set/labels.csv"
     # raw files made by a command (make_raw, download: common.smk raw_targets) for the kinds that have one, each in
     # its kind's folder; none for a folder of the user's

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from noisymlt.errors import NoisyMLTError
-from noisymlt.pipeline.paths import (grid_runs, image_root, longtail_argv, parse_argv, raw_argv, raw_marker, run_dir,
-                            train_images_argv)
+from noisymlt.pipeline.paths import (grid_runs, image_root, longtail_options, parse_argv, raw_argv, raw_marker,
+                                     run_dir, train_images_argv)
 
 PARAMS = {
     "grid": {"datasets": ["voc", "coco"], "gammas": [0.3, 0.5], "seeds": [0], "methods": ["erm", "ours"]},
@@ -47,10 +47,9 @@ def test_parse_arguments_per_kind_and_part(name, part, source):
 
 
 def test_longtail_arguments_fill_defaults_and_name_the_official_list():
-    assert longtail_argv(PARAMS, "toy", "a", "b", "c") == [
-        "longtail", "--labels", "a", "--out", "b", "--split-out", "c", "--source", "pareto", "--b", "6",
-        "--max", "20", "--min", "1", "--seed", "0", "--cap-to-available"]
-    assert longtail_argv(PARAMS, "coco", "a", "b", "c")[-2:] == ["--dataset", "coco"]
+    assert longtail_options(PARAMS, "toy") == {"draw": ["--b", "6", "--max", "20", "--min", "1", "--seed", "0"],
+                                               "cap": ["--cap-to-available"], "groups": [], "official": []}
+    assert longtail_options(PARAMS, "coco")["official"] == ["--dataset", "coco"]
 
 
 def test_image_folders_and_coco_train_images():

@@ -205,9 +205,7 @@ def test_a_train_job_writes_its_config_trains_on_it_and_evaluates(tmp_path):
 def test_rules_that_write_their_command_run_the_words_of_their_params(tmp_path):
     """The rules that write their command in the rule (data, pretraining, selection split and caches), planned:
     each job's command is its params' words, an option its block leaves out not written (longtail's draw for source
-    all, --cap-to-available, --groups, --dataset; fetch-asset's --mirror), a value that needs quoting quoted; and the
-    words scripts/device_check.py runs without Snakemake (noisymlt.pipeline.paths: longtail_argv, cache_argv,
-    pretrain_argv) are the rules' own."""
+    all, --cap-to-available, --groups, --dataset; fetch-asset's --mirror), a value that needs quoting quoted."""
     from noisymlt.config import load_params
     from noisymlt.data import assets
     from noisymlt.pipeline import layout as L
@@ -225,7 +223,8 @@ def test_rules_that_write_their_command_run_the_words_of_their_params(tmp_path):
     asset = assets.glove_file(P, "voc")
     gamma, seed = S.selection_sets(P)[0]
     fit = L.fill(L.SELECT_PART, dataset="toy", gamma=gamma, seed=seed, part="fit")
-    expected = {"pretrain": [(paths.pretrain_argv(P, "toy_glyphs", "data/pretrained/toy_glyphs.pt"),
+    expected = {"pretrain": [(["pretrain", "--config", json.dumps(P["pretrain"]["toy_glyphs"], sort_keys=True),
+                               "--out", "data/pretrained/toy_glyphs.pt", "--no-progress"],
                               "logs/pretrain/toy_glyphs.log")],
                 "fetch_asset": [(["fetch-asset", "--url", paths.asset_entry(P, asset)["url"], "--sha256",
                                   paths.asset_entry(P, asset)["sha256"], "--out", asset, "--name", "assets.glove.voc",
@@ -240,16 +239,23 @@ def test_rules_that_write_their_command_run_the_words_of_their_params(tmp_path):
                                           paths.image_root(P, "toy", "train"), "--size",
                                           str(paths.cache_size(P, "toy")), "--out", "data/toy/cache/select_fit.npy",
                                           "--no-progress"], "logs/data/cache_images_toy_select_fit.log")]}
-    expected["longtail"] = [(paths.longtail_argv(P, d, L.fill(L.SOURCE_LABELS, dataset=d),
-                                                 L.fill(L.TRAIN_LABELS, dataset=d), L.fill(L.CLASS_SPLIT, dataset=d)),
-                             f"logs/data/longtail_{d}.log") for d in ("toy", "toy_all", "toy_cap", "coco")]
+
+    # each longtail option present and absent: a block's own draw, the draw's defaults, none for source all
+    def draw(d):  # a block that sets every setting of the draw, in the command's order
+        return [w for k in ("b", "max", "min", "seed") for w in (f"--{k}", str(P["datasets"][d]["longtail"][k]))]
+
+    options = {"toy": ["--source", "pareto", *draw("toy"), "--groups", "scaled"], "toy_all": ["--source", "all"],
+               "toy_cap": ["--source", "pareto", "--b", "6", "--max", "20", "--min", "1", "--seed", "0",
+                           "--cap-to-available"],  # the draw's defaults
+               "coco": ["--source", "official", *draw("coco"), "--dataset", "coco"]}
+    expected["longtail"] = [(["longtail", "--labels", L.fill(L.SOURCE_LABELS, dataset=d), "--out",
+                              L.fill(L.TRAIN_LABELS, dataset=d), "--split-out", L.fill(L.CLASS_SPLIT, dataset=d), *o],
+                             f"logs/data/longtail_{d}.log") for d, o in options.items()]
     for part in ("train", "test"):
-        expected[f"cache_{part}_images"] = [(paths.cache_argv(P, "toy", part, f"data/toy/cache/{part}.npy"),
-                                             f"logs/data/cache_images_toy_{part}.log")]
-    # the cases the words cover: each longtail option present and absent, the draw's defaults
-    words = {tuple(w) for w, _ in expected["longtail"]}
-    assert sum("--b" in w for w in words) == 3 and sum("--cap-to-available" in w for w in words) == 1
-    assert sum("--groups" in w for w in words) == 1 and ("--dataset", "coco") in {w[-2:] for w in words}
+        cache = ["cache-images", "--labels", f"data/toy/{part}_labels.parquet", "--images",
+                 paths.image_root(P, "toy", part), "--size", str(paths.cache_size(P, "toy")), "--out",
+                 f"data/toy/cache/{part}.npy", "--no-progress"]
+        expected[f"cache_{part}_images"] = [(cache, f"logs/data/cache_images_toy_{part}.log")]
 
     targets = [*(L.fill(L.TRAIN_LABELS, dataset=d) for d in ("toy", "toy_all", "toy_cap", "coco")),
                "data/toy/cache/train.npy", "data/toy/cache/test.npy", "data/pretrained/toy_glyphs.pt", asset,

@@ -4,9 +4,8 @@ Each dataset kind (noisymlt.data.kinds) says how its raw files arrive and how it
 noise model how it draws a noisy set: these functions ask the plug-in for a step's words (the rules that run them
 take them as their `args` param, so `snakemake -n -p` prints the words a job runs). Every other rule writes its
 command in its `shell:`, with values from here (image folders, cache size, asset entries, pretrain blocks, the
-long-tail options a block may leave out); ``longtail_argv``, ``pretrain_argv`` and ``cache_argv`` spell those rules'
-words again for a script that runs the steps without Snakemake (scripts/device_check.py), held to the rules by
-tests/test_workflow.py.
+long-tail options a block may leave out); a script that needs the data asks Snakemake for it
+(scripts/device_check.py), so no command is spelled twice.
 The path patterns are ``noisymlt.pipeline.layout``'s; the raw folders under ``layout.RAW_ROOT`` are the kinds'.
 """
 
@@ -119,14 +118,6 @@ def longtail_options(params: dict, name: str) -> dict[str, list[str]]:
             "official": ["--dataset", block["kind"]] if lt["source"] == "official" else []}  # kinds: official_list
 
 
-def longtail_argv(params: dict, name: str, labels: str, out: str, split_out: str) -> list[str]:
-    """The longtail rule's words (workflow/rules/data.smk), for a script."""
-    source = dataset_block(params, name)["longtail"]["source"]
-    options = longtail_options(params, name)
-    return ["longtail", "--labels", labels, "--out", out, "--split-out", split_out, "--source", source,
-            *options["draw"], *options["cap"], *options["groups"], *options["official"]]
-
-
 def train_images_argv(params: dict, name: str, ids: str, out: str) -> list[str] | None:
     """The command that fetches a dataset's train images for its subset (`noisymlt fetch-coco-images`); None for
     kinds whose train images are in the raw folder."""
@@ -144,12 +135,6 @@ def pretrain_block(params: dict, name: str) -> dict:
     return blocks[name]
 
 
-def pretrain_argv(params: dict, name: str, out: str) -> list[str]:
-    """The pretrain rule's words (workflow/rules/train.smk), for a script."""
-    return ["pretrain", "--config", json.dumps(pretrain_block(params, name), sort_keys=True), "--out", out,
-            "--no-progress"]
-
-
 def cache_size(params: dict, name: str) -> int:
     """train.cache_size with the dataset's train block over it: one cache per dataset, shared by its runs."""
     from noisymlt.config import deep_merge
@@ -158,15 +143,6 @@ def cache_size(params: dict, name: str) -> int:
     if "cache_size" not in train:
         raise NoisyMLTError(f"params: train.cache_size is not set (dataset {name})")
     return int(train["cache_size"])
-
-
-def cache_argv(params: dict, name: str, part: str, out: str) -> list[str]:
-    """The words of rules cache_train_images / cache_test_images (workflow/rules/data.smk), for a script:
-    `noisymlt cache-images` of a dataset's train subset or test set at its cache size (the train cache holds the
-    subset's images, whose rows the noisy copies share)."""
-    labels = L.fill(L.LABELS, dataset=name, part="train" if part == "train" else "test")
-    return ["cache-images", "--labels", labels, "--images", image_root(params, name, part),
-            "--size", str(cache_size(params, name)), "--out", out, "--no-progress"]
 
 
 def cache_args(name: str, loader: str, candidate: bool = False) -> list[str]:
