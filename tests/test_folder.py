@@ -461,6 +461,21 @@ def test_iterative_stratification_keeps_every_class_near_its_share_where_the_top
     assert np.abs(y[top_up].sum(0) - 0.25 * y.sum(0)).max() > 5
 
 
+
+def test_iterative_folds_put_each_row_in_one_fold_and_each_class_near_its_share():
+    """K folds (cross-fitting's): every row in exactly one, each fold near 1/K of the rows and of each class's
+    positives; two subsets are iterative_stratification's held-out mask."""
+    from noisymlt.data.splits import iterative_folds, iterative_stratification
+
+    rng = np.random.default_rng(0)
+    y = (rng.random((2000, 12)) < np.geomspace(0.4, 0.01, 12)).astype(np.uint8)
+    folds = iterative_folds(y, [0.2] * 5, seed=1)
+    assert set(np.unique(folds)) == set(range(5)) and len(folds) == len(y)
+    assert np.abs(np.bincount(folds) - 400).max() <= 2
+    per_fold = np.stack([y[folds == k].sum(0) for k in range(5)])
+    assert np.abs(per_fold - 0.2 * y.sum(0)).max() <= 1.5
+    assert (iterative_folds(y, [0.25, 0.75], seed=1) == 0).tolist() == iterative_stratification(y, 0.25, 1).tolist()
+
 def test_a_parquet_list_column_reads_as_the_same_table_as_its_text_form(tmp_path):
     """issue 70: a Parquet list column's cells were read as their text, ``['cat',`` a class."""
     import pyarrow as pa

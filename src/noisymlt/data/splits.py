@@ -38,19 +38,26 @@ def stratified_split(label_sets: list[np.ndarray], fraction: float, seed: int) -
 
 
 def iterative_stratification(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
-    """Boolean mask of the held-out rows: Sechidis, Tsoumakas and Vlahavas' iterative stratification (ECML PKDD
-    2011), two subsets. The rarest label still unassigned goes first: each of its rows goes to the subset that most
-    lacks that label (then the one that most lacks rows, then a seeded coin), and every label of the row counts
-    against that subset's wants. Each class's held-out share comes out near ``fraction``, where the top-up rule of
-    ``stratified_split`` (which only guarantees both sides) overshoots on rare classes; rows without a label fill
-    whichever subset lacks rows. Deterministic for a seed."""
+    """Boolean mask of the held-out rows: ``iterative_folds`` with two subsets, the held-out one ``fraction`` of the
+    rows. Each class's held-out share comes out near ``fraction``, where the top-up rule of ``stratified_split``
+    (which only guarantees both sides) overshoots on rare classes."""
+    return iterative_folds(labels, [fraction, 1.0 - fraction], seed) == 0
+
+
+def iterative_folds(labels: np.ndarray, shares: list[float], seed: int) -> np.ndarray:
+    """The subset of every row (0 .. len(shares) - 1): Sechidis, Tsoumakas and Vlahavas' iterative stratification
+    (ECML PKDD 2011), subset k taking ``shares[k]`` of the rows. The rarest label still unassigned goes first: each
+    of its rows goes to the subset that most lacks that label (then the one that most lacks rows, then a seeded
+    coin), and every label of the row counts against that subset's wants; rows without a label fill whichever
+    subset lacks rows most (the first on a tie). Each class's share in each subset comes out near the subset's
+    share. Deterministic for a seed."""
     labels = np.asarray(labels, dtype=bool)
     n, classes = labels.shape
     rng = np.random.default_rng(seed)
-    share = np.array([fraction, 1.0 - fraction])  # subset 0: held out, subset 1: kept
+    share = np.asarray(shares, dtype=float)
     wants_rows = share * n
     wants = share[:, None] * labels.sum(0)[None, :].astype(float)
-    held = np.zeros(n, bool)
+    subset = np.full(n, -1, dtype=np.int64)
     left = np.ones(n, bool)
     while True:
         counts = np.where(labels[left].any(0), labels[left].sum(0), n + 1)
@@ -63,12 +70,12 @@ def iterative_stratification(labels: np.ndarray, fraction: float, seed: int) -> 
             if len(best) > 1:
                 best = best[wants_rows[best] == wants_rows[best].max()]
             s = best[rng.integers(len(best))]
-            held[i] = s == 0
+            subset[i] = s
             wants[s, labels[i]] -= 1
             wants_rows[s] -= 1
             left[i] = False
     for i in rng.permutation(np.flatnonzero(left)):  # rows without a label
-        s = int(wants_rows[1] > wants_rows[0])
-        held[i] = s == 0
+        s = int(np.argmax(wants_rows))
+        subset[i] = s
         wants_rows[s] -= 1
-    return held
+    return subset
