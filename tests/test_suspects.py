@@ -304,3 +304,82 @@ def test_records_of_two_noise_models_make_two_columns_and_lose_none(project, tmp
     assert float(ap[records[0]["noise_model"]]["mean"]) == pytest.approx(np.mean(first), rel=1e-5)
     header = (tmp_path / "t.md").read_text().splitlines()[2]
     assert "AP uniform γ=0.5" in header and header.count("γ=0.5") == 8, header
+
+
+def test_out_of_sample_scorers_are_cleanlabs_own_calls_on_the_same_arrays():
+    """The cross-fitted rows: the prediction's |y - p| and cleanlab's per-class quality and flags on the same
+    out-of-sample probabilities, called as cleanlab's docs call them; the per-image score is its
+    get_label_quality_scores."""
+    from cleanlab.multilabel_classification.filter import find_multilabel_issues_per_class
+    from cleanlab.multilabel_classification.rank import get_label_quality_scores, get_label_quality_scores_per_class
+
+    from noisymlt.inference.suspects import image_quality, out_of_sample_scores
+
+    rng = np.random.default_rng(4)
+    truth = _labels(rng, n=150)
+    noisy = np.where(rng.random(truth.shape) < 0.15, 1 - truth, truth)
+    probs = np.clip(0.6 * truth + 0.4 * rng.random(truth.shape), 0, 1)
+    got = out_of_sample_scores(noisy, probs)
+    labels = [list(np.flatnonzero(row)) for row in noisy]
+    assert np.array_equal(got["model_oos"].score, np.abs(noisy - probs))
+    assert np.allclose(got["cleanlab_oos"].score, 1 - np.asarray(get_label_quality_scores_per_class(labels, probs)))
+    assert np.array_equal(got["cleanlab_oos"].flagged, find_multilabel_issues_per_class(labels, probs,
+                                                                                          low_memory=False))
+    assert np.allclose(image_quality(noisy, probs), get_label_quality_scores(labels, probs))
+
+
+def test_cross_fitting_predicts_every_training_image_by_a_run_that_never_trained_on_it(project, tmp_path):
+    """Two folds of ERM on seed 0's noisy set, each an ordinary run of the project's recipe: every training image's
+    gathered probability is the held-out run's prediction of it, and that run's training rows exclude it; suspects
+    then scores the labels on them (rows beside the in-sample ones, which they differ from)."""
+    import os
+    from pathlib import Path
+
+    from noisymlt.cli import main
+    from noisymlt.data.labels import read_labels
+
+    noisy, cf = "data/toy/noisy/g0.5_s0.parquet", tmp_path / "cf"
+    erm = project / "runs/toy/g0.5/s0/erm"
+    size = json.loads((erm / "run_config.json").read_text())["train"]["cache_size"]
+    old = Path.cwd()
+    try:
+        os.chdir(project)
+        assert main(["crossfit", "split", "--noisy", f"g0.5_s0={noisy}", "--folds", "2", "--seed", "0",
+                     "--out", str(cf / "folds.json")]) == 0
+        runs = []
+        for k in range(2):
+            part = {name: str(cf / f"k{k}_{name}.parquet") for name in ("train", "held")}
+            assert main(["crossfit", "parts", "--noisy", noisy, "--folds", str(cf / "folds.json"), "--fold", str(k),
+                         "--train", part["train"], "--held", part["held"]]) == 0
+            images = "data/raw/toy/VOCdevkit/TOY"  # the toy's train and test images (the run reads its caches)
+            for name in ("train", "held"):
+                assert main(["cache-images", "--labels", part[name], "--images", images, "--size", str(size),
+                             "--out", str(cf / f"k{k}_{name}.npy"), "--no-progress"]) == 0
+            runs.append(cf / f"run{k}")
+            assert main(["train", "--run-config", str(erm / "requested_config.json"), "--train-labels", part["train"],
+                         "--test-labels", part["held"], "--split", "data/toy/class_split.json", "--train-images",
+                         images, "--test-images", images, "--train-cache", str(cf / f"k{k}_train.npy"),
+                         "--test-cache", str(cf / f"k{k}_held.npy"), "--out", str(runs[-1]), "--no-progress",
+                         "--device", "cpu"]) == 0
+        assert main(["crossfit", "gather", "--runs", *map(str, runs), "--folds", str(cf / "folds.json"), "--noisy",
+                     noisy, "--out", str(cf / "oos.npz")]) == 0
+        table = tmp_path / "s.csv"
+        assert main(["suspects", "--run", str(erm), "--out", str(table), "--clean-labels",
+                     "data/toy/train_labels.parquet", "--out-of-sample", str(cf / "oos.npz")]) == 0
+    finally:
+        os.chdir(old)
+    gathered = np.load(cf / "oos.npz")
+    ids = [str(i) for i in read_labels(project / noisy).image_ids]
+    assert [str(i) for i in gathered["image_ids"]] == ids
+    for k, run in enumerate(runs):  # independently of gather: from the run's own files
+        trained = {str(i) for i in read_labels(cf / f"k{k}_train.parquet").image_ids}
+        with np.load(run / "predictions.npz") as npz:
+            predicted = {str(i): row for i, row in zip(npz["image_ids"], npz["scores_main"])}
+        rows = [r for r, i in enumerate(ids) if gathered["fold"][r] == k]
+        assert rows and all(ids[r] in predicted and ids[r] not in trained for r in rows)
+        assert all(np.array_equal(gathered["probs"][r], predicted[ids[r]]) for r in rows)
+    assert set(gathered["fold"].tolist()) == {0, 1}
+    record = json.loads(table.with_suffix(".json").read_text())
+    own, oos = record["scorers"]["cleanlab"]["detection"], record["scorers"]["cleanlab_oos"]["detection"]
+    assert own["ap"] != oos["ap"] and record["scorers"]["cleanlab_oos"]["same_ranking_as"] == "model_oos"
+    assert 0 <= record["scorers"]["cleanlab_oos"]["image_detection"]["ap"] <= 1

@@ -24,6 +24,7 @@ COMMANDS = {
     "eval-cl-checkpoint": "noisymlt.training.cl_evaluate",
     "select": "noisymlt.pipeline.selection",
     "train": "noisymlt.pipeline.train",
+    "crossfit": "noisymlt.pipeline.crossfit",
     "evaluate": "noisymlt.evaluation.evaluate",
     "inference-time": "noisymlt.report.inference_time",
     "aggregate": "noisymlt.report.aggregate",

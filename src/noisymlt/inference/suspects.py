@@ -16,8 +16,10 @@ test-time transform and final weights, in one pass of the run's predict loop (``
   flags from confident learning (``find_multilabel_issues_per_class``, prune_by_noise_rate). Self-confidence of a
   binary label is p for a given 1 and 1 - p for a given 0, so this ranking is ``model``'s; confident learning's
   per-class thresholds make the flags differ. cleanlab asks for out-of-sample probabilities (a model that never
-  trained on the image); the run's own are in-sample, which makes a fitted label look right. Out-of-sample ones
-  would take K trainings of every run (K-fold cross-fitting), K times the grid's training cost: not done here.
+  trained on the image); the run's own are in-sample, which makes a fitted label look right.
+- ``model_oos`` and ``cleanlab_oos`` (with ``--out-of-sample``): the same two on cross-fitted probabilities
+  (noisymlt.pipeline.crossfit), as cleanlab asks, and cleanlab's per-image label quality score
+  (``get_label_quality_scores``) as the table's ``image_quality``.
 
 Writes OUT (.csv): image, class, the given label, each scorer's score, rank (1 = most suspect of all entries) and
 flag, and, with ``--clean-labels``, ``wrong`` (the given label differs from the clean one); a row for every entry
@@ -43,7 +45,9 @@ from noisymlt.errors import NoisyMLTError
 from noisymlt.evaluation.label_scores import LabelScores
 
 log = logging.getLogger(__name__)
-GENERIC = ("model", "cleanlab")  # every run's scorers; a method's own come between them and order its table
+GENERIC = ("model", "cleanlab", "model_oos", "cleanlab_oos")  # not a method's own: those order its table
+# cleanlab's self-confidence ranks a binary label as the prediction does (p for a given 1, 1 - p for a given 0)
+SAME_RANKING = {"cleanlab": "model", "cleanlab_oos": "model_oos"}
 
 
 def model_scores(noisy: np.ndarray, probs: np.ndarray) -> LabelScores:
@@ -70,6 +74,46 @@ def cleanlab_scores(noisy: np.ndarray, probs: np.ndarray) -> LabelScores:
     return LabelScores("cleanlab", "1 - cleanlab's per-class label quality (self-confidence) on the model's "
                        "probabilities; flagged by confident learning (find_multilabel_issues_per_class, "
                        "prune_by_noise_rate)", 1.0 - quality, issues.astype(bool))
+
+
+def out_of_sample_scores(noisy: np.ndarray, probs: np.ndarray) -> dict[str, LabelScores]:
+    """The prediction's and cleanlab's scorers on out-of-sample probabilities (cross-fitting's,
+    noisymlt.pipeline.crossfit), as cleanlab's docs ask for them."""
+    model, cleanlab = model_scores(noisy, probs), cleanlab_scores(noisy, probs)
+    return {"model_oos": LabelScores("its prediction, out of sample", "|given - p|, p the probability of the "
+                                     "cross-fitted run that held the image out; flagged where it exceeds 0.5",
+                                     model.score, model.flagged),
+            "cleanlab_oos": LabelScores("cleanlab, out of sample", "1 - cleanlab's per-class label quality "
+                                        "(self-confidence) on the cross-fitted probabilities; flagged by confident "
+                                        "learning (find_multilabel_issues_per_class, prune_by_noise_rate)",
+                                        cleanlab.score, cleanlab.flagged)}
+
+
+def image_quality(noisy: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    """cleanlab's label quality score of each image (``multilabel_classification.get_label_quality_scores``, its
+    defaults: self-confidence per class, aggregated by an exponential moving average), lower = more suspect."""
+    from cleanlab.multilabel_classification.rank import get_label_quality_scores
+
+    labels = [list(np.flatnonzero(row > 0.5)) for row in noisy]
+    return np.asarray(get_label_quality_scores(labels, np.clip(probs.astype(np.float64), 0.0, 1.0)))
+
+
+def read_out_of_sample(path: Path, table) -> np.ndarray:
+    """The probabilities of `noisymlt crossfit gather` in the rows and classes of ``table`` (the run's training
+    labels), or one line saying why they are not that table's."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            ids, classes, probs = [str(i) for i in npz["image_ids"]], [str(c) for c in npz["classes"]], npz["probs"]
+    except (OSError, KeyError, ValueError) as exc:
+        raise NoisyMLTError(f"{path}: not out-of-sample probabilities of `noisymlt crossfit gather` ({exc})") from None
+    if classes != [str(c) for c in table.classes]:
+        raise NoisyMLTError(f"{path}: its classes are not the run's")
+    where = {image: k for k, image in enumerate(ids)}
+    missing = [str(i) for i in table.image_ids if str(i) not in where]
+    if missing:
+        raise NoisyMLTError(f"{path}: no probabilities of {len(missing)} training image(s) of the run, e.g. "
+                            f"{missing[0]!r}")
+    return probs[[where[str(i)] for i in table.image_ids]].astype(np.float64)
 
 
 # The labels a person would check by hand: the top 1% of a run's (image, class) entries by a scorer's ranking
@@ -125,9 +169,10 @@ def ranks(score: np.ndarray) -> np.ndarray:
     return out.reshape(score.shape)
 
 
-def suspicion(trainer) -> dict[str, LabelScores]:
+def suspicion(trainer, out_of_sample: np.ndarray | None = None) -> dict[str, LabelScores]:
     """Every scorer that applies to the run (see the module docstring), in the table's order: the model's, the
-    method's own, cleanlab's."""
+    method's own, cleanlab's, and with ``out_of_sample`` (cross-fitted probabilities in the run's rows) the model's
+    and cleanlab's on those."""
     from noisymlt.inference.run_model import recorded_heads
 
     noisy = np.asarray(trainer.train_table.labels, dtype=np.float64)
@@ -139,10 +184,14 @@ def suspicion(trainer) -> dict[str, LabelScores]:
     if clash:
         raise NoisyMLTError(f"method {trainer.cfg['method']!r}: its label scorer {sorted(clash)[0]!r} takes the name "
                             "of a scorer every run has")
-    return {"model": model_scores(noisy, probs), **own, "cleanlab": cleanlab_scores(noisy, probs)}
+    out = {"model": model_scores(noisy, probs), **own, "cleanlab": cleanlab_scores(noisy, probs)}
+    if out_of_sample is not None:
+        out.update(out_of_sample_scores(noisy, out_of_sample))
+    return out
 
 
-def write_suspects(out: Path, trainer, scored: dict, wrong: np.ndarray | None) -> None:
+def write_suspects(out: Path, trainer, scored: dict, wrong: np.ndarray | None,
+                   quality: np.ndarray | None = None) -> None:
     """The table of flagged entries at OUT (the caller's temporary name)."""
     import csv
 
@@ -154,6 +203,8 @@ def write_suspects(out: Path, trainer, scored: dict, wrong: np.ndarray | None) -
     rows, cols = np.nonzero(any_flag)
     order = np.argsort(rank[natural][rows, cols], kind="stable")
     header = ["image", "class", "given", *(f"{n}_{k}" for n in scored for k in ("score", "rank", "flagged"))]
+    if quality is not None:
+        header.append("image_quality")
     if wrong is not None:
         header.append("wrong")
     with open(out, "w", newline="") as fh:
@@ -163,6 +214,8 @@ def write_suspects(out: Path, trainer, scored: dict, wrong: np.ndarray | None) -
             cells = [table.image_ids[r], table.classes[c], int(noisy[r, c])]
             for name, scorer in scored.items():
                 cells += [format(float(scorer.score[r, c]), ".6g"), int(rank[name][r, c]), int(scorer.flagged[r, c])]
+            if quality is not None:
+                cells.append(format(float(quality[r]), ".6g"))
             if wrong is not None:
                 cells.append(int(wrong[r, c]))
             writer.writerow(cells)
@@ -186,15 +239,20 @@ def clean_truth(trainer, clean_labels: Path) -> np.ndarray:
 
 
 def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, device: str = "cpu",
-                    train_images: Path | None = None) -> dict:
+                    train_images: Path | None = None, out_of_sample: Path | None = None) -> dict:
     import contextlib
 
     from noisymlt.core.files import replacing, write_json
     from noisymlt.data.labels import GROUPS
     from noisymlt.inference.run_model import load_run
 
+    from noisymlt.evaluation.metrics import average_precision
+
     trainer = load_run(run, device=device, train_images=train_images)
-    scored = suspicion(trainer)
+    noisy = np.asarray(trainer.train_table.labels, dtype=np.float64)
+    oos = read_out_of_sample(out_of_sample, trainer.train_table) if out_of_sample else None
+    scored = suspicion(trainer, oos)
+    quality = image_quality(noisy, oos) if oos is not None else None
     wrong = clean_truth(trainer, clean_labels) if clean_labels else None
     record = {"run": str(run), "run_id": trainer.run_id, "method": trainer.cfg["method"],
               "dataset": trainer.cfg["dataset"], "gamma": float(trainer.cfg["gamma"]), "seed": int(trainer.cfg["seed"]),
@@ -202,16 +260,28 @@ def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, d
               "checkpoint_sha256": trainer.checkpoint_sha256, "table": out.name, "scorers": {}}
     for name, scorer in scored.items():
         rec = {"title": scorer.title, "how": scorer.how, "flagged": int(scorer.flagged.sum())}
+        if name in SAME_RANKING:
+            rec["same_ranking_as"] = SAME_RANKING[name]
         if wrong is not None:
             rec["detection"] = detection(scorer.score, scorer.flagged, wrong, given=trainer.train_table.labels,
                                          groups={g: trainer.split[g] for g in GROUPS}, reach=scorer.reach)
         record["scorers"][name] = rec
+    if quality is not None:  # cleanlab's per-image score: how well it ranks the images that hold a wrong label
+        image = record["scorers"]["cleanlab_oos"]
+        image["image_quality"] = "cleanlab's get_label_quality_scores per image (table column image_quality)"
+        if wrong is not None:
+            any_wrong = wrong.any(1)
+            image["image_detection"] = {"images": int(len(any_wrong)), "with_wrong": int(any_wrong.sum()),
+                                        "ap": average_precision(any_wrong, 1.0 - quality) if any_wrong.any()
+                                        else None}
     if wrong is not None:
         record["clean_labels"] = str(clean_labels)
+    if out_of_sample:
+        record["out_of_sample"] = str(out_of_sample)
     out.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as whole:  # both files reach their names together, once both are whole
         record_tmp = whole.enter_context(replacing(out.with_suffix(".json")))
-        write_suspects(whole.enter_context(replacing(out)), trainer, scored, wrong)
+        write_suspects(whole.enter_context(replacing(out)), trainer, scored, wrong, quality)
         write_json(record_tmp, record)
     return record
 
@@ -221,6 +291,9 @@ def _cmd_suspects(args: argparse.Namespace) -> int:
 
     if len(args.run) != len(args.out):
         raise NoisyMLTError(f"{len(args.run)} --run but {len(args.out)} --out: one table a run")
+    oos = args.out_of_sample or [None] * len(args.run)
+    if len(oos) != len(args.run):
+        raise NoisyMLTError(f"{len(args.run)} --run but {len(oos)} --out-of-sample: one file a run, in order")
     outs = [Path(out) for out in args.out]
     for out in outs:  # every output checked before the first run is scored
         if out.suffix != ".csv":
@@ -230,10 +303,12 @@ def _cmd_suspects(args: argparse.Namespace) -> int:
         written[f"--out {out}"] = out
         written[f"the record of {out}"] = out.with_suffix(".json")
     for run in args.run:
-        check_run_outputs(Path(run), {"--clean-labels": args.clean_labels}, written)
-    for run, out in zip(args.run, outs):
+        check_run_outputs(Path(run), {"--clean-labels": args.clean_labels,
+                                      **{f"--out-of-sample {p}": p for p in oos if p}}, written)
+    for run, out, probs in zip(args.run, outs, oos):
         record = suspects_of_run(Path(run), out, clean_labels=Path(args.clean_labels) if args.clean_labels else None,
-                                 device=args.device, train_images=args.train_images)
+                                 device=args.device, train_images=args.train_images,
+                                 out_of_sample=Path(probs) if probs else None)
         flagged = ", ".join(f"{name} {rec['flagged']}" for name, rec in record["scorers"].items())
         print(f"{run}: flagged {flagged}: {out}")
     return 0
@@ -251,5 +326,8 @@ def add_cli(sub) -> None:
     p.add_argument("--clean-labels", help="the clean labels of the same training images (the benchmark's clean "
                                           "subset), to measure the rankings against")
     p.add_argument("--train-images", help="the run's training image folder, for a run without the image cache")
+    p.add_argument("--out-of-sample", nargs="+", metavar="NPZ",
+                   help="cross-fitted probabilities of the run's training images (`noisymlt crossfit gather`), one "
+                        "a run: adds the prediction's and cleanlab's scorers on them, as cleanlab asks")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     p.set_defaults(func=_cmd_suspects)

@@ -152,18 +152,21 @@ def summary(values: dict, key: tuple, reference: tuple[str, str] | None) -> dict
     return out
 
 
-def same_ranking(values: dict, method: str, scorer: str, gamma: float, measure: str) -> bool:
-    """cleanlab's self-confidence ranks a binary label as the prediction does: its ranking measures equal the
-    prediction's by construction (shown once)."""
-    if scorer != "cleanlab" or measure not in RANKING:
+def same_ranking(values: dict, twins: dict[str, str], method: str, scorer: str, gamma: float, measure: str) -> bool:
+    """A scorer whose record says it ranks as another does (cleanlab's self-confidence as the prediction it reads:
+    ``same_ranking_as``): its ranking measures, equal to that scorer's, are shown once."""
+    twin = twins.get(scorer)
+    if twin is None or measure not in RANKING:
         return False
-    own, model = values.get((method, scorer, gamma, measure)), values.get((method, "model", gamma, measure))
-    return own is not None and own == model
+    own, other = values.get((method, scorer, gamma, measure)), values.get((method, twin, gamma, measure))
+    return own is not None and own == other
 
 
 def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods: list[str]) -> None:
     levels, rows, values = collect(records, methods)
     titles = {scorer: rec["title"] for record in records for scorer, rec in record["scorers"].items()}
+    twins = {scorer: rec["same_ranking_as"] for record in records for scorer, rec in record["scorers"].items()
+             if rec.get("same_ranking_as")}
     reference = reference_of(rows)
     datasets = sorted({r["dataset"] for r in records})
     models = sorted({r.get("noise_model", PAPER) for r in records})
@@ -208,7 +211,7 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
                  + "; ".join(reach) + ".")
 
     def text(method, scorer, gamma, measure, style):
-        if same_ranking(values, method, scorer, gamma, measure):
+        if same_ranking(values, twins, method, scorer, gamma, measure):
             return "="
         got = summary(values, (method, scorer, gamma, measure), reference)
         if got is None:
