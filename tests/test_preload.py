@@ -275,6 +275,7 @@ def test_ctrl_c_gives_a_message_not_a_traceback(server, tmp_path):
     args = ["code-deps", "--params", str(fifo), "--method", "erm"]
     served = served_client(path, args)
     child = wait_for_child(proc, served)
+    wait_on_fifo(child)  # the command is under way (on a loaded machine a bare fork left the client mid-handshake)
     served.send_signal(signal.SIGINT)
     _, err = served.communicate(timeout=30)  # until the child, which writes to the same stream, is gone too
     child.wait(timeout=15)
