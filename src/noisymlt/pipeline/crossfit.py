@@ -31,16 +31,6 @@ from noisymlt.errors import NoisyMLTError
 log = logging.getLogger(__name__)
 
 
-def _named_tables(items: list[str]) -> dict[str, Path]:
-    tables = {}
-    for item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not name:
-            raise NoisyMLTError(f"--noisy {item}: expected NAME=FILE (e.g. g0.5_s0=data/voc/noisy/g0.5_s0.parquet)")
-        tables[name] = Path(path)
-    return tables
-
-
 def write_folds(tables: dict[str, Path], out: Path, folds: int, seed: int) -> dict:
     """folds.json: every image's fold, stratified on the noisy labels of all ``tables`` (noisy copies of one set)."""
     from noisymlt.data.labels import read_labels
@@ -164,7 +154,9 @@ def write_gathered(gathered: dict, out: Path) -> None:
 
 
 def _cmd_split(args: argparse.Namespace) -> int:
-    rec = write_folds(_named_tables(args.noisy), Path(args.out), args.folds, args.seed)
+    from noisymlt.pipeline.selection import named_tables
+
+    rec = write_folds(named_tables(args.noisy), Path(args.out), args.folds, args.seed)
     print(f"{args.out}: {rec['folds']} folds of {', '.join(map(str, rec['images']))} images")
     return 0
 

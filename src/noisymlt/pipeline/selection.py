@@ -305,14 +305,20 @@ def split_tables(params: dict, dataset: str) -> dict[str, str]:
     return {f"g{L.gtag(g)}_s{s}": L.fill(L.NOISY, dataset=dataset, gamma=g, seed=s) for g, s in selection_sets(params)}
 
 
-def _cmd_split(args: argparse.Namespace) -> int:
+def named_tables(items: list[str]) -> dict[str, Path]:
+    """``--noisy NAME=FILE ...`` as {name: path} (selection's split and cross-fitting's)."""
     tables = {}
-    for item in args.noisy:
+    for item in items:
         name, sep, path = item.partition("=")
         if not sep:
             example = L.fill(L.NOISY, dataset="voc", gamma=0.5, seed=0)
             raise NoisyMLTError(f"--noisy {item}: expected NAME=FILE (e.g. g0.5_s0={example})")
         tables[name] = Path(path)
+    return tables
+
+
+def _cmd_split(args: argparse.Namespace) -> int:
+    tables = named_tables(args.noisy)
     if not 0 < args.held_out <= 0.5:
         raise NoisyMLTError(f"--held-out {args.held_out}: must lie in (0, 0.5]")
     rec = write_split(tables, Path(args.out), args.held_out, args.seed)
