@@ -62,12 +62,19 @@ def wait_for_child(proc, client) -> psutil.Process:
     return children[0]
 
 
-def wait_on_fifo(child: psutil.Process, timeout: float = 60.0) -> None:
-    """Until ``child`` is blocked opening a fifo (the kernel's wait channel says so)."""
+def child_on_fifo(proc, client, timeout: float = 60.0) -> psutil.Process:
+    """The server's child that is blocked opening a fifo (the kernel's wait channel says so): the client's command.
+    Every child is looked at each time, as one a previous test started may still be exiting."""
     deadline = time.monotonic() + timeout
-    wchan = Path(f"/proc/{child.pid}/wchan")
-    while "partner" not in (wchan.read_text() if wchan.exists() else ""):
-        assert time.monotonic() < deadline, f"child {child.pid} never waited on its fifo"
+    while True:
+        for child in served_children(proc):
+            wchan = Path(f"/proc/{child.pid}/wchan")
+            try:
+                if "partner" in wchan.read_text():
+                    return child
+            except OSError:  # it exited meanwhile
+                pass
+        assert time.monotonic() < deadline and client.poll() is None, "no child of the server waited on its fifo"
         time.sleep(0.02)
 
 
@@ -140,7 +147,7 @@ def test_killing_the_command_kills_its_child(server, tmp_path):
                                "--test-images", "x", "--out", str(tmp_path / "o")],
                               env={**os.environ, preload.ENV: path}, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
-    child = wait_for_child(proc, client)
+    child = child_on_fifo(proc, client)
     client.send_signal(signal.SIGKILL)
     client.wait()
     child.wait(timeout=15)  # raises if the child outlives its command
@@ -167,8 +174,7 @@ def test_an_edited_source_lets_running_jobs_finish_and_refuses_new_ones(tmp_path
             time.sleep(0.05)
         args, fifo = code_deps_on_fifo(tmp_path)
         running = served_client(str(sock), args)
-        child = wait_for_child(proc, running)
-        wait_on_fifo(child)  # its code loaded and checked, it waits for its params
+        child = child_on_fifo(proc, running)  # its code loaded and checked, it waits for its params
         edited.touch()  # the source changes while a job runs
         later = cli(["--version"], {preload.ENV: str(sock)})
         assert later.returncode == 0 and later.stdout.startswith("noisymlt ")  # refused: ran in its own process
@@ -200,8 +206,7 @@ def test_the_servers_death_ends_its_children_and_their_commands_run_again_by_the
     path, proc = own_server
     args, fifo = code_deps_on_fifo(tmp_path)
     client = served_client(path, args)
-    child = wait_for_child(proc, client)
-    wait_on_fifo(child)  # the child is inside the command
+    child = child_on_fifo(proc, client)  # the child is inside the command
     proc.kill()
     child.wait(timeout=15)  # raises if the child outlives the server (an orphan whose result nobody awaits)
     feed(fifo)  # read by the command's own process now
@@ -274,8 +279,8 @@ def test_ctrl_c_gives_a_message_not_a_traceback(server, tmp_path):
     os.mkfifo(fifo)
     args = ["code-deps", "--params", str(fifo), "--method", "erm"]
     served = served_client(path, args)
-    child = wait_for_child(proc, served)
-    wait_on_fifo(child)  # the command is under way (on a loaded machine a bare fork left the client mid-handshake)
+    # the command is under way (on a loaded machine a bare fork left the client mid-handshake)
+    child = child_on_fifo(proc, served)
     served.send_signal(signal.SIGINT)
     _, err = served.communicate(timeout=30)  # until the child, which writes to the same stream, is gone too
     child.wait(timeout=15)
