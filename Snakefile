@@ -33,6 +33,13 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/noise.smk"
 include: "workflow/rules/select.smk"
 include: "workflow/rules/train.smk"
+
+
+if crossfit_method():  # params crossfit, where the detection table is made
+
+    include: "workflow/rules/crossfit.smk"
+
+
 include: "workflow/rules/authors.smk"
 include: "workflow/rules/report.smk"
 
@@ -43,6 +50,7 @@ rule all:
         finished_work(),  # so that a rerun restores what a failed job deleted
         selection_targets(),  # every stage's scores, beside the choices the final runs read
         authors_targets(),  # [CL]'s checkpoints evaluated (params authors_checkpoints), when it lists any
+        crossfit_work(),  # the cross-fitting's folds, runs and probabilities behind the detection table
 
 
 # The three phases dvc.yaml runs one stage each (`snakemake ... -- data`): together, what `all` makes.

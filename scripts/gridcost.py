@@ -129,7 +129,8 @@ def run_iterations(resolved: dict, noisy: np.ndarray, split: dict) -> dict:
 
 def plan_grid(params: dict, data_root: str | Path = "data") -> list[dict]:
     """One record per run the workflow trains: the model-selection candidates of the methods that select
-    (params `selection`; ``candidate`` names them), then the main grid and the selected ablations. Each
+    (params `selection`; ``candidate`` names them), the cross-fitting's fold runs (params `crossfit`; ``crossfit``
+    names them), then the main grid and the selected ablations. Each
     has its key, its iterations, its training (and held-out) images and where its labels came from; a
     candidate's iterations are those of its fit part (the training images less the held-out split)."""
     from noisymlt.pipeline import selection
@@ -170,6 +171,25 @@ def plan_grid(params: dict, data_root: str | Path = "data") -> list[dict]:
                                      "test_images": test_of(dataset),
                                      "train_images": int((~val).sum()), "held_out_images": int(val.sum()),
                                      **run_iterations(cfg, noisy[~val], split)})
+    from noisymlt.config import fold_run
+    from noisymlt.data.splits import iterative_folds
+    from noisymlt.pipeline.paths import crossfit_levels
+
+    for dataset in dict.fromkeys(r[0] for r in runs):  # the cross-fitting's fold runs (params crossfit)
+        levels = crossfit_levels(params, dataset)
+        if not levels:
+            continue
+        folds, method = int(params["crossfit"]["folds"]), params["crossfit"]["method"]
+        tables = [noisy_of(dataset, gamma, seed, noise) for noise, gamma, seed in levels]
+        fold = iterative_folds(np.hstack([t[0] > 0.5 for t in tables]), [1.0 / folds] * folds,
+                               int(params["crossfit"]["seed"]))
+        for (noise, gamma, seed), (noisy, split, source) in zip(levels, tables):
+            for k in range(folds):
+                cfg = fold_run(params, dataset, method, gamma, seed, k, None, noise)
+                jobs.append({"dataset": dataset, "gamma": gamma, "seed": seed, "method": method,
+                             "crossfit": f"fold{k}", "labels": f"{source}, all folds but {k}",
+                             "test_images": test_of(dataset), "train_images": int((fold != k).sum()),
+                             "held_out_images": int((fold == k).sum()), **run_iterations(cfg, noisy[fold != k], split)})
     for dataset, gamma, seed, method, noise in runs:
         noisy, split, source = noisy_of(dataset, gamma, seed, noise)
         cfg = resolve_run(params, dataset, method, gamma, seed, noise=noise)
@@ -206,6 +226,7 @@ def summarise(jobs: list[dict]) -> dict:
     """Counts of the plan: runs (model-selection candidates among them) and iterations per dataset and per
     method."""
     out: dict = {"runs": len(jobs), "candidates": sum("candidate" in j for j in jobs),
+                 "crossfit_runs": sum("crossfit" in j for j in jobs),
                  "iterations": sum(j["iterations"] for j in jobs), "by_dataset": {}, "by_method": {}}
     for job in jobs:
         for group, key in (("by_dataset", job["dataset"]), ("by_method", job["method"])):
@@ -240,9 +261,10 @@ def run_cost(run_dir: Path, job_seconds: float) -> dict:
 
 def planned_run_seconds(job: dict, cost: dict) -> float:
     """The wall seconds of one planned run (a plan_grid job) at a measured cost: a final run predicts the test
-    set and its training images, a model-selection candidate its fit part and its held-out part."""
+    set and its training images, a model-selection candidate or a cross-fitting run its training part and the
+    part it holds out."""
     n = job["train_images"]
-    predicted = n + (job["held_out_images"] if "candidate" in job else job["test_images"])
+    predicted = n + (job["held_out_images"] if "candidate" in job or "crossfit" in job else job["test_images"])
     if job["family"] == "dividemix":  # co-divide: both nets score every training image once an epoch
         predicted += 2 * n * job["epochs"]
     return cost["fixed_s"] + job["iterations"] * cost["s_per_iteration"] + predicted / cost["predict_images_per_s"]

@@ -282,14 +282,15 @@ def own_data_runs(tmp_path_factory, own_data_project) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_runs_project(tmp_path_factory, tiny_data_project) -> Path:
-    """tiny_data_project with helpers.TINY_RUNS as its layer (tiny.yaml) and its detection table made: a finished
-    run of each method family at gamma 0.5, seeds 0 and 1, each with its suspect labels. Copy it with copy_build."""
+    """tiny_data_project with helpers.TINY_RUNS as its layer (tiny.yaml) and its detection and paired tables made: a
+    finished run of each method family and of clean, then retrain at gamma 0.5, seeds 0 and 1, with their suspect
+    labels, the cross-fitting (two folds) and the cleaned tables. Copy it with copy_build."""
     from helpers import TINY_RUNS, copy_build, shared_build, snakemake, tiny_layer, write_layer
 
     def build(folder: Path) -> None:
         copy_build(tiny_data_project, folder)
         snakemake(folder, *write_layer(folder, tiny_layer(TINY_RUNS)), "--", "reports/label_detection_toy.tex",
-                  timeout=900)
+                  "reports/paired_toy.tex", timeout=900)
 
     return shared_build(tmp_path_factory, "tiny_runs", build)
 

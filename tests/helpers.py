@@ -244,9 +244,11 @@ TINY = {
 }
 
 
-# conftest's tiny_runs_project: a run of each method family (single-branch ERM, BBN, ML-GCN, DivideMix, Ours) at one
-# noise rate and two seeds, with the detection table of their suspect labels (noisymlt.inference)
-TINY_RUNS = {"grid": {"gammas": [0.5], "seeds": [0, 1], "methods": ["erm", "bbn", "mlgcn", "dividemix", "ours"],
+# conftest's tiny_runs_project: a run of each method family (single-branch ERM, BBN, ML-GCN, DivideMix, Ours) and of
+# clean, then retrain (Clean-ERM and its oracle, on the cross-fitting's two folds) at one noise rate and two seeds,
+# with the detection table of their suspect labels (noisymlt.inference) and of what each cleaning changed
+TINY_RUNS = {"grid": {"gammas": [0.5], "seeds": [0, 1],
+                      "methods": ["erm", "bbn", "mlgcn", "dividemix", "clean_erm", "oracle_erm", "ours"],
                       "ablations": []},
              "timing": {"methods": ["erm"], "batch_sizes": [1]}}
 

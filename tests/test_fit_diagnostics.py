@@ -220,9 +220,10 @@ def test_paired_differences_equal_an_independent_computation(tmp_path):
         shared = rng.normal(0.5, 0.1)  # what a seed's noisy labels do to every method
         maps[("ours", 0.5, seed)] = shared + 0.03 + rng.normal(0, 0.005)
         maps[("erm", 0.5, seed)] = shared + rng.normal(0, 0.005)
+        maps[("clean_erm", 0.5, seed)] = shared + 0.01 + rng.normal(0, 0.005)
     maps[("erm", 0.5, 9)] = 0.1  # a seed Ours did not run: not paired
     res = _results(maps)
-    diffs = paired_differences(res, "ours", "toy")
+    diffs = paired_differences(res, "ours", "toy", methods=["erm"])
     d = np.array([100 * (maps[("ours", 0.5, s)] - maps[("erm", 0.5, s)]) for s in range(4)])
     mean, ci, n, runs = diffs[("erm", 0.5)]
     assert n == 4 and mean == pytest.approx(d.mean())
@@ -230,10 +231,19 @@ def test_paired_differences_equal_an_independent_computation(tmp_path):
     assert [r["seed"] for r in runs] == [0, 1, 2, 3]
     # pairing removes the shared seed effect: far narrower than the unpaired spread
     assert ci < 0.2 * stats.t.ppf(0.975, 3) * np.std([100 * maps[("erm", 0.5, s)] for s in range(4)], ddof=1) / 2
-    sidecar = write_paired_table(res, tmp_path / "paired.tex", {"ours": "Ours", "erm": "ERM"}, "ours", "toy")
+    labels = {"ours": "Ours", "erm": "ERM", "clean_erm": "Clean-ERM"}
+    sidecar = write_paired_table(res, tmp_path / "paired.tex", labels, "ours", "toy", ["erm", "clean_erm"],
+                                 pairs=[("clean_erm", "erm")])
     md = (tmp_path / "paired.tex").with_suffix(".md").read_text()
     assert f"| Ours − ERM | **{d.mean():.2f} ± {ci:.2f}** |" in md  # CI above 0: bold
     assert sidecar["cells"]["erm/0.5"]["seeds"] == 4
+    # a further pair after the reference's rows: the cleaned method minus the one it cleans for, paired alike
+    e = np.array([100 * (maps[("clean_erm", 0.5, s)] - maps[("erm", 0.5, s)]) for s in range(4)])
+    half = stats.t.ppf(0.975, 3) * e.std(ddof=1) / 2
+    rows = [line for line in md.splitlines() if line.startswith("| ")]
+    assert [r.split(" | ")[0] for r in rows[1:]] == ["| Ours − ERM", "| Ours − Clean-ERM", "| Clean-ERM − ERM"]
+    assert f"{e.mean():.2f} ± {half:.2f}" in rows[-1]
+    assert sidecar["cells"]["clean_erm-erm/0.5"]["mean"] == pytest.approx(e.mean())
     with pytest.raises(NoisyMLTError, match="no 'ours' runs"):
         paired_differences(res[res["method"] != "ours"], "ours", "toy")
 

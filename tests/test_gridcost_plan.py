@@ -36,7 +36,7 @@ def test_synthetic_labels_have_the_published_counts_and_no_empty_image():
 def test_all_runs_are_the_main_grid_then_each_ablation_once(paper_params):
     runs = paths.all_runs(paper_params)
     main = paths.grid_runs(paper_params)
-    assert runs[:len(main)] == main and len(main) == 2 * 4 * 5 * 11
+    assert runs[:len(main)] == main and len(main) == 2 * 4 * 5 * 14  # 10 baselines, 3 clean-then-retrain, Ours
     assert len(runs) == len(set(runs))
     for name in paper_params["grid"]["ablations"]:
         assert set(paths.ablation_runs(paper_params, name)) <= set(runs)
@@ -112,8 +112,12 @@ def test_the_plan_counts_the_model_selection_candidates(paper_params):
     jobs = gridcost.plan_grid(small_model(paper_params), data_root="no-data-here")
     candidates = [j for j in jobs if "candidate" in j]
     assert len(candidates) == 2 * (10 * 4 + 4 + 12) == gridcost.summarise(jobs)["candidates"]
-    assert len(jobs) - len(candidates) == len(paths.all_runs(paper_params))
+    # the cross-fitting: 5 folds of ERM on each of the 20 noisy sets of each dataset, each on four fifths of it
+    folds = [j for j in jobs if "crossfit" in j]
+    assert len(folds) == 2 * 20 * 5 == gridcost.summarise(jobs)["crossfit_runs"]
+    assert {j["method"] for j in folds} == {"erm"}
+    assert len(jobs) - len(candidates) - len(folds) == len(paths.all_runs(paper_params))
     final = {(j["dataset"], j["method"]): j for j in jobs if "candidate" not in j and j["gamma"] == 0.5 and j["seed"] == 0}
-    for job in candidates:
+    for job in candidates + [j for j in folds if j["gamma"] == 0.5 and j["seed"] == 0]:
         assert job["iterations"] < final[job["dataset"], job["method"]]["iterations"], job
     assert {j["candidate"] for j in candidates if j["method"] == "ours"} >= {"stage1/lr0.2", "stage2/alpha0.7_beta0.4"}

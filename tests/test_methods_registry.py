@@ -25,7 +25,14 @@ def test_every_grid_method_is_defined():
 def test_method_trains_and_predicts(method, tiny_toy, tmp_path):
     params = tiny_params(method, epochs=2, lr_steps=[2])
     resolved = resolve_run(params, "toy", method, 0.5, 0)
-    trainer = toy_trainer(tiny_toy, resolved, tmp_path, limit_iters=3)
+    labels = tiny_toy["noisy"]
+    if resolved.get("clean"):  # clean, then retrain: its noisy set cleaned (the oracle's cleaning: no cross-fitting)
+        from noisymlt.pipeline.cleaning import clean_labels
+
+        labels = tmp_path / "cleaned" / "labels.parquet"
+        clean_labels(tiny_toy["noisy"], labels, flags="oracle", action=resolved["clean"]["action"],
+                     clean_labels=tiny_toy["train"])
+    trainer = toy_trainer(tiny_toy, resolved, tmp_path / "run", limit_iters=3, train_labels=labels)
     before = {k: v.detach().clone() for k, v in trainer.model.state_dict().items() if v.is_floating_point()}
     history = trainer.fit()
     assert len(history) == 2 and all(np.isfinite(r["loss"]) for r in history)

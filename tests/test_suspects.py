@@ -152,7 +152,8 @@ def test_the_suspects_table_lists_the_flagged_labels_in_rank_order(project):
         with open(project / f"reports/suspects/toy/g0.5_s0_{method}.csv", newline="") as fh:
             rows = list(csv.DictReader(fh))
         record = json.loads((project / f"reports/suspects/toy/g0.5_s0_{method}.json").read_text())
-        assert set(record["scorers"]) == {"model", "cleanlab", *({natural} - {"model"})}, method
+        oos = {"model_oos", "cleanlab_oos"} if method == "erm" else set()  # the cross-fitting's base method
+        assert set(record["scorers"]) == {"model", "cleanlab", *({natural} - {"model"}), *oos}, method
         assert rows and [int(r[f"{natural}_rank"]) for r in rows] == sorted(int(r[f"{natural}_rank"]) for r in rows)
         for row in rows:
             i, c = where[row["image"]], column[row["class"]]
@@ -328,58 +329,42 @@ def test_out_of_sample_scorers_are_cleanlabs_own_calls_on_the_same_arrays():
     assert np.allclose(image_quality(noisy, probs), get_label_quality_scores(labels, probs))
 
 
-def test_cross_fitting_predicts_every_training_image_by_a_run_that_never_trained_on_it(project, tmp_path):
-    """Two folds of ERM on seed 0's noisy set, each an ordinary run of the project's recipe: every training image's
-    gathered probability is the held-out run's prediction of it, and that run's training rows exclude it; suspects
-    then scores the labels on them (rows beside the in-sample ones, which they differ from)."""
-    import os
-    from pathlib import Path
-
-    from noisymlt.cli import main
+def test_cross_fitting_predicts_every_training_image_by_a_run_that_never_trained_on_it(project):
+    """The workflow's cross-fitting (crossfit.smk, the demo's two folds) on each noisy set of tiny_runs_project:
+    every training image's gathered probability is the prediction of the fold run that held it out, read from that
+    run's own files, and the table the run trained on (its manifest's, hash-checked) excludes the image; each fold
+    run is ERM's final run but for its training rows, a shorter warm-up and its crossfit block, and reads no clean
+    label. Suspects scores ERM's labels on them: rows beside the in-sample ones, which they differ from."""
+    from noisymlt.core.manifest import file_sha256
     from noisymlt.data.labels import read_labels
 
-    noisy, cf = "data/toy/noisy/g0.5_s0.parquet", tmp_path / "cf"
-    erm = project / "runs/toy/g0.5/s0/erm"
-    size = json.loads((erm / "run_config.json").read_text())["train"]["cache_size"]
-    old = Path.cwd()
-    try:
-        os.chdir(project)
-        assert main(["crossfit", "split", "--noisy", f"g0.5_s0={noisy}", "--folds", "2", "--seed", "0",
-                     "--out", str(cf / "folds.json")]) == 0
-        runs = []
+    for seed in (0, 1):
+        ids = [str(i) for i in read_labels(project / f"data/toy/noisy/g0.5_s{seed}.parquet").image_ids]
+        base = project / f"runs/toy/crossfit/erm/g0.5/s{seed}"
+        gathered = np.load(base / "out_of_sample.npz")
+        assert [str(i) for i in gathered["image_ids"]] == ids and set(gathered["fold"].tolist()) == {0, 1}
+        final = json.loads((project / f"runs/toy/g0.5/s{seed}/erm/requested_config.json").read_text())
+        warmup = max(1, round(final["train"].pop("warmup_iters") / 2))  # the warm-up's share of a half-size run
         for k in range(2):
-            part = {name: str(cf / f"k{k}_{name}.parquet") for name in ("train", "held")}
-            assert main(["crossfit", "parts", "--noisy", noisy, "--folds", str(cf / "folds.json"), "--fold", str(k),
-                         "--train", part["train"], "--held", part["held"]]) == 0
-            images = "data/raw/toy/VOCdevkit/TOY"  # the toy's train and test images (the run reads its caches)
-            for name in ("train", "held"):
-                assert main(["cache-images", "--labels", part[name], "--images", images, "--size", str(size),
-                             "--out", str(cf / f"k{k}_{name}.npy"), "--no-progress"]) == 0
-            runs.append(cf / f"run{k}")
-            assert main(["train", "--run-config", str(erm / "requested_config.json"), "--train-labels", part["train"],
-                         "--test-labels", part["held"], "--split", "data/toy/class_split.json", "--train-images",
-                         images, "--test-images", images, "--train-cache", str(cf / f"k{k}_train.npy"),
-                         "--test-cache", str(cf / f"k{k}_held.npy"), "--out", str(runs[-1]), "--no-progress",
-                         "--device", "cpu"]) == 0
-        assert main(["crossfit", "gather", "--runs", *map(str, runs), "--folds", str(cf / "folds.json"), "--noisy",
-                     noisy, "--out", str(cf / "oos.npz")]) == 0
-        table = tmp_path / "s.csv"
-        assert main(["suspects", "--run", str(erm), "--out", str(table), "--clean-labels",
-                     "data/toy/train_labels.parquet", "--out-of-sample", str(cf / "oos.npz")]) == 0
-    finally:
-        os.chdir(old)
-    gathered = np.load(cf / "oos.npz")
-    ids = [str(i) for i in read_labels(project / noisy).image_ids]
-    assert [str(i) for i in gathered["image_ids"]] == ids
-    for k, run in enumerate(runs):  # independently of gather: from the run's own files
-        trained = {str(i) for i in read_labels(cf / f"k{k}_train.parquet").image_ids}
-        with np.load(run / "predictions.npz") as npz:
-            predicted = {str(i): row for i, row in zip(npz["image_ids"], npz["scores_main"])}
-        rows = [r for r, i in enumerate(ids) if gathered["fold"][r] == k]
-        assert rows and all(ids[r] in predicted and ids[r] not in trained for r in rows)
-        assert all(np.array_equal(gathered["probs"][r], predicted[ids[r]]) for r in rows)
-    assert set(gathered["fold"].tolist()) == {0, 1}
-    record = json.loads(table.with_suffix(".json").read_text())
-    own, oos = record["scorers"]["cleanlab"]["detection"], record["scorers"]["cleanlab_oos"]["detection"]
-    assert own["ap"] != oos["ap"] and record["scorers"]["cleanlab_oos"]["same_ranking_as"] == "model_oos"
-    assert 0 <= record["scorers"]["cleanlab_oos"]["image_detection"]["ap"] <= 1
+            run = base / f"fold{k}"
+            manifest = json.loads((run / "manifest.json").read_text())
+            tables = {key: manifest["inputs"][key] for key in ("train_labels", "test_labels")}
+            for entry in tables.values():
+                assert file_sha256(project / entry["path"]) == entry["sha256"]
+            trained = {str(i) for i in read_labels(project / tables["train_labels"]["path"]).image_ids}
+            with np.load(run / "predictions.npz") as npz:
+                predicted = {str(i): row for i, row in zip(npz["image_ids"], npz["scores_main"])}
+            rows = [r for r, i in enumerate(ids) if gathered["fold"][r] == k]
+            assert rows and {ids[r] for r in rows} == set(predicted) and not trained & set(predicted)
+            assert trained | set(predicted) == set(ids)
+            assert all(np.array_equal(gathered["probs"][r], predicted[ids[r]]) for r in rows)
+            config = json.loads((run / "requested_config.json").read_text())
+            assert config.pop("crossfit") == {"folds": 2, "fold": k, "split_seed": 0}
+            assert config["train"].pop("warmup_iters") == warmup
+            assert config == final
+            assert "clean_subset" not in json.dumps(manifest) and "train_labels.parquet" not in json.dumps(manifest)
+        record = json.loads((project / f"reports/suspects/toy/g0.5_s{seed}_erm.json").read_text())
+        own, oos = record["scorers"]["cleanlab"]["detection"], record["scorers"]["cleanlab_oos"]["detection"]
+        assert own["ap"] != oos["ap"] and record["scorers"]["cleanlab_oos"]["same_ranking_as"] == "model_oos"
+        assert record["out_of_sample"] == str(base.relative_to(project) / "out_of_sample.npz")
+        assert 0 <= record["scorers"]["cleanlab_oos"]["image_detection"]["ap"] <= 1

@@ -25,6 +25,7 @@ COMMANDS = {
     "select": "noisymlt.pipeline.selection",
     "train": "noisymlt.pipeline.train",
     "crossfit": "noisymlt.pipeline.crossfit",
+    "clean-labels": "noisymlt.pipeline.cleaning",
     "evaluate": "noisymlt.evaluation.evaluate",
     "inference-time": "noisymlt.report.inference_time",
     "aggregate": "noisymlt.report.aggregate",

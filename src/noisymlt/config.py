@@ -146,6 +146,34 @@ def validate_params(params: dict, source: str | None = None, root: str | Path | 
     validate_selection(params, source)
     check_batch_sizes(params, source)
     check_noise_models(params, source, root)
+    check_cleaning(params, source)
+
+
+def check_cleaning(params: dict, source: str | None = None) -> None:
+    """The crossfit block and the clean-then-retrain methods' cross-references (noisymlt.pipeline.cleaning): checked
+    last, so that an error in the recipe of the method a cleaned one retrains is named at that method first."""
+    crossfit = params.get("crossfit")
+    if crossfit and crossfit["method"] not in params["methods"]:
+        raise ParamsError(source, "crossfit.method", f"unknown method {crossfit['method']!r} (no block under methods)")
+    if crossfit and params["methods"][crossfit["method"]].get("clean"):  # its flags would need its own
+        raise ParamsError(source, "crossfit.method", f"{crossfit['method']!r} trains on cleaned labels itself")
+    for name, block in params["methods"].items():
+        clean = block.get("clean")
+        if not clean:
+            continue
+        if clean["flags"] != "oracle" and not crossfit:
+            raise ParamsError(source, f"methods.{name}.clean", "flags on cross-fitted probabilities: the params need "
+                                                               "a crossfit block")
+        base = params["methods"].get(clean["of"])
+        if base is None or base.get("clean"):
+            raise ParamsError(source, f"methods.{name}.clean.of", f"{clean['of']!r} is not a method without a clean "
+                                                                   "block")
+        recipe = {k: v for k, v in block.items() if k not in ("clean", "label", "description")}
+        if recipe != {k: v for k, v in base.items() if k not in ("label", "description")}:
+            differ = sorted(k for k in {*recipe, *base} - {"clean", "label", "description"}
+                            if recipe.get(k) != base.get(k))
+            raise ParamsError(source, f"methods.{name}", f"retrains {clean['of']}'s recipe, but its {', '.join(differ)} "
+                                                         f"differ from methods.{clean['of']}'s")
 
 
 def check_noise_models(params: dict, source: str | None = None, root: str | Path | None = None) -> None:
@@ -309,6 +337,7 @@ def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int
     ds = params["datasets"][dataset]
     mcfg = copy.deepcopy(params["methods"][method])
     schedule = mcfg.pop("schedule", DEFAULT_SCHEDULE)
+    clean = mcfg.pop("clean", None)
     schedules = params.get("schedules", {})
     if schedule not in schedules:
         raise NoisyMLTError(f"methods.{method}.schedule: unknown schedule {schedule!r}; "
@@ -331,6 +360,8 @@ def resolve_run(params: dict, dataset: str, method: str, gamma: float, seed: int
     }
     if noise != PAPER:
         resolved["noise"] = {"model": noise, **(params.get("noise", {}).get(noise) or {})}
+    if clean:  # its training table (noisymlt.pipeline.cleaning), and the cross-fitting its flags come from
+        resolved["clean"] = {**clean, **({} if clean["flags"] == "oracle" else {"crossfit": dict(params["crossfit"])})}
     if chosen:
         resolved = _with_chosen(params, resolved, chosen, "candidate" if candidate else chosen_by)
     if candidate:
@@ -381,6 +412,18 @@ def final_run(params: dict, dataset: str, method: str, gamma: float, seed: int, 
     configuration's last layer (resolve_run)."""
     chosen = read_choice(choice) if choice else None
     return resolve_run(params, dataset, method, gamma, seed, chosen=chosen, chosen_by=str(choice or ""), noise=noise)
+
+
+def fold_run(params: dict, dataset: str, method: str, gamma: float, seed: int, fold: int, choice: str | None,
+             noise: str = PAPER) -> dict:
+    """A cross-fitting run's resolved config (noisymlt.pipeline.crossfit): the final run's, trained on every fold
+    but ``fold`` (params crossfit), its warm-up scaled to that share of the images as a selection candidate's is,
+    and a ``crossfit`` block that makes its run id its own."""
+    resolved = final_run(params, dataset, method, gamma, seed, choice, noise)
+    folds = int(params["crossfit"]["folds"])
+    resolved["train"]["warmup_iters"] = max(1, round(resolved["train"]["warmup_iters"] * (folds - 1) / folds))
+    resolved["crossfit"] = {"folds": folds, "fold": int(fold), "split_seed": int(params["crossfit"]["seed"])}
+    return resolved
 
 
 def config_text(resolved: dict) -> str:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from noisymlt.config import check_layered, config_text, read_choice, requested_config, resolve_run
+from noisymlt.config import check_layered, config_text, fold_run, read_choice, requested_config, resolve_run
 from noisymlt.data import assets
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import run_digest
@@ -183,6 +183,25 @@ def all_runs(pattern):
     return list(dict.fromkeys(runs))
 
 
+def detection_methods():
+    """The grid methods whose suspect labels the detection table ranks: all but the clean-then-retrain ones, whose
+    training labels a cleaning changed (what it changed is in their cleaned tables' records)."""
+    return [m for m in GRID["methods"] if paths.cleaning_of(config, m) is None]
+
+
+def cleaning_records(dataset):
+    """The record of every cleaned table the grid's methods train on at the detection table's noisy sets."""
+    tables = [paths.cleaned_table(config, dataset, g, s, m, n) for m in GRID["methods"] if paths.cleaning_of(config, m)
+              for n, g, s in paths.suspect_levels(config)]
+    return [layout.ext(t[:-len(".parquet")], "json") for t in dict.fromkeys(tables)]
+
+
+def cleaned_pairs():
+    """"A:B" for each grid method A that retrains method B's recipe on cleaned labels, B in the grid too."""
+    return [f"{m}:{clean['of']}" for m in GRID["methods"]
+            if (clean := paths.cleaning_of(config, m)) and clean["of"] in GRID["methods"]]
+
+
 def method_labels():
     return paths.method_labels(config)
 
@@ -278,6 +297,8 @@ def finished_work():
                                                             layout.TRAIN_LABELS, layout.CLASS_SPLIT)]
         files += [f"{array[:-len('.npy')]}.{ext}" for array in run_caches(w) for ext in ("npy", "json")]
         files += [raw_marker(dataset), train_images_ready(dataset), *run_files(w)]
+        if paths.cleaning_of(config, method) is not None:  # a clean-then-retrain run: its cleaned table
+            files += [train_table(w), layout.ext(train_table(w)[:-len(".parquet")], "json")]
     return tuple(dict.fromkeys(files))
 
 
@@ -300,20 +321,21 @@ def selection_data():
                       for part in ("fit", "val")]
         gamma, seed = sets[0]  # a candidate of the first set: its loader (the caches) is the method's, any set's
         w = SimpleNamespace(dataset=dataset, method=who, gamma=str(gamma), seed=str(seed), noise="")
-        files += [f"{array[:-len('.npy')]}.{ext}" for array in candidate_caches(w) for ext in ("npy", "json")]
+        files += [f"{array[:-len('.npy')]}.{ext}" for array in candidate_cache_args(w)[1::2] for ext in ("npy", "json")]
     return list(dict.fromkeys(files))
 
 
 def data_targets():
-    """What the data phase makes (the `data` rule, DVC's `data` stage): every file under data/ that a run or a
-    selection candidate reads."""
-    return [f for f in finished_work() if f.startswith("data/")] + selection_data()
+    """What the data phase makes (the `data` rule, DVC's `data` stage): every file under data/ that a run, a
+    selection candidate or a cross-fitting run reads."""
+    return [f for f in (*finished_work(), *crossfit_work()) if f.startswith("data/")] + selection_data()
 
 
 def run_targets():
-    """What the runs phase makes (the `runs` rule, DVC's `runs` stage): every run's files, the selection's stage
-    files and [CL]'s evaluated checkpoints."""
-    return [f for f in finished_work() if f.startswith("runs/")] + selection_targets() + authors_targets()
+    """What the runs phase makes (the `runs` rule, DVC's `runs` stage): every run's files (the cross-fitting's
+    too), the selection's stage files and [CL]'s evaluated checkpoints."""
+    runs = [f for f in (*finished_work(), *crossfit_work()) if f.startswith("runs/")]
+    return runs + selection_targets() + authors_targets()
 
 
 def authors_names():
@@ -361,12 +383,8 @@ def select_cache_labels(w):
     return layout.fill(layout.SELECT_PART, dataset=w.dataset, gamma=gamma, seed=seed, part=w.part)
 
 
-def candidate_caches(w):
-    return paths.cache_args(w.dataset, resolved(w)["train"].get("loader", "pil"), candidate=True)[1::2]
-
-
 def candidate_cache_args(w):
-    return argv(paths.cache_args(w.dataset, resolved(w)["train"].get("loader", "pil"), candidate=True))
+    return paths.cache_args(w.dataset, resolved(w)["train"].get("loader", "pil"), layout.SELECT_CACHE, ("fit", "val"))
 
 
 def stage_candidates(w):
@@ -433,3 +451,95 @@ if config.get("workflow", {}).get("preload") and workflow.local_exec:
 
     onerror:
         _stop_preload()
+
+
+# Cross-fitting (workflow/rules/crossfit.smk, noisymlt.pipeline.crossfit): what its rules and the suspects rule read.
+
+
+def crossfit_method():
+    """The cross-fitting's base method (its suspects records gain out-of-sample rows), or None when no noisy set is
+    cross-fitted (paths.crossfit_levels)."""
+    if any(paths.crossfit_levels(config, d) for d in GRID["datasets"]):
+        return config["crossfit"]["method"]
+    return None
+
+
+def crossfit_tables(dataset):
+    """{set name: noisy table} of every cross-fitted noisy set of ``dataset``: the split is stratified on all."""
+    return {f"g{layout.noise_level(g, n)}_s{s}": layout.fill(layout.NOISY, dataset=dataset, gamma=g, seed=s, noise=n)
+            for n, g, s in paths.crossfit_levels(config, dataset)}
+
+
+def crossfit_parts(part):
+    """One part (train, held) of every fold of a noisy set, in fold order: the outputs of one crossfit_parts job."""
+    return [layout.part(layout.CROSSFIT_PART, part).replace("{fold}", str(k)) for k in range(config["crossfit"]["folds"])]
+
+
+def fold_fields(w):
+    """A fold run's wildcards as layout.fill takes them (its noise model by name)."""
+    return dict(dataset=w.dataset, gamma=w.gamma, seed=w.seed, noise=noise_of(w), fold=w.fold)
+
+
+def crossfit_folder(w, fold):
+    return layout.fill(layout.CROSSFIT_RUN, dataset=w.dataset, method=w.method, gamma=w.gamma, seed=w.seed,
+                       noise=noise_of(w), fold=fold)
+
+
+def crossfit_cache_labels(w):
+    """The table of a fold part (train, held) its image cache is made from: the first noisy set's (the other sets'
+    tables hold the same rows, which is all a cache checks)."""
+    noise, gamma, seed = paths.crossfit_levels(config, w.dataset)[0]
+    return layout.fill(layout.CROSSFIT_PART, dataset=w.dataset, gamma=gamma, seed=seed, noise=noise, fold=w.fold,
+                       part=w.part)
+
+
+def fold_cache_args(w):
+    return paths.cache_args(w.dataset, resolved(w)["train"].get("loader", "pil"), layout.CROSSFIT_CACHE,
+                            ("train", "held"), fold=w.fold)
+
+
+def fold_run_config(w):
+    """A fold run's resolved config (noisymlt.config.fold_run), with its method's selected values as a final run's."""
+    choice = final_choice(w)  # select.smk
+    return config_text(fold_run(config, w.dataset, w.method, float(w.gamma), int(w.seed), int(w.fold),
+                                str(choice) if choice else None, noise_of(w)))
+
+
+def out_of_sample(dataset, method, level):
+    """The cross-fitted probabilities of one noisy set (layout.OUT_OF_SAMPLE) for the suspects of ``method``'s run,
+    or None when ``method`` is not the base method."""
+    if method != crossfit_method():
+        return None
+    noise, gamma, seed = level
+    return layout.fill(layout.OUT_OF_SAMPLE, dataset=dataset, method=method, gamma=gamma, seed=seed, noise=noise)
+
+
+def train_table(w):
+    """The table a main run trains on: its noisy set, or for a clean-then-retrain method that set cleaned."""
+    if paths.cleaning_of(config, w.method) is None:
+        return layout.fill(layout.NOISY, dataset=w.dataset, gamma=w.gamma, seed=w.seed, noise=noise_of(w))
+    return paths.cleaned_table(config, w.dataset, float(w.gamma), int(w.seed), w.method, noise_of(w))
+
+
+@functools.lru_cache(maxsize=None)
+def crossfit_work():
+    """Every file of the cross-fitting, for rule all and the data and runs phases."""
+    method = crossfit_method()
+    if method is None:
+        return ()
+    folds, files = int(config["crossfit"]["folds"]), []
+    for dataset in GRID["datasets"]:
+        levels = paths.crossfit_levels(config, dataset)
+        files += [layout.fill(layout.CROSSFIT_FOLDS, dataset=dataset)] if levels else []
+        for level in levels:
+            noise, gamma, seed = level
+            w = SimpleNamespace(dataset=dataset, method=method, gamma=gtag(gamma), seed=str(seed),
+                                noise=layout.noise_tag(noise))
+            for fold in range(folds):
+                files += [layout.fill(layout.part(layout.CROSSFIT_PART, part), dataset=dataset, gamma=gamma,
+                                      seed=seed, noise=noise, fold=fold) for part in ("train", "held")]
+                files += [layout.within(crossfit_folder(w, fold), name) for name in layout.CROSSFIT_RUN_FILES]
+                files += [f"{array[:-len('.npy')]}.{ext}" for array in fold_cache_args(SimpleNamespace(**vars(w), fold=fold))[1::2]
+                          for ext in ("npy", "json")]
+            files.append(out_of_sample(dataset, method, level))
+    return tuple(dict.fromkeys(files))

@@ -106,6 +106,8 @@ rule table_paired:
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
+        # each cleaned method minus the method whose recipe it retrains, where the grid has both
+        pairs=lambda w: f"--pairs {' '.join(pairs)}" if (pairs := cleaned_pairs()) else "",
         code=code("paired-table"),
     log:
         "logs/report/paired_{dataset}.log",
@@ -113,7 +115,7 @@ rule table_paired:
         "benchmarks/report/paired_{dataset}.tsv"
     shell:
         "$NOISYMLT_CLI paired-table --results {input} --dataset {wildcards.dataset} --out {output.tex} "
-        "--methods {params.methods} --labels {params.labels:q} > {log} 2>&1"
+        "--methods {params.methods} --labels {params.labels:q} {params.pairs} > {log} 2>&1"
 
 
 rule figure_map_vs_gamma:
@@ -244,6 +246,7 @@ rule readme_numbers:
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
+        pairs=lambda w: f"--pairs {' '.join(pairs)}" if (pairs := cleaned_pairs()) else "",
         code=code("readme-numbers"),
     log:
         "logs/report/readme_numbers.log",
@@ -251,8 +254,8 @@ rule readme_numbers:
         "benchmarks/report/readme_numbers.tsv"
     shell:
         "$NOISYMLT_CLI readme-numbers --results {input.results} --methods {params.methods} --labels "
-        "{params.labels:q} --selection {input.selection} --structure {input.structure} --out {output} > {log} "
-        "2>&1"
+        "{params.labels:q} --selection {input.selection} --structure {input.structure} {params.pairs} --out {output} "
+        "> {log} 2>&1"
 
 
 # Training dynamics of Ours at gamma 0.5 (paper Figs. voc_stitchup / coco_stitchup and vis_pl): drawn when the
@@ -306,7 +309,8 @@ rule figure_pseudo_labels:
 
 
 # The training labels each noisy main-grid run disputes, ranked by each scorer that applies to it (its prediction,
-# Ours' pseudo-label rule, DivideMix's label refinement, cleanlab), and how well each ranking finds the labels that
+# Ours' pseudo-label rule, DivideMix's label refinement, cleanlab; for the cross-fitting's base method, its prediction
+# and cleanlab on the out-of-sample probabilities too, crossfit.smk), and how well each ranking finds the labels that
 # are really wrong (the clean subset knows them): noisymlt.inference.suspects. One job a (dataset, method) over its
 # runs: a job a run would cost Snakemake more than the scoring. The runs' checkpoints sit beside their manifests.
 
@@ -316,6 +320,8 @@ rule suspects:
         manifests=lambda w: [f"{paths.run_dir(w.dataset, g, s, w.method, n)}/manifest.json"
                              for n, g, s in paths.suspect_levels(config)],
         clean=layout.TRAIN_LABELS,
+        out_of_sample=lambda w: [f for level in paths.suspect_levels(config)
+                                 if (f := out_of_sample(w.dataset, w.method, level))],
     output:
         csv=[layout.ext(paths.suspects_stem("{dataset}", "{method}", level), "csv")
              for level in paths.suspect_levels(config)],
@@ -324,6 +330,8 @@ rule suspects:
     params:
         runs=lambda w: [paths.run_dir(w.dataset, g, s, w.method, n) for n, g, s in paths.suspect_levels(config)],
         train_images=lambda w: image_root(w.dataset, "train"),  # read only by a run without the image cache
+        # the base method's cross-fitted probabilities (crossfit.smk), one file a run: its out-of-sample rows
+        out_of_sample=lambda w, input: f"--out-of-sample {' '.join(input.out_of_sample)}" if input.out_of_sample else "",
         code=code("suspects"),
     # at paper scale every run predicts its training images again (ResNet-50 at 224 px): a GPU when there is one
     resources:
@@ -334,25 +342,29 @@ rule suspects:
         "benchmarks/report/suspects_{dataset}_{method}.tsv"
     shell:
         "$NOISYMLT_CLI suspects --run {params.runs} --out {output.csv} --clean-labels {input.clean} --train-images "
-        "{params.train_images} --device auto > {log} 2>&1"
+        "{params.train_images} {params.out_of_sample} --device auto > {log} 2>&1"
 
 
 rule table_detection:
     input:
-        lambda w: [layout.ext(paths.suspects_stem(w.dataset, m, level), "json")
-                   for m in GRID["methods"] for level in paths.suspect_levels(config)],
+        records=lambda w: [layout.ext(paths.suspects_stem(w.dataset, m, level), "json")
+                           for m in detection_methods() for level in paths.suspect_levels(config)],
+        cleaned=lambda w: cleaning_records(w.dataset),  # what each cleaning of the grid changed
+        clean=layout.TRAIN_LABELS,
     output:
         tex=layout.ext(layout.DETECTION_TABLE, "tex"),
         md=layout.ext(layout.DETECTION_TABLE, "md"),
         csv=layout.ext(layout.DETECTION_TABLE, "csv"),
     params:
         labels=method_labels(),
-        methods=" ".join(GRID["methods"]),
+        methods=" ".join(detection_methods()),
+        cleaned=lambda w, input: (f"--cleaned {' '.join(input.cleaned)} --clean-labels {input.clean}" if input.cleaned
+                                  else ""),
         code=code("detection-table"),
     log:
         "logs/report/label_detection_{dataset}.log",
     benchmark:
         "benchmarks/report/label_detection_{dataset}.tsv"
     shell:
-        "$NOISYMLT_CLI detection-table --records {input} --out {output.tex} --methods {params.methods} "
-        "--labels {params.labels:q} > {log} 2>&1"
+        "$NOISYMLT_CLI detection-table --records {input.records} --out {output.tex} --methods {params.methods} "
+        "--labels {params.labels:q} {params.cleaned} > {log} 2>&1"

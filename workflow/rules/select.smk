@@ -85,14 +85,14 @@ rule train_candidate:
         split=layout.CLASS_SPLIT,
         images=lambda w: train_images_ready(w.dataset),
         files=run_files,
-        caches=candidate_caches,
+        caches=lambda w: candidate_cache_args(w)[1::2],
         previous=previous_choice,
     output:
         **run_outputs(layout.CANDIDATE, noise_log=False),
     params:
         out=lambda w: S.candidate_dir(w.dataset, w.method, int(w.stage), float(w.gamma), int(w.seed), w.tag),
         images=lambda w: image_root(w.dataset, "train"),
-        caches=candidate_cache_args,
+        caches=lambda w: argv(candidate_cache_args(w)),
         config=candidate_config,
         code=run_code,
         evaluate_code=code("evaluate"),

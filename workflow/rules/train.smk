@@ -19,6 +19,34 @@ rule pretrain:
         "$NOISYMLT_CLI pretrain --config {params.config:q} --out {output.weights} --no-progress > {log} 2>&1"
 
 
+# Clean, then retrain (noisymlt.pipeline.cleaning): a noisy set with the labels a cleaning flags dropped from the loss
+# or flipped, the training table of the methods whose block has that `clean`; flags on the base method's cross-fitted
+# probabilities, or, for an oracle, the labels that differ from the clean ones (the one reader of them here).
+
+
+rule clean_labels:
+    input:
+        noisy=layout.NOISY,
+        flags_from=lambda w: (layout.TRAIN_LABELS if w.flags == "oracle" else
+                              layout.fill(layout.OUT_OF_SAMPLE, dataset=w.dataset, method=config["crossfit"]["method"],
+                                          gamma=w.gamma, seed=w.seed, noise=noise_of(w))),
+    output:
+        table=layout.CLEANED,
+        record=layout.ext(layout.CLEANED[:-len(".parquet")], "json"),
+    wildcard_constraints:
+        flags="cleanlab|model|oracle",
+        action="drop|flip",
+    params:
+        source=lambda w, input: ("--clean-labels " if w.flags == "oracle" else "--out-of-sample ") + input.flags_from,
+        code=code("clean-labels"),
+    localrule: True  # a second's work
+    log:
+        "logs/clean/{dataset}_g{gamma}{noise}_s{seed}_{flags}_{action}.log",
+    shell:
+        "$NOISYMLT_CLI clean-labels --noisy {input.noisy} --flags {wildcards.flags} --action {wildcards.action} "
+        "{params.source} --out {output.table} > {log} 2>&1"
+
+
 # One training run per (dataset, noise rate, seed, method), then its evaluation: AP per class and mAP
 # total/head/medium/tail of its predictions on the clean test set. One job: the demo's ~300 runs would otherwise be
 # ~900 Snakemake jobs (a config file, the training, a 0.2 s evaluation), and Snakemake's own CPU per job competes
@@ -37,7 +65,7 @@ rule pretrain:
 
 rule train:
     input:
-        train=layout.NOISY,
+        train=train_table,  # its noisy set, or that set cleaned (a clean-then-retrain method: crossfit.smk)
         test=layout.TEST_LABELS,
         split=layout.CLASS_SPLIT,
         subset=layout.TRAIN_LABELS,

@@ -2,7 +2,9 @@
 
 Parquet layout: ``image_id`` (string), optional ``path`` (image file, relative to the dataset
 root), then one 0/1 column per class in class order. Noisy tables add ``clean_<class>`` columns
-holding the clean labels next to the noisy ones (for analysis only; training never reads them).
+holding the clean labels next to the noisy ones (for analysis only; training never reads them). A cleaned table
+(noisymlt.pipeline.cleaning, action drop) adds ``ignored_<class>`` columns: 1 where the entry is left out of the
+loss.
 A CSV laid out like the published reference files (``image_id`` + class columns) is accepted as
 input wherever a Parquet table is.
 """
@@ -21,6 +23,7 @@ from noisymlt.core.files import read_json, replacing, write_text
 from noisymlt.errors import NoisyMLTError, cause
 
 CLEAN_PREFIX = "clean_"
+IGNORED_PREFIX = "ignored_"
 RESERVED = ("image_id", "path")
 GROUPS = ("head", "medium", "tail")
 
@@ -33,6 +36,7 @@ class LabelTable:
     paths: list[str] | None = None
     clean: np.ndarray | None = None  # (n, C) uint8 clean labels, only in noisy tables
     meta: dict = field(default_factory=dict)
+    ignored: np.ndarray | None = None  # (n, C) uint8, 1 = left out of the loss, only in a table cleaned by dropping
 
     def __post_init__(self) -> None:
         self.labels = np.asarray(self.labels, dtype=np.uint8)
@@ -42,6 +46,10 @@ class LabelTable:
             )
         if self.clean is not None:
             self.clean = np.asarray(self.clean, dtype=np.uint8)
+        if self.ignored is not None:
+            self.ignored = np.asarray(self.ignored, dtype=np.uint8)
+            if self.ignored.shape != self.labels.shape:
+                raise ValueError(f"ignored shape {self.ignored.shape} != labels shape {self.labels.shape}")
 
     @property
     def num_classes(self) -> int:
@@ -59,6 +67,9 @@ class LabelTable:
         if self.clean is not None:
             for j, name in enumerate(self.classes):
                 cols[CLEAN_PREFIX + name] = self.clean[:, j]
+        if self.ignored is not None:
+            for j, name in enumerate(self.classes):
+                cols[IGNORED_PREFIX + name] = self.ignored[:, j]
         return pd.DataFrame(cols)
 
     def subset(self, rows: np.ndarray | list[int]) -> "LabelTable":
@@ -69,6 +80,7 @@ class LabelTable:
             labels=self.labels[rows],
             paths=None if self.paths is None else [self.paths[i] for i in rows],
             clean=None if self.clean is None else self.clean[rows],
+            ignored=None if self.ignored is None else self.ignored[rows],
             meta=dict(self.meta),
         )
 
@@ -165,12 +177,18 @@ def _table_from_frame(frame: pd.DataFrame, path: Path, meta: dict) -> LabelTable
     meta = {k: v for k, v in meta.items() if k not in ("columns", "digests")}  # describes this file only
     if "image_id" not in frame.columns:
         raise NoisyMLTError(f"{path}: no 'image_id' column (columns: {list(frame.columns)[:5]}...)")
-    class_cols = [c for c in frame.columns if c not in RESERVED and not str(c).startswith(CLEAN_PREFIX)]
+    class_cols = [c for c in frame.columns
+                  if c not in RESERVED and not str(c).startswith((CLEAN_PREFIX, IGNORED_PREFIX))]
     clean_cols = [c for c in frame.columns if str(c).startswith(CLEAN_PREFIX)]
+    ignored_cols = [c for c in frame.columns if str(c).startswith(IGNORED_PREFIX)]
     if not class_cols:
         raise NoisyMLTError(f"{path}: no class columns besides {RESERVED}")
     if clean_cols and [c[len(CLEAN_PREFIX):] for c in clean_cols] != class_cols:
         raise NoisyMLTError(f"{path}: clean_* columns do not match the class columns one to one")
+    if ignored_cols and [c[len(IGNORED_PREFIX):] for c in ignored_cols] != class_cols:
+        raise NoisyMLTError(f"{path}: ignored_* columns do not match the class columns one to one")
+    if ignored_cols and not np.isin(frame[ignored_cols].to_numpy(), (0, 1)).all():
+        raise NoisyMLTError(f"{path}: ignored_* columns must hold 0 or 1")
     values = frame[class_cols]
     if values.isna().any().any():
         bad = values.columns[values.isna().any()].tolist()
@@ -194,6 +212,7 @@ def _table_from_frame(frame: pd.DataFrame, path: Path, meta: dict) -> LabelTable
         labels=arr.astype(np.uint8),
         paths=frame["path"].astype(str).tolist() if "path" in frame.columns else None,
         clean=frame[clean_cols].to_numpy().astype(np.uint8) if clean_cols else None,
+        ignored=frame[ignored_cols].to_numpy().astype(np.uint8) if ignored_cols else None,
         meta=meta,
     )
 

@@ -2,7 +2,8 @@
 
 Model selection holds out validation images from the noisy training labels (noisymlt.pipeline.selection) and a
 user's own image folder draws its test part (noisymlt.data.folder); both want every class that can be split on
-both sides, deterministically for a seed. It lives in the data layer so that both can import it.
+both sides, deterministically for a seed. It lives in the data layer so that both can import it. Cross-fitting
+(noisymlt.pipeline.crossfit) cuts the noisy training labels into K folds with the same rule (iterative_folds).
 """
 
 from __future__ import annotations

@@ -98,12 +98,13 @@ def image_quality(noisy: np.ndarray, probs: np.ndarray) -> np.ndarray:
     return np.asarray(get_label_quality_scores(labels, np.clip(probs.astype(np.float64), 0.0, 1.0)))
 
 
-def read_out_of_sample(path: Path, table) -> np.ndarray:
+def read_out_of_sample(path: Path, table) -> tuple[np.ndarray, int]:
     """The probabilities of `noisymlt crossfit gather` in the rows and classes of ``table`` (the run's training
-    labels), or one line saying why they are not that table's."""
+    labels) and the number of folds they came from, or one line saying why they are not that table's."""
     try:
         with np.load(path, allow_pickle=False) as npz:
             ids, classes, probs = [str(i) for i in npz["image_ids"]], [str(c) for c in npz["classes"]], npz["probs"]
+            folds = len(npz["runs"])
     except (OSError, KeyError, ValueError) as exc:
         raise NoisyMLTError(f"{path}: not out-of-sample probabilities of `noisymlt crossfit gather` ({exc})") from None
     if classes != [str(c) for c in table.classes]:
@@ -113,7 +114,7 @@ def read_out_of_sample(path: Path, table) -> np.ndarray:
     if missing:
         raise NoisyMLTError(f"{path}: no probabilities of {len(missing)} training image(s) of the run, e.g. "
                             f"{missing[0]!r}")
-    return probs[[where[str(i)] for i in table.image_ids]].astype(np.float64)
+    return probs[[where[str(i)] for i in table.image_ids]].astype(np.float64), folds
 
 
 # The labels a person would check by hand: the top 1% of a run's (image, class) entries by a scorer's ranking
@@ -250,7 +251,7 @@ def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, d
 
     trainer = load_run(run, device=device, train_images=train_images)
     noisy = np.asarray(trainer.train_table.labels, dtype=np.float64)
-    oos = read_out_of_sample(out_of_sample, trainer.train_table) if out_of_sample else None
+    oos, folds = read_out_of_sample(out_of_sample, trainer.train_table) if out_of_sample else (None, None)
     scored = suspicion(trainer, oos)
     quality = image_quality(noisy, oos) if oos is not None else None
     wrong = clean_truth(trainer, clean_labels) if clean_labels else None
@@ -278,6 +279,7 @@ def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, d
         record["clean_labels"] = str(clean_labels)
     if out_of_sample:
         record["out_of_sample"] = str(out_of_sample)
+        record["out_of_sample_folds"] = folds
     out.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as whole:  # both files reach their names together, once both are whole
         record_tmp = whole.enter_context(replacing(out.with_suffix(".json")))

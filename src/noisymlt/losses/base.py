@@ -71,8 +71,12 @@ class MultiLabelLoss(nn.Module):
     def elementwise(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.elementwise(logits, targets).mean()
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean over batch x classes, or with ``keep`` (B, C) 0/1 over the entries it keeps (a cleaned table's
+        labels left out of the loss: noisymlt.pipeline.cleaning)."""
+        if keep is None:
+            return self.elementwise(logits, targets).mean()
+        return (self.elementwise(logits, targets) * keep).sum() / keep.sum().clamp(min=1.0)
 
 
 def _bce(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

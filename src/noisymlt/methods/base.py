@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from noisymlt.errors import NoisyMLTError
 from noisymlt.evaluation.label_scores import LabelScores
 from noisymlt.methods import options as family_options
 from noisymlt.methods.options import method_options
@@ -72,6 +73,8 @@ class TrainContext:
     device: torch.device
     iterations_per_epoch: int
     extra: dict = field(default_factory=dict)
+    # (N, C) float 1 / 0: the labels the loss reads, where a cleaned table leaves some out (None: every label)
+    known: torch.Tensor | None = None
 
     @property
     def num_classes(self) -> int:
@@ -97,6 +100,8 @@ class Method:
     # Set by the trainer when it logs label noise; a method that supports it then keeps the targets it
     # trained on for ``take_published`` (methods that do not, publish nothing).
     publish_targets: bool = False
+    # Whether its loss can leave out the labels a cleaned table drops (TrainContext.known)
+    leaves_out_labels: bool = False
 
     @property
     def needs_pixels(self) -> bool:
@@ -109,6 +114,10 @@ class Method:
         self.opts = ctx.cfg["method_cfg"]
         # A resolved run config (`train --run-config`) bypasses params validation: check here too.
         self.check_options(method_options(self.opts), f"methods.{ctx.cfg.get('method', '?')}")
+        if ctx.known is not None and not self.leaves_out_labels:
+            raise NoisyMLTError(f"method {ctx.cfg.get('method', '?')!r}: family {self.family!r} cannot leave labels "
+                                "out of its loss, which its training table's ignored_* columns ask; clean its labels "
+                                "with action flip instead")
 
     @classmethod
     def check_options(cls, options: dict, where: str) -> None:

@@ -13,7 +13,7 @@ from noisymlt.models.choices import ADJACENCIES, BBN_SPLITS, POOLINGS
 from noisymlt.core.schema import ParamsError, check_schema
 
 # ------------------------------------------------------------------ shared fragments
-METHOD_COMMON_KEYS = ("family", "label", "description", "schedule", "train")
+METHOD_COMMON_KEYS = ("family", "label", "description", "schedule", "train", "clean")
 SAMPLER_NAMES = ["random", "class_aware", "reversed"]
 LOSS_NAMES = list(LOSSES)  # the losses registry (a new loss module registers itself there)
 SAMPLER_OPTION = {"sampler": {"enum": SAMPLER_NAMES}}
@@ -303,5 +303,5 @@ def check_options(family: str, options: dict, key: str, where: str | None = None
 
 
 def method_options(block: dict) -> dict:
-    """A method block's family options: everything but family, label, description and train."""
+    """A method block's family options: everything but family, label, description, schedule, train and clean."""
     return {k: v for k, v in block.items() if k not in METHOD_COMMON_KEYS}

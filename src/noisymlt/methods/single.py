@@ -23,6 +23,7 @@ def loss_for(ctx, name: str, params: dict | None) -> nn.Module:
 @register_family("single")
 class SingleBranch(Method):
     heads = ("main",)
+    leaves_out_labels = True
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -38,7 +39,8 @@ class SingleBranch(Method):
     def training_loss(self, model, batches, epoch, step):
         b = batches["main"]
         logits = model(b["images"][:, 0])
-        loss = self.loss(logits.float(), self.targets(b["index"][:, 0]))
+        index = b["index"][:, 0]
+        loss = self.loss(logits.float(), self.targets(index), None if self.ctx.known is None else self.ctx.known[index])
         return loss, {"loss": loss.detach()}
 
     def predict(self, model, images) -> dict[str, torch.Tensor]:

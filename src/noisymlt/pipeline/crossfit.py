@@ -9,8 +9,8 @@ K - 1 folds, its "test" set the held-out fold; each image's probability then com
   (noisymlt.data.splits.iterative_folds, the project's one multi-label stratifier) over the noisy labels of every
   set of the grid at once (each (set, class) a label to balance), so that every set's folds hold the same images
   and their image caches serve every set. Noisy labels only: the clean ones are never read.
-- ``noisymlt crossfit parts``: one set's noisy table cut into the K - 1 folds a run trains on and the fold it
-  predicts. Each fold's run is an ordinary training run (its code identity, manifest, checkpoint, SLURM job).
+- ``noisymlt crossfit parts``: one set's noisy table cut, for each fold, into the K - 1 folds its run trains on
+  and the fold it predicts. Each fold's run is an ordinary training run (its code identity, manifest, checkpoint, SLURM job).
 - ``noisymlt crossfit gather``: the K runs' predictions put together, one probability per (training image, class),
   after checking that every image was predicted once, by the run of its fold, whose training rows exclude it.
   Written as an .npz: ``image_ids``, ``classes``, ``probs`` (N, C) float32, ``fold`` (N,), ``runs`` and
@@ -33,17 +33,13 @@ log = logging.getLogger(__name__)
 
 def write_folds(tables: dict[str, Path], out: Path, folds: int, seed: int) -> dict:
     """folds.json: every image's fold, stratified on the noisy labels of all ``tables`` (noisy copies of one set)."""
-    from noisymlt.data.labels import read_labels
+    from noisymlt.data.parts import read_noisy_copies
     from noisymlt.data.splits import iterative_folds
 
     if folds < 2:
         raise NoisyMLTError(f"--folds {folds}: cross-fitting needs at least 2 folds")
-    read = {name: read_labels(path, noisy_only=True) for name, path in tables.items()}
+    read = read_noisy_copies(tables)
     first_name, first = next(iter(read.items()))
-    for name, table in read.items():
-        if table.image_ids != first.image_ids or table.classes != first.classes:
-            raise NoisyMLTError(f"{tables[name]}: rows or classes differ from {tables[first_name]}; the sets must be "
-                                "noisy copies of one training set")
     if len(first.image_ids) < folds:
         raise NoisyMLTError(f"{tables[first_name]}: {len(first.image_ids)} images cannot fill {folds} folds")
     labels = np.hstack([np.asarray(t.labels) > 0.5 for t in read.values()])
@@ -67,21 +63,21 @@ def read_folds(path: str | Path) -> dict:
     return record
 
 
-def write_parts(noisy: Path, folds: Path, fold: int, train_out: Path, held_out: Path) -> tuple[int, int]:
-    """The table a fold's run trains on (every other fold) and the one it predicts (the fold), noisy labels both."""
-    from noisymlt.data.labels import LabelTable, read_labels, write_labels
+def write_parts(noisy: Path, folds: Path, train_out: list[Path], held_out: list[Path]) -> list[tuple[int, int]]:
+    """Each fold's tables, in fold order: the one its run trains on (every other fold) and the one it predicts (the
+    fold), noisy labels both."""
+    from noisymlt.data.labels import read_labels
+    from noisymlt.data.parts import write_cut
 
     record = read_folds(folds)
-    if not 0 <= fold < record["folds"]:
-        raise NoisyMLTError(f"--fold {fold}: {folds} has folds 0 to {record['folds'] - 1}")
+    if not len(train_out) == len(held_out) == record["folds"]:
+        raise NoisyMLTError(f"{len(train_out)} --train and {len(held_out)} --held tables for the {record['folds']} "
+                            f"folds of {folds}: one of each a fold, in fold order")
     table = read_labels(noisy, noisy_only=True)
     if [str(i) for i in table.image_ids] != record["image_ids"]:
         raise NoisyMLTError(f"{noisy}: its images are not those {folds} was split from")
-    held = np.asarray(record["fold"]) == fold
-    for rows, out in ((~held, train_out), (held, held_out)):
-        part = table.subset(np.flatnonzero(rows))
-        write_labels(LabelTable(part.image_ids, part.classes, part.labels, part.paths), out)
-    return int((~held).sum()), int(held.sum())
+    fold_of = np.asarray(record["fold"])
+    return [write_cut(table, fold_of == k, held, train) for k, (train, held) in enumerate(zip(train_out, held_out))]
 
 
 def _run_tables(run: Path) -> tuple[list[str], list[str]]:
@@ -162,8 +158,9 @@ def _cmd_split(args: argparse.Namespace) -> int:
 
 
 def _cmd_parts(args: argparse.Namespace) -> int:
-    trained, held = write_parts(Path(args.noisy), Path(args.folds), args.fold, Path(args.train), Path(args.held))
-    print(f"{args.train}: {trained} images; {args.held}: {held} images (noisy labels only)")
+    sizes = write_parts(Path(args.noisy), Path(args.folds), [Path(p) for p in args.train], [Path(p) for p in args.held])
+    for train, held, (n_held, n_train) in zip(args.train, args.held, sizes):
+        print(f"{train}: {n_train} images; {held}: {n_held} images (noisy labels only)")
     return 0
 
 
@@ -188,12 +185,13 @@ def add_cli(sub) -> None:
     q.add_argument("--seed", type=int, required=True)
     q.add_argument("--out", required=True, help="folds file to write (JSON)")
     q.set_defaults(func=_cmd_split)
-    q = steps.add_parser("parts", help="one set's noisy table cut into a fold's training and held-out tables")
+    q = steps.add_parser("parts", help="one set's noisy table cut into each fold's training and held-out tables")
     q.add_argument("--noisy", required=True, help="noisy label table of one set")
     q.add_argument("--folds", required=True, help="folds file of `noisymlt crossfit split`")
-    q.add_argument("--fold", type=int, required=True, help="the held-out fold, from 0")
-    q.add_argument("--train", required=True, help="table of the other folds to write (the run trains on it)")
-    q.add_argument("--held", required=True, help="table of the fold to write (the run predicts it)")
+    q.add_argument("--train", nargs="+", required=True,
+                   help="for each fold in order, the table of the other folds to write (its run trains on it)")
+    q.add_argument("--held", nargs="+", required=True,
+                   help="for each fold in order, the table of the fold to write (its run predicts it)")
     q.set_defaults(func=_cmd_parts)
     q = steps.add_parser("gather", help="the fold runs' predictions as every training image's probabilities")
     q.add_argument("--runs", nargs="+", required=True, help="the finished fold runs, in fold order")

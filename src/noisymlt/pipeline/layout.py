@@ -49,6 +49,20 @@ STAGE_FILE = "runs/{dataset}/select/{method}/stage{stage}.json"  # every candida
 CHOICE_FILE = "runs/{dataset}/select/{method}/stage{stage}.choice.json"  # the values chosen, nothing else
 CANDIDATE = "runs/{dataset}/select/{method}/stage{stage}/g{gamma}/s{seed}/{tag}"
 
+# ---------------------------------------------------------------------------------------- cross-fitting
+CROSSFIT_FOLDS = "data/{dataset}/crossfit/folds.json"  # one fold an image, over every noisy set of the grid
+# one noisy set cut for a fold's run: part train (every other fold), held (the fold; noisy labels only)
+CROSSFIT_PART = "data/{dataset}/crossfit/g{gamma}{noise}_s{seed}_fold{fold}_{part}.parquet"
+CROSSFIT_CACHE = "data/{dataset}/cache/crossfit_fold{fold}_{part}.npy"
+CROSSFIT_CACHE_INDEX = "data/{dataset}/cache/crossfit_fold{fold}_{part}.json"
+CROSSFIT_CACHE_MANIFEST = "data/{dataset}/cache/crossfit_fold{fold}_{part}.manifest.json"
+CROSSFIT_RUN = "runs/{dataset}/crossfit/{method}/g{gamma}{noise}/s{seed}/fold{fold}"
+# every training image's probabilities from the fold run that held it out (noisymlt crossfit gather)
+OUT_OF_SAMPLE = "runs/{dataset}/crossfit/{method}/g{gamma}{noise}/s{seed}/out_of_sample.npz"
+CROSSFIT_RUN_FILES = ("requested_config.json", "predictions.npz", "manifest.json", "run_config.json")
+# a noisy set with the labels a cleaning flags dropped or flipped (noisymlt clean-labels), and its .json record
+CLEANED = "runs/{dataset}/cleaned/g{gamma}{noise}_s{seed}_{flags}_{action}.parquet"
+
 # ---------------------------------------------------------------------------------------- runs
 RUN = "runs/{dataset}/g{gamma}{noise}/s{seed}/{method}"
 # what a run's job writes (train, then evaluate); checkpoint.pt too, which Snakemake must not own (train.smk)

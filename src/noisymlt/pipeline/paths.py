@@ -145,14 +145,16 @@ def cache_size(params: dict, name: str) -> int:
     return int(train["cache_size"])
 
 
-def cache_args(name: str, loader: str, candidate: bool = False) -> list[str]:
-    """The train command's cache arguments for a run whose train.loader is ``loader``: its train subset's and test
-    set's caches, or a selection candidate's (``candidate``: the fit and val images')."""
+def cache_args(name: str, loader: str, pattern: str = L.CACHE, parts: tuple[str, str] = ("train", "test"),
+               **fields) -> list[str]:
+    """The train command's cache arguments for a run whose train.loader is ``loader``: the caches of ``pattern``'s
+    two ``parts``, the images it trains on and those it predicts (a final run: its train subset and the test set; a
+    selection candidate: SELECT_CACHE's fit and val; a cross-fitting run: CROSSFIT_CACHE's train and held, with
+    ``fold``)."""
     if loader != "cache":
         return []
-    pattern, parts = (L.SELECT_CACHE, ("fit", "val")) if candidate else (L.CACHE, ("train", "test"))
-    return ["--train-cache", L.fill(pattern, dataset=name, part=parts[0]),
-            "--test-cache", L.fill(pattern, dataset=name, part=parts[1])]
+    return ["--train-cache", L.fill(pattern, dataset=name, part=parts[0], **fields),
+            "--test-cache", L.fill(pattern, dataset=name, part=parts[1], **fields)]
 
 
 class Run(NamedTuple):
@@ -194,6 +196,31 @@ def suspect_levels(params: dict) -> list[tuple[str, float, int]]:
     g = params["grid"]
     return [(n, float(gm), int(s)) for n in noise_models(params) for gm in g["gammas"] if float(gm) > 0
             for s in g["seeds"]]
+
+
+def cleaning_of(params: dict, method: str) -> dict | None:
+    """A clean-then-retrain method's cleaning (its block's ``clean``: flags, action), None for any other method."""
+    return (params["methods"].get(method) or {}).get("clean")
+
+
+def cleaned_table(params: dict, dataset: str, gamma: float, seed: int, method: str, noise: str = PAPER) -> str:
+    """The training table of a clean-then-retrain run (layout.CLEANED): one a noisy set and cleaning, shared by the
+    methods that clean alike."""
+    clean = cleaning_of(params, method)
+    return L.fill(L.CLEANED, dataset=dataset, gamma=gamma, seed=seed, noise=noise, flags=clean["flags"],
+                  action=clean["action"])
+
+
+def crossfit_levels(params: dict, dataset: str) -> list[tuple[str, float, int]]:
+    """(noise model, rate, seed) of each noisy set of ``dataset`` that is cross-fitted (params crossfit): those whose
+    suspect labels the detection table scores and those a clean-then-retrain method cleans by cross-fitted flags
+    (the clean column's too), in grid order; none without a crossfit block."""
+    if not params.get("crossfit"):
+        return []
+    levels = [level for level in suspect_levels(params) if dataset in params["grid"]["datasets"]]
+    levels += [(r.noise, r.gamma, r.seed) for r in all_runs(params) if r.dataset == dataset
+               and (cleaning_of(params, r.method) or {}).get("flags", "oracle") != "oracle"]
+    return sorted(dict.fromkeys(levels), key=lambda level: (level[0] != PAPER, level[0], level[1], level[2]))
 
 
 def suspects_stem(dataset: str, method: str, level: tuple[str, float, int]) -> str:

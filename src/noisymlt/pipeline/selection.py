@@ -182,14 +182,10 @@ def final_choice_file(params: dict, dataset: str, method: str) -> str | None:
 
 def write_split(tables: dict[str, Path], out: Path, fraction: float, seed: int) -> dict:
     """split.json from the noisy tables of the selection sets (noisy labels only)."""
-    from noisymlt.data.labels import read_labels
+    from noisymlt.data.parts import read_noisy_copies
 
-    read = {name: read_labels(path, noisy_only=True) for name, path in tables.items()}
+    read = read_noisy_copies(tables)
     first = next(iter(read.values()))
-    for name, table in read.items():
-        if table.image_ids != first.image_ids or table.classes != first.classes:
-            raise NoisyMLTError(f"{tables[name]}: rows or classes differ from {next(iter(tables.values()))}; the "
-                                "selection sets must be noisy copies of one training set")
     val, unsplit = stratified_split([t.labels for t in read.values()], fraction, seed)
     for name, classes in zip(read, unsplit):
         if classes:
@@ -211,7 +207,8 @@ def write_split(tables: dict[str, Path], out: Path, fraction: float, seed: int) 
 
 def write_parts(noisy: Path, split: Path, fit_out: Path, val_out: Path) -> tuple[int, int]:
     """The fit and val tables of one selection set: its noisy labels, cut by the split."""
-    from noisymlt.data.labels import LabelTable, read_labels, write_labels
+    from noisymlt.data.labels import read_labels
+    from noisymlt.data.parts import write_cut
 
     table = read_labels(noisy, noisy_only=True)
     try:
@@ -221,11 +218,8 @@ def write_parts(noisy: Path, split: Path, fit_out: Path, val_out: Path) -> tuple
     unknown = val_ids - set(table.image_ids)
     if unknown:
         raise NoisyMLTError(f"{split}: {len(unknown)} validation image(s) are not in {noisy}, e.g. {sorted(unknown)[0]}")
-    is_val = np.array([i in val_ids for i in table.image_ids])
-    for rows, out in ((~is_val, fit_out), (is_val, val_out)):
-        part = table.subset(np.flatnonzero(rows))
-        write_labels(LabelTable(part.image_ids, part.classes, part.labels, part.paths), out)
-    return int((~is_val).sum()), int(is_val.sum())
+    val, fit = write_cut(table, np.array([i in val_ids for i in table.image_ids]), val_out, fit_out)
+    return fit, val
 
 
 # ------------------------------------------------------------------------------------------ choice

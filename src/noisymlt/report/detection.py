@@ -7,7 +7,10 @@ over every (training image, class) entry, the wrong labels being the positives; 
 suspect entries, n the number of wrong labels (which equals the recall there); P@k, the precision among the k most
 suspect, k the budget (the top 1% of the entries, noisymlt.inference.suspects.BUDGET_SHARE); R, the recall of the
 entries the scorer flags as wrong. The second: per row and noise rate, the recall of the n most suspect among the
-positives the noise added, those it dropped, and the wrong entries of head, medium and tail classes.
+positives the noise added, those it dropped, and the wrong entries of head, medium and tail classes. The
+cross-fitting's base method has two rows more, its prediction's and cleanlab's on out-of-sample probabilities
+(noisymlt.pipeline.crossfit). With ``--cleaned``, a third: what each cleaning of the clean-then-retrain methods
+changed (noisymlt.pipeline.cleaning), the share of it truly wrong and the share of the wrong labels it reached.
 
 Cells are mean +- 95% CI over seeds (Student t), in percent. Every method trains on a seed's one noisy set, so each
 row is paired by seed with the reference, ERM's prediction: a cell is marked where the 95% interval of the paired
@@ -128,6 +131,49 @@ def collect(records: list[dict], methods: list[str]) -> tuple[list[tuple], list[
     return levels, [*rows, ("chance", "")], values
 
 
+CLEANING_TITLES = {"cleanlab/drop": "cleanlab's flags, dropped", "cleanlab/flip": "cleanlab's flags, flipped",
+                   "model/drop": "the prediction's flags, dropped", "model/flip": "the prediction's flags, flipped",
+                   "oracle/drop": "the wrong labels, dropped (oracle)", "oracle/flip": "the wrong labels, flipped "
+                   "(oracle)"}
+CLEANING = {"changed": "changed", "precision": "truly wrong", "recall": "of the wrong", "added_recall": "added",
+            "dropped_recall": "dropped"}
+
+
+def cleaning_values(paths: list[str], clean_labels: str) -> dict:
+    """What each cleaning (a `noisymlt clean-labels` record and the table beside it) changed, against the clean
+    labels: values[("clean:FLAGS/ACTION", "", level, measure)] = {seed: value}, the measures of CLEANING: the
+    entries changed, the share of them truly wrong (precision), the share of the wrong ones changed (recall), and
+    that recall among the positives the noise added and those it dropped."""
+    from noisymlt.data.labels import read_labels
+
+    clean = read_labels(clean_labels)
+    where = {str(i): k for k, i in enumerate(clean.image_ids)}
+    values: dict[tuple, dict] = {}
+    for path in paths:
+        record = read_json(path, "a clean-labels record", require_object=True)
+        missing = [k for k in ("noisy", "flags", "action", "gamma", "seed") if k not in record]
+        if missing:
+            raise NoisyMLTError(f"{path}: no {', '.join(map(repr, missing))}: not a record of `noisymlt clean-labels`")
+        cleaned = read_labels(Path(path).with_suffix(".parquet"))
+        noisy = read_labels(record["noisy"], noisy_only=True)
+        if cleaned.image_ids != noisy.image_ids or any(str(i) not in where for i in noisy.image_ids):
+            raise NoisyMLTError(f"{path}: its table's images are not those of {record['noisy']} and {clean_labels}")
+        given = np.asarray(noisy.labels) > 0.5
+        truth = np.asarray(clean.labels)[[where[str(i)] for i in noisy.image_ids]] > 0.5
+        wrong = given != truth
+        changed = (cleaned.ignored > 0) if record["action"] == "drop" else (np.asarray(cleaned.labels) > 0.5) != given
+        numbers = {"changed": int(changed.sum()),
+                   "precision": float(wrong[changed].mean()) if changed.any() else None,
+                   "recall": float((changed & wrong).sum() / wrong.sum()) if wrong.any() else None}
+        for kind, members in (("added", wrong & given), ("dropped", wrong & ~given)):
+            numbers[f"{kind}_recall"] = float((changed & members).sum() / members.sum()) if members.any() else None
+        row = (f"clean:{record['flags']}/{record['action']}", "",
+               (record.get("noise_model", PAPER), float(record["gamma"])))
+        for measure, value in numbers.items():
+            values.setdefault((*row, measure), {})[record["seed"]] = value
+    return values
+
+
 def reference_of(rows: list[tuple[str, str]]) -> tuple[str, str] | None:
     """The row every other is paired against: ERM's in-sample prediction, when ERM is among the records."""
     return REFERENCE if REFERENCE in rows else None
@@ -162,8 +208,12 @@ def same_ranking(values: dict, twins: dict[str, str], method: str, scorer: str, 
     return own is not None and own == other
 
 
-def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods: list[str]) -> None:
+def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods: list[str],
+                 cleaned: dict | None = None) -> None:
+    """The tables (module docstring); ``cleaned``: cleaning_values, a third table of what each cleaning changed."""
     levels, rows, values = collect(records, methods)
+    cleaned = cleaned or {}
+    cleanings = list(dict.fromkeys(key[:2] for key in cleaned))
     titles = {scorer: rec["title"] for record in records for scorer, rec in record["scorers"].items()}
     twins = {scorer: rec["same_ranking_as"] for record in records for scorer, rec in record["scorers"].items()
              if rec.get("same_ranking_as")}
@@ -193,6 +243,11 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
               "P@k equal the prediction's by construction and are shown once (=); its flags (confident learning) "
               "differ. chance: a ranking that knows nothing, whose precision and recall of the top n are the share "
               "of wrong labels.")
+    folds = sorted({r["out_of_sample_folds"] for r in records if r.get("out_of_sample_folds")})
+    if folds:
+        note += (f" Rows 'out of sample': the same scorers on cross-fitted probabilities, as cleanlab asks for them "
+                 f"(K = {', '.join(map(str, folds))} folds: each training image predicted by a run of the method "
+                 "trained on the other folds, never on its label).")
 
     reach = []  # what the pseudo-label rule can change at all, and how much of it it flags
     for method, scorer in rows:
@@ -210,9 +265,23 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
                  "for tail ones), so its R counts wrong labels it could never flag. Within its reach, mean over seeds: "
                  + "; ".join(reach) + ".")
 
+    cleaning_title = (f"What each cleaning changed ({where}): the labels it dropped or flipped (count), the share of "
+                      "them truly wrong, the share of the wrong labels it changed, and that share among the positives "
+                      "the noise added and those it dropped; %, mean ± 95% CI over seeds")
+    cleaning_note = ("A cleaning is the training table of the clean-then-retrain methods (noisymlt clean-labels): "
+                     "cleanlab flags on cross-fitted probabilities; the oracle changes exactly the wrong labels "
+                     "(it reads the clean ones).")
+
     def text(method, scorer, gamma, measure, style):
         if same_ranking(values, twins, method, scorer, gamma, measure):
             return "="
+        if method.startswith("clean:"):  # a cleaning's: counts as they are, shares in %, nothing paired
+            got = summary(cleaned, (method, scorer, gamma, measure), None)
+            if got is None:
+                return "--"
+            mean, ci = (got["mean"] / 100, got["ci"] and got["ci"] / 100) if measure == "changed" else (got["mean"],
+                                                                                                       got["ci"])
+            return cell_text(mean, ci, " $\\pm$ " if style == "tex" else " ± ")
         got = summary(values, (method, scorer, gamma, measure), reference)
         if got is None:
             return "--"
@@ -222,12 +291,14 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
             shown += ("$^\\uparrow$" if up else "$^\\downarrow$") if style == "tex" else (" ↑" if up else " ↓")
         return shown
 
-    def block(heading, measures, by_gamma_rows, style):
+    def block(heading, measures, by_gamma_rows, style, block_rows=None):
         cols = ["Method", "Scorer", *([] if by_gamma_rows else ["γ"] if len(models) == 1 else ["noise, γ"]), *heading]
         lines = []
-        for method, scorer in rows:
+        for method, scorer in block_rows or rows:
             name = "chance" if method == "chance" else labels.get(method, method)
             shown = titles.get(scorer, "")
+            if method.startswith("clean:"):
+                name, shown = "cleaning", CLEANING_TITLES.get(method.removeprefix("clean:"), method)
             if style == "tex":
                 name = name.replace("_", "\\_")
             if by_gamma_rows:
@@ -242,14 +313,16 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
     kinds_head = list(KINDS.values())
     md = []
     tex = []
-    for heading, caption, measures, wide in ((main_head, title, MEASURES, True),
-                                             (kinds_head, kinds_title, KINDS, False)):
-        cols, lines = block(heading, measures, wide, "md")
+    blocks = [(main_head, title, MEASURES, True, rows, note), (kinds_head, kinds_title, KINDS, False, rows, note)]
+    if cleanings:
+        blocks.append((list(CLEANING.values()), cleaning_title, CLEANING, False, cleanings, cleaning_note))
+    for heading, caption, measures, wide, block_rows, under in blocks:
+        cols, lines = block(heading, measures, wide, "md", block_rows)
         md += [f"**{caption}**", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
-               *("| " + " | ".join(line) + " |" for line in lines), "", note, ""]
-        cols, lines = block(heading, measures, wide, "tex")
+               *("| " + " | ".join(line) + " |" for line in lines), "", under, ""]
+        cols, lines = block(heading, measures, wide, "tex", block_rows)
         tex_cols = [c.replace("γ", "$\\gamma$").replace("P@n", "P@$n$").replace("P@k", "P@$k$") for c in cols]
-        tex_caption = (caption + " " + note).replace("%", "\\%").replace("±", "$\\pm$").replace("γ", "$\\gamma$") \
+        tex_caption = (caption + " " + under).replace("%", "\\%").replace("±", "$\\pm$").replace("γ", "$\\gamma$") \
             .replace("↑", "$\\uparrow$").replace("↓", "$\\downarrow$")
         tex += ["\\begin{table}[t]", "\\centering", f"\\caption{{{tex_caption}}}",
                 "\\begin{tabular}{" + "l" * (len(cols) - len(heading)) + "c" * len(heading) + "}", "\\toprule",
@@ -264,6 +337,9 @@ def write_tables(records: list[dict], out: Path, labels: dict[str, str], methods
         tex_tmp.write_text("\n".join(tex))
         md_tmp.write_text("\n".join(md))
         _write_csv(csv_tmp, rows, levels, values, measures, reference)
+        if cleanings:
+            with open(csv_tmp, "a", newline="") as fh:
+                _write_rows(csv.writer(fh), cleanings, sorted({k[2] for k in cleaned}), cleaned, list(CLEANING), None)
 
 
 def _write_csv(path: Path, rows, levels, values, measures, reference) -> None:
@@ -274,18 +350,22 @@ def _write_csv(path: Path, rows, levels, values, measures, reference) -> None:
         writer = csv.writer(fh)
         writer.writerow(["method", "scorer", "noise_model", "gamma", "measure", "mean", "ci95", "seeds", "vs_reference",
                          "vs_reference_ci95", "paired_seeds", "decided"])
-        for method, scorer in rows:
-            for level in levels:
-                for measure in measures:
-                    got = summary(values, (method, scorer, level, measure), reference)
-                    if got is None:
-                        continue
-                    def num(x):  # summary's percent back to the record's own unit
-                        return "" if x is None else f"{x / 100:.6g}"
+        _write_rows(writer, rows, levels, values, measures, reference)
 
-                    writer.writerow([method, scorer, *level, measure, num(got["mean"]), num(got["ci"]),
-                                     got["seeds"], num(got["delta"]), num(got["delta_ci"]), got["paired"],
-                                     int(got["decided"])])
+
+def _write_rows(writer, rows, levels, values, measures, reference) -> None:
+    for method, scorer in rows:
+        for level in levels:
+            for measure in measures:
+                got = summary(values, (method, scorer, level, measure), reference)
+                if got is None:
+                    continue
+
+                def num(x):  # summary's percent back to the record's own unit
+                    return "" if x is None else f"{x / 100:.6g}"
+
+                writer.writerow([method, scorer, *level, measure, num(got["mean"]), num(got["ci"]), got["seeds"],
+                                 num(got["delta"]), num(got["delta_ci"]), got["paired"], int(got["decided"])])
 
 
 def _cmd_detection(args: argparse.Namespace) -> int:
@@ -302,7 +382,11 @@ def _cmd_detection(args: argparse.Namespace) -> int:
         raise NoisyMLTError(f"--labels {args.labels[:80]}: not JSON ({cause(exc)})") from None
     if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
         raise NoisyMLTError(f"--labels {args.labels[:80]}: each method's display name must be text")
-    write_tables(read_records(args.records), out, labels, args.methods or [])
+    if bool(args.cleaned) != bool(args.clean_labels):
+        raise NoisyMLTError("--cleaned and --clean-labels go together: the cleanings' records and the truth they are "
+                            "measured against")
+    cleaned = cleaning_values(args.cleaned, args.clean_labels) if args.cleaned else None
+    write_tables(read_records(args.records), out, labels, args.methods or [], cleaned)
     return 0
 
 
@@ -315,4 +399,7 @@ def add_cli(sub) -> None:
     p.add_argument("--out", required=True, help="LaTeX file to write")
     p.add_argument("--methods", nargs="*", help="row order (default: by name)")
     p.add_argument("--labels", help='method display names as JSON, e.g. \'{"erm": "ERM"}\'')
+    p.add_argument("--cleaned", nargs="*", help="the .json records of `noisymlt clean-labels`: a table of what each "
+                                                "cleaning changed")
+    p.add_argument("--clean-labels", help="the clean labels the cleanings are measured against")
     p.set_defaults(func=_cmd_detection)

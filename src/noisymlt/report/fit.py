@@ -183,17 +183,22 @@ def paired_differences(results: pd.DataFrame, reference: str, dataset: str, grou
 
 
 def write_paired_table(results: pd.DataFrame, out: Path, labels: dict[str, str], reference: str, dataset: str,
-                       methods: list[str] | None = None) -> dict:
-    diffs = paired_differences(results, reference, dataset, methods=methods)
-    gammas = sorted({g for _, g in diffs})
-    order = list(dict.fromkeys(m for m, _ in diffs))
+                       methods: list[str] | None = None, pairs: list[tuple[str, str]] = ()) -> dict:
+    """REFERENCE minus each method, then each of ``pairs`` (a, b): a minus b (a cleaned method minus the method it
+    cleans for), every difference paired by noise rate and seed."""
+    diffs = {(reference, m, g): cell for (m, g), cell in
+             paired_differences(results, reference, dataset, methods=methods).items()}
+    for a, b in pairs:
+        diffs.update({(a, b, g): cell for (m, g), cell in paired_differences(results, a, dataset, methods=[b]).items()})
+    gammas = sorted({g for _, _, g in diffs})
+    order = list(dict.fromkeys((a, b) for a, b, _ in diffs))
     ref_label = labels.get(reference, reference)
     header = ["Method"] + [f"γ = {g:g}" for g in gammas]
     rows, tex_rows = [], []
-    for m in order:
+    for a, b in order:
         md_cells, tex_cells = [], []
         for g in gammas:
-            mean, ci, _, _ = diffs.get((m, g), (float("nan"), None, 0, []))
+            mean, ci, _, _ = diffs.get((a, b, g), (float("nan"), None, 0, []))
             md, tex = _fmt(mean, ci, 2, "md"), _fmt(mean, ci, 2, "tex")
             if ci is not None and mean - ci > 0:
                 md, tex = f"**{md}**", f"\\textbf{{{tex}}}"
@@ -201,16 +206,18 @@ def write_paired_table(results: pd.DataFrame, out: Path, labels: dict[str, str],
                 md, tex = f"_{md}_", f"\\underline{{{tex}}}"
             md_cells.append(md)
             tex_cells.append(tex)
-        rows.append([f"{ref_label} − {labels.get(m, m)}"] + md_cells)
-        tex_rows.append([f"{ref_label} $-$ {labels.get(m, m)}"] + tex_cells)
+        rows.append([f"{labels.get(a, a)} − {labels.get(b, b)}"] + md_cells)
+        tex_rows.append([f"{labels.get(a, a)} $-$ {labels.get(b, b)}"] + tex_cells)
     title = DATASET_TITLES.get(dataset, dataset)
-    _write(out, f"Paired differences on {title}: {ref_label} minus each method, total mAP (points)",
+    also = (", then each cleaned method minus the method whose recipe it retrains on cleaned labels" if pairs else "")
+    _write(out, f"Paired differences on {title}: {ref_label} minus each method{also}, total mAP (points)",
            "mean ± 95% CI over seeds of the per-seed difference (both runs of a seed train on the same noisy "
-           f"labels); **bold**: {ref_label} better (CI above 0), _underlined_: worse (CI below 0)",
+           "labels); **bold**: the first better (CI above 0), _underlined_: worse (CI below 0)",
            header, rows, tex_rows)
+    # a reference row's key is the other method's alone, as before the pairs; a pair's is "a-b"
     sidecar = {"table": str(out), "reference": reference, "cells": {
-        f"{m}/{g:g}": {"mean": mean, "ci95": ci, "seeds": n, "runs": runs}
-        for (m, g), (mean, ci, n, runs) in diffs.items()}}
+        f"{b if a == reference else f'{a}-{b}'}/{g:g}": {"mean": mean, "ci95": ci, "seeds": n, "runs": runs}
+        for (a, b, g), (mean, ci, n, runs) in diffs.items()}}
     out.with_suffix(".cells.json").write_text(json.dumps(sidecar, indent=1) + "\n")
     return sidecar
 
@@ -223,8 +230,20 @@ def _cmd_fit_table(args: argparse.Namespace) -> int:
 
 def _cmd_paired_table(args: argparse.Namespace) -> int:
     labels, methods, _ = method_choice(args)
-    write_paired_table(read_results(args.results), Path(args.out), labels, args.reference, args.dataset, methods)
+    write_paired_table(read_results(args.results), Path(args.out), labels, args.reference, args.dataset, methods,
+                       pairs_arg(args.pairs))
     return 0
+
+
+def pairs_arg(items: list[str] | None) -> list[tuple[str, str]]:
+    """``--pairs A:B ...`` as [(A, B)]: rows A minus B."""
+    pairs = []
+    for pair in items or []:
+        a, sep, b = pair.partition(":")
+        if not (sep and a and b):
+            raise NoisyMLTError(f"--pairs {pair}: expected A:B (e.g. clean_erm:erm, A minus B)")
+        pairs.append((a, b))
+    return pairs
 
 
 def _table_args(p: argparse.ArgumentParser) -> None:
@@ -251,4 +270,5 @@ def add_cli(sub) -> None:
                                    "Writes OUT (.tex), .md, .html and .cells.json (the runs of every cell).")
     _table_args(p)
     p.add_argument("--reference", default="ours", help="the method the others are subtracted from (default: ours)")
+    p.add_argument("--pairs", nargs="*", metavar="A:B", help="further rows A minus B, after the reference's")
     p.set_defaults(func=_cmd_paired_table)

@@ -50,7 +50,8 @@ def selection_summary(stage_files: list[str | Path], labels: dict[str, str]) -> 
 
 
 def demo_numbers(results: pd.DataFrame, methods: list[str], labels: dict[str, str], timing: dict | None = None,
-                 selection: list[str | Path] = (), structure: str | Path | None = None) -> dict:
+                 selection: list[str | Path] = (), structure: str | Path | None = None,
+                 pairs: list[tuple[str, str]] = ()) -> dict:
     """Headline numbers of a finished grid (one dataset): what the README quotes, rounded once, to the
     tables' DECIMALS, so that the README shows each number digit for digit as the tables do. ``structure``: the
     dataset's structure report (JSON of `noisymlt structure`), shown beside VOC-MLT's."""
@@ -87,7 +88,7 @@ def demo_numbers(results: pd.DataFrame, methods: list[str], labels: dict[str, st
     sentinels = sentinel_record(results, middle, int(sel["seed"].min()))
     return {"dataset": datasets[0], "gammas": gammas, "middle_gamma": middle, "rows": rows, "sentinels": sentinels,
             "numerics": run_numerics(results),
-            "claims": paper_claims(results, methods, labels, datasets[0], middle),
+            "claims": paper_claims(results, methods, labels, datasets[0], middle, pairs),
             **({"selection": selection_summary(selection, labels)} if selection else {}),
             **({"structure": structure_entry(structure, datasets[0])} if structure else {}),
             **({"timing": timing} if timing else {})}
@@ -117,9 +118,11 @@ def _paired(results: pd.DataFrame, reference: str, others: list[str], dataset: s
              "ci95": None if ci is None else round(ci, 2), "seeds": n} for (m, g), (mean, ci, n, _) in diffs.items()]
 
 
-def paper_claims(results: pd.DataFrame, methods: list[str], labels: dict, dataset: str, middle: float) -> dict:
-    """The paper's large effects, measured on the demo's runs with paired differences over seeds, and
-    whether the regime is the paper's (fit diagnostics): what the README says of each claim."""
+def paper_claims(results: pd.DataFrame, methods: list[str], labels: dict, dataset: str, middle: float,
+                 pairs: list[tuple[str, str]] = ()) -> dict:
+    """The paper's large effects, measured on the demo's runs with paired differences over seeds, whether the
+    regime is the paper's (fit diagnostics), and with ``pairs`` (a cleaned method, the method whose recipe it
+    retrains) what cleaning the labels gives: what the README says of each."""
     from noisymlt.report.fit import fit_summary
 
     present = [m for m in methods if m in set(results["method"])]
@@ -130,6 +133,10 @@ def paper_claims(results: pd.DataFrame, methods: list[str], labels: dict, datase
         claims["balanced_minus_erm"] = [r | {"reference": b, "reference_label": labels.get(b, b)}
                                         for b in BALANCED if b in present
                                         for r in _paired(results, b, ["erm"], dataset, labels)]
+    cleaned = [r | {"reference": a, "reference_label": labels.get(a, a)}
+               for a, b in pairs if a in present and b in present for r in _paired(results, a, [b], dataset, labels)]
+    if cleaned:  # clean, then retrain: each cleaned method minus the method it retrains
+        claims["cleaned_minus"] = cleaned
     # noise rate: each method at the lowest minus at the highest noise rate, paired by seed index
     sel = results[(results["metric"] == "mAP") & (results["group"] == "total") & (results["dataset"] == dataset)]
     gammas = sorted(g for g in sel["gamma"].unique() if g > 0)  # over the noise rates: the clean column apart
@@ -233,6 +240,19 @@ def render_claims(claims: dict, gammas: list[float]) -> list[str]:
                 + "; ".join(f"{ref} − ERM " + ", ".join(f"{gamma_head(r['gamma'], ' ')}: {diff(r)}" for r in rows
                                                        if r["reference_label"] == ref)
                             for ref in dict.fromkeys(r["reference_label"] for r in rows)) + "."]
+    rows = claims.get("cleaned_minus")
+    if rows:
+        clean = {r["reference"] for r in rows}
+        ours = [r for r in claims.get("ours_minus", []) if r["method"] in clean and r["gamma"] > 0]
+        out += ["", "Clean, then retrain (cleanlab's flags on cross-fitted probabilities dropped from the loss; the "
+                    "oracle drops exactly the wrong labels), each against the method whose recipe it retrains, "
+                    "paired by seed: "
+                + "; ".join(f"{ref} − {next(r['label'] for r in rows if r['reference_label'] == ref)} "
+                            + ", ".join(f"{gamma_head(r['gamma'], ' ')}: {diff(r)}" for r in rows
+                                        if r["reference_label"] == ref)
+                            for ref in dict.fromkeys(r["reference_label"] for r in rows)) + "."
+                + (f" Training robustly against cleaning first, Ours minus a cleaned method over the noise rates: "
+                   f"{verdict(ours)}." if ours else "")]
     noise = claims.get("noise_drop")
     if noise:
         out += ["", f"Noise rate (the paper: every method loses mAP as γ grows): γ {noise['from']:g} minus "
@@ -380,7 +400,10 @@ def _cmd_readme_numbers(args: argparse.Namespace) -> int:
     results = read_results(args.results)
     labels = json.loads(args.labels) if args.labels else {}
     timing = read_json(args.timing, "the timing file") if args.timing else None
-    numbers = demo_numbers(results, args.methods, labels, timing, args.selection or (), args.structure)
+    from noisymlt.report.fit import pairs_arg
+
+    numbers = demo_numbers(results, args.methods, labels, timing, args.selection or (), args.structure,
+                           pairs_arg(args.pairs))
     Path(args.out).write_text(json.dumps(numbers, indent=1, sort_keys=True) + "\n")
     return 0
 
@@ -414,6 +437,8 @@ def add_cli(sub) -> None:
     p.add_argument("--timing", help="JSON from scripts/benchmark_demo.py (wall_minutes, cores, runs), optional")
     p.add_argument("--selection", nargs="*", help="the last stage file of each method's model selection")
     p.add_argument("--structure", help="the dataset's structure report (reports/structure_DATASET.json), optional")
+    p.add_argument("--pairs", nargs="*", metavar="A:B", help="cleaned methods A and the methods B whose recipe they "
+                                                             "retrain: A minus B, paired by seed")
     p.add_argument("--out", required=True, help="JSON to write")
     p.set_defaults(func=_cmd_readme_numbers)
     p = sub.add_parser("readme", help="check or rewrite the README's generated demo numbers",

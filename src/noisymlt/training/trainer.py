@@ -127,9 +127,18 @@ class Trainer:
                                 f"known: {sorted(FAMILY_MODULES)}")
         torch.manual_seed(resolved["seed"])  # weight init; one process per run, so this is the run's own stream
         noisy = torch.as_tensor(self.train_table.labels, dtype=torch.float32, device=self.device)
+        known = None
+        drops = (resolved.get("clean") or {}).get("action") == "drop"
+        if drops != (self.train_table.ignored is not None):  # a cleaned run on the raw table, or the other way
+            raise NoisyMLTError(f"{train_labels}: " + ("no ignored_* columns, but the run's labels are cleaned by "
+                                                       "dropping" if drops else "ignored_* columns, but the run "
+                                                       "config drops no labels") + " (noisymlt.pipeline.cleaning)")
+        if drops:  # a dropped positive is no training positive: class counts and samplers skip it too
+            known = 1.0 - torch.as_tensor(self.train_table.ignored, dtype=torch.float32, device=self.device)
+            noisy = noisy * known
         self.ctx = TrainContext(resolved, noisy, self.split, self.device, 0,
                                 extra={"iterate_train": self.iterate_train_eval,
-                                       "classes": list(self.train_table.classes)})
+                                       "classes": list(self.train_table.classes)}, known=known)
         self.method = load_family(family)(self.ctx)
         self.streams = self.method.streams()
         self.iters = epoch_iterations(tcfg.get("epoch_length", "batches"), self.streams, n, tcfg["batch_size"])
