@@ -106,6 +106,7 @@ def test_a_dropped_label_never_reaches_training(tiny_toy, tmp_path):
     ignored = np.zeros_like(noisy.labels)
     ignored[::3, 2] = 1  # every third image's third class
     ignored[5, :] = 1
+    ignored[::2, np.argmax(noisy.labels.sum(0))] = 1  # half the largest class: a shorter class-aware epoch, if counted
     other = noisy.labels.copy()
     other[ignored == 1] = 1 - other[ignored == 1]
     resolved = resolve_run(tiny_params("clean_erm", epochs=1), "toy", "clean_erm", 0.5, 0)
@@ -123,6 +124,15 @@ def test_a_dropped_label_never_reaches_training(tiny_toy, tmp_path):
     plain = resolve_run(tiny_params("erm", epochs=1), "toy", "erm", 0.5, 0)
     with pytest.raises(NoisyMLTError, match="ignored_\\* columns, but the run config drops no labels"):
         toy_trainer(tiny_toy, plain, tmp_path / "c", train_labels=tmp_path / "a.parquet")
+    # a class-aware cleaned run keeps its recipe's epochs on the set (the sampler draws from the given labels; a
+    # cleaned table with fewer positives made the demo's Clean-DB-Focal epochs shorter than its warm-up), and the
+    # class counts its loss is balanced by leave the dropped positives out
+    sampled = {"epochs": 1, "epoch_length": "sampler"}  # tiny_params counts epochs in batches
+    cleaned = resolve_run(tiny_params("clean_db_focal", **sampled), "toy", "clean_db_focal", 0.5, 0)
+    base = resolve_run(tiny_params("db_focal", **sampled), "toy", "db_focal", 0.5, 0)
+    dropped = toy_trainer(tiny_toy, cleaned, tmp_path / "cdf", train_labels=tmp_path / "a.parquet")
+    assert dropped.iters == toy_trainer(tiny_toy, base, tmp_path / "df").iters
+    assert np.array_equal(dropped.ctx.class_counts, (noisy.labels * (1 - ignored)).sum(0))
     ours = resolve_run(tiny_params("ours", epochs=1), "toy", "ours", 0.5, 0)
     ours["clean"] = {"flags": "cleanlab", "action": "drop"}
     with pytest.raises(NoisyMLTError, match="family 'colearning' cannot leave labels out of its loss"):

@@ -73,7 +73,9 @@ class TrainContext:
     device: torch.device
     iterations_per_epoch: int
     extra: dict = field(default_factory=dict)
-    # (N, C) float 1 / 0: the labels the loss reads, where a cleaned table leaves some out (None: every label)
+    # (N, C) float 1 / 0: the labels the loss reads, where a cleaned table leaves some out (None: every label). The
+    # sampler still draws from ``noisy``, so that a cleaned run has its recipe's epochs on the same noisy set; the
+    # loss and the class counts it is balanced by (class_counts) see a dropped label as no positive.
     known: torch.Tensor | None = None
 
     @property
@@ -82,7 +84,8 @@ class TrainContext:
 
     @property
     def class_counts(self) -> np.ndarray:
-        return self.noisy.sum(0).cpu().numpy().astype(np.int64)
+        kept = self.noisy if self.known is None else self.noisy * self.known
+        return kept.sum(0).cpu().numpy().astype(np.int64)
 
     @property
     def train(self) -> dict:

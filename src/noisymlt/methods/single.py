@@ -40,7 +40,11 @@ class SingleBranch(Method):
         b = batches["main"]
         logits = model(b["images"][:, 0])
         index = b["index"][:, 0]
-        loss = self.loss(logits.float(), self.targets(index), None if self.ctx.known is None else self.ctx.known[index])
+        if self.ctx.known is None:
+            loss = self.loss(logits.float(), self.targets(index))
+        else:  # a cleaned table's dropped labels: out of the loss, and no positive to a loss balanced by its row's
+            keep = self.ctx.known[index]
+            loss = self.loss(logits.float(), self.targets(index) * keep, keep)
         return loss, {"loss": loss.detach()}
 
     def predict(self, model, images) -> dict[str, torch.Tensor]:

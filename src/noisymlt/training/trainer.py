@@ -133,9 +133,8 @@ class Trainer:
             raise NoisyMLTError(f"{train_labels}: " + ("no ignored_* columns, but the run's labels are cleaned by "
                                                        "dropping" if drops else "ignored_* columns, but the run "
                                                        "config drops no labels") + " (noisymlt.pipeline.cleaning)")
-        if drops:  # a dropped positive is no training positive: class counts and samplers skip it too
+        if drops:  # the loss leaves them out (TrainContext.known); the sampler draws from the given labels
             known = 1.0 - torch.as_tensor(self.train_table.ignored, dtype=torch.float32, device=self.device)
-            noisy = noisy * known
         self.ctx = TrainContext(resolved, noisy, self.split, self.device, 0,
                                 extra={"iterate_train": self.iterate_train_eval,
                                        "classes": list(self.train_table.classes)}, known=known)
