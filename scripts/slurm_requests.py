@@ -114,7 +114,8 @@ def measure(args: argparse.Namespace) -> dict:
     params = deep_merge(params, {"datasets": stand_in, "train": short})
     for schedule in params["schedules"].values():  # a schedule's keys would win over the train block
         schedule["train"] = {k: v for k, v in schedule.get("train", {}).items() if k not in short}
-    methods = args.methods or params["grid"]["methods"]
+    # a clean-then-retrain method trains its `of` method's recipe on a table of the same size: that method's peak
+    methods = args.methods or [m for m in params["grid"]["methods"] if not params["methods"][m].get("clean")]
     # the loader processes of the profile's GPU job (its threads less the main process), here beside the
     # torch threads that compute on the CPU
     workers = PROFILE_THREADS - 1

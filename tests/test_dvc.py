@@ -177,7 +177,7 @@ def test_dvc_repro_writes_what_make_demo_writes_and_make_demo_dvc_records_a_fini
     table = (root / "reports/table_total.md").read_text()
     assert table == (reproduced / "reports/table_total.md").read_text() and "| ERM |" in table
     trained = {p: (root / p).stat().st_mtime_ns for p in output_digests(root) if p.endswith("checkpoint.pt")}
-    assert len(trained) == 4
+    assert len(trained) == 4 + 4  # the grid's runs and ERM's cross-fitting (two folds a noisy set)
 
     out = run_tool(["make", "demo-dvc", f"VENV={BIN.parent}", "STAMP="], root, timeout=900)
     assert "recorded every stage" in out and "Running stage" not in out, out[-3000:]
@@ -219,7 +219,8 @@ def test_exp_run_on_one_methods_lr_retrains_exactly_its_runs_and_exp_show_shows_
     changed = {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)
                and "/previous/" not in p}  # a retrained run's earlier files, set aside (.dvcignore)
     retrained = {p for p in changed if p.endswith("checkpoint.pt")}
-    assert retrained == {RUN.format(s, "erm") + "checkpoint.pt" for s in (0, 1)}, sorted(changed)
+    folds = {f"runs/toy/crossfit/erm/g0.5/s{s}/fold{k}/checkpoint.pt" for s in (0, 1) for k in (0, 1)}
+    assert retrained == {RUN.format(s, "erm") + "checkpoint.pt" for s in (0, 1)} | folds, sorted(changed)  # ERM's
     assert not [p for p in changed if p.startswith("runs/") and "/db_focal/" in p]
     assert not [p for p in changed if p.startswith("data/")]  # no label table or noisy set moved
     assert "Running stage 'runs'" in out

@@ -52,6 +52,7 @@ TINY_PARAMS = {
     # model selection of ERM's lr over two candidates, each its own sbatch job (group `select`), on the grid's one
     # noisy set (the demo selects on two)
     "selection": {"methods": {"erm": [["lr"]]}, "grids": {"lr": [0.02, 0.08]}, "seeds": [0]},
+    "crossfit": {"enabled": False},  # the profile's subject is how jobs go to SLURM: the fold runs are train jobs too
 }
 
 # Each rule run through SLURM costs Snakemake start-ups (sbatch -> jobstep, then srun -> one per

@@ -33,8 +33,11 @@ def test_committed_requests_are_derived_from_the_committed_measurements():
     # every method of the paper grid was measured, each with the loader processes a GPU job of the profile gets
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     profile = yaml.safe_load((REPO / "workflow/profiles/slurm/config.yaml").read_text())
-    assert script.PROFILE_THREADS == profile["set-threads"]["train"] == profile["set-threads"]["train_candidate"]
-    assert set(memory["methods"]) == set(params["grid"]["methods"])
+    assert script.PROFILE_THREADS == profile["set-threads"]["train"] == profile["set-threads"]["train_candidate"] \
+        == profile["set-threads"]["train_fold"]
+    # a clean-then-retrain method trains its `of` method's recipe on a table of the same size: measured as that one
+    plain = {m for m in params["grid"]["methods"] if not params["methods"][m].get("clean")}
+    assert set(memory["methods"]) == plain
     assert all(row["loader_workers"] == script.PROFILE_THREADS - 1 for row in memory["methods"].values())
     # the largest peak is Ours' (two branches, the balanced batch of 256), as the issue's CPU run found
     assert derived["memory"]["largest"]["method"] == "ours"
@@ -51,7 +54,7 @@ def test_the_slurm_profile_asks_for_at_least_the_derived_requests():
     derived = json.loads(REQUESTS.read_text())
     profile = yaml.safe_load((REPO / "workflow/profiles/slurm/config.yaml").read_text())
     assert profile["retries"] >= 1
-    for rule in ("train", "train_candidate"):
+    for rule in ("train", "train_candidate", "train_fold"):
         asked = profile["set-resources"][rule]
         assert asked["mem_mb"] >= derived["memory"]["request_mem_mb"], rule
         assert runtime_at(asked["runtime"], 1) >= derived["time"]["request_runtime_min"], rule
@@ -76,7 +79,7 @@ def test_the_slurm_profile_sets_nothing_for_a_local_rule_and_routes_every_gpu_ru
     bodies = {name: body for text in texts for name, body in rules_of(text).items()}
     assert {"download", "fetch_train_images"} <= local <= set(bodies)
     gpu_rules = {name for name, body in bodies.items() if re.search(r"^\s+gpu=", body, re.M)}
-    assert {"train", "train_candidate", "inference_time"} <= gpu_rules
+    assert {"train", "train_candidate", "train_fold", "inference_time"} <= gpu_rules
     config = (REPO / "workflow/profiles/slurm/config.yaml").read_text()
     profile = yaml.safe_load(config)
     set_anywhere = set(profile["set-resources"]) | set(profile["set-threads"]) | set(profile["groups"])
@@ -93,8 +96,8 @@ def test_the_slurm_profile_sets_nothing_for_a_local_rule_and_routes_every_gpu_ru
     named = {key[len("slurm-"):] for key in profile if key.startswith("slurm-")}
     named |= {m for m in re.findall(r"^# (?:slurm-)?([a-z-]+): ", config, re.M)} & fields
     assert {"array-jobs", "requeue", "efficiency-report"} <= named <= fields
-    assert set(profile["slurm-array-jobs"].split(",")) == {"train", "train_candidate"}
-    assert not {"train", "train_candidate"} & set(profile["groups"])  # a group job cannot be an array task
+    assert set(profile["slurm-array-jobs"].split(",")) == {"train", "train_candidate", "train_fold"}
+    assert not {"train", "train_candidate", "train_fold"} & set(profile["groups"])  # a group job cannot be an array task
 
 
 def test_the_slurm_profile_never_holds_back_a_ready_run_of_the_paper_plan():

@@ -161,9 +161,12 @@ def check_cleaning(params: dict, source: str | None = None) -> None:
         clean = block.get("clean")
         if not clean:
             continue
-        if clean["flags"] != "oracle" and not crossfit:
+        used = {*params["grid"]["methods"], *params["grid"].get("clean_methods", []),
+                *(m for a in params["grid"].get("ablations", []) for m in params.get("ablations", {}).get(a, {})
+                  .get("methods", []))}
+        if name in used and clean["flags"] != "oracle" and not (crossfit and crossfit.get("enabled", True)):
             raise ParamsError(source, f"methods.{name}.clean", "flags on cross-fitted probabilities: the params need "
-                                                               "a crossfit block")
+                                                               "a crossfit block, enabled")
         base = params["methods"].get(clean["of"])
         if base is None or base.get("clean"):
             raise ParamsError(source, f"methods.{name}.clean.of", f"{clean['of']!r} is not a method without a clean "

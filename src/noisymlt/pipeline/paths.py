@@ -215,7 +215,7 @@ def crossfit_levels(params: dict, dataset: str) -> list[tuple[str, float, int]]:
     """(noise model, rate, seed) of each noisy set of ``dataset`` that is cross-fitted (params crossfit): those whose
     suspect labels the detection table scores and those a clean-then-retrain method cleans by cross-fitted flags
     (the clean column's too), in grid order; none without a crossfit block."""
-    if not params.get("crossfit"):
+    if not (params.get("crossfit") or {}).get("enabled", True) or not params.get("crossfit"):
         return []
     levels = [level for level in suspect_levels(params) if dataset in params["grid"]["datasets"]]
     levels += [(r.noise, r.gamma, r.seed) for r in all_runs(params) if r.dataset == dataset
