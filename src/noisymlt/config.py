@@ -51,7 +51,27 @@ def load_params(*files: str | Path) -> dict:
             raise NoisyMLTError(f"{path}: top level must be a mapping")
         layers.append((str(path), layer))
         params = deep_merge(params, layer)
+    inherit_recipes(params)
     check_layered(params, layers)
+    return params
+
+
+def inherit_recipes(params: dict) -> dict:
+    """Each clean-then-retrain method's block completed, in place, with the recipe of the method it retrains
+    (``clean.of``): that block's keys, then its own (its label, description and clean; any other it sets wins), so an
+    edit of ``erm``'s block reaches Clean-ERM too (noisymlt.pipeline.cleaning). ``params``, for chaining."""
+    methods = params.get("methods") or {}
+    for name, block in methods.items():
+        of = (block.get("clean") or {}).get("of") if isinstance(block, dict) else None
+        if of is None:
+            continue
+        base = methods.get(of)
+        if not isinstance(base, dict) or base.get("clean"):
+            raise NoisyMLTError(f"methods.{name}.clean.of: {of!r} is not a method without a clean block")
+        inherited = {k: copy.deepcopy(v) for k, v in base.items() if k not in ("label", "description")}
+        methods[name] = {**inherited, **block}
+        if "train" in block and "train" in base:
+            methods[name]["train"] = deep_merge(base["train"], block["train"])
     return params
 
 
@@ -171,12 +191,6 @@ def check_cleaning(params: dict, source: str | None = None) -> None:
         if base is None or base.get("clean"):
             raise ParamsError(source, f"methods.{name}.clean.of", f"{clean['of']!r} is not a method without a clean "
                                                                    "block")
-        recipe = {k: v for k, v in block.items() if k not in ("clean", "label", "description")}
-        if recipe != {k: v for k, v in base.items() if k not in ("label", "description")}:
-            differ = sorted(k for k in {*recipe, *base} - {"clean", "label", "description"}
-                            if recipe.get(k) != base.get(k))
-            raise ParamsError(source, f"methods.{name}", f"retrains {clean['of']}'s recipe, but its {', '.join(differ)} "
-                                                         f"differ from methods.{clean['of']}'s")
 
 
 def check_noise_models(params: dict, source: str | None = None, root: str | Path | None = None) -> None:

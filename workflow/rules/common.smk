@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from noisymlt.config import check_layered, config_text, fold_run, read_choice, requested_config, resolve_run
+from noisymlt.config import (check_layered, config_text, fold_run, inherit_recipes, read_choice, requested_config,
+                             resolve_run)
 from noisymlt.data import assets
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import run_digest
@@ -33,6 +34,7 @@ def params_layers():
 
 
 try:
+    inherit_recipes(config)  # a clean-then-retrain method's block: the recipe of the method it retrains
     check_layered(config, params_layers())
 except NoisyMLTError as exc:  # one line, not Snakemake's traceback or jsonschema's dump of the schema
     raise SystemExit(f"noisymlt: {exc}") from None
