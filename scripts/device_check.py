@@ -131,7 +131,7 @@ PART_KEYS = {
                    "cpu_reason", "cuda", "cuda_reason", "map_difference_cuda_minus_cpu"],
     "grid_wall": device_grid.KEYS,
     "smoke": ["device", "runs", "methods", "map_min", "map_max", "log"],
-    "grid": ["runs", "candidates", "iterations", "by_dataset", "by_method", "labels", "packing", "device", "gpu_hours",
+    "grid": ["runs", "candidates", "crossfit_runs", "iterations", "by_dataset", "by_method", "labels", "packing", "device", "gpu_hours",
              "gpu_hours_reason"],
 }
 

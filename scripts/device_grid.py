@@ -129,7 +129,8 @@ def grid_wall_part(ctx: dict, run_logged) -> dict:
     from noisymlt.config import load_params
 
     params = load_params(REPO / "params.yaml")
-    methods = list(params["grid"]["methods"])
+    # a clean-then-retrain method trains its `of` method's recipe: priced as that one (gridcost.FAMILY_PROXY by family)
+    methods = [m for m in params["grid"]["methods"] if not params["methods"][m].get("clean")]
     k = profile_runs_per_gpu()
     dry = ctx["dry_run"] or ctx["device"] != "cuda"
     work, layer = workdir(Path(tempfile.mkdtemp(prefix="device_check_grid_")), methods)

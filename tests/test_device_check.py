@@ -69,8 +69,10 @@ def test_cpu_quick_mode_runs_every_part_and_writes_the_gpu_keys_as_null(tmp_path
     assert (tmp_path / "e2e" / "cpu" / "metrics.json").exists()
 
     grid = parts["grid"]
-    # main grid + ablations, and 112 model-selection candidates (56 per dataset)
-    assert grid["runs"] == 560 + 112 and grid["candidates"] == 112 and grid["by_dataset"]["voc"]["runs"] == 340 + 56
+    # main grid + ablations, 112 model-selection candidates (56 per dataset) and 200 cross-fitting runs (100 per
+    # dataset: 5 folds of ERM on each of 20 noisy sets)
+    assert grid["runs"] == 680 + 112 + 200 and grid["candidates"] == 112 and grid["crossfit_runs"] == 200
+    assert grid["by_dataset"]["voc"]["runs"] == 400 + 56 + 100
     assert grid["iterations"] == sum(j["iterations"] for j in json.loads((tmp_path / "grid_plan.json").read_text()))
     assert grid["gpu_hours"] is None and "no CUDA" in grid["gpu_hours_reason"]
     assert grid["packing"]["speedup"] is None and grid["packing"]["reason"] == "no CUDA device"
@@ -95,7 +97,7 @@ def test_dry_run_plans_every_part_quickly_and_measures_nothing(tmp_path):
     assert loader["device_images"]["loader"].startswith("device_images_b") and loader["device_images"]["img_per_s"] > 0
     gw = parts["grid_wall"]
     assert gw["dry_run"] is True and gw["runs_per_gpu"] == 4  # the h200 profile's packing
-    assert gw["planned_jobs"] == len(gw["methods"]) == 11 and gw["grid_runs"] == 560 + 112
+    assert gw["planned_jobs"] == len(gw["methods"]) == 11 and gw["grid_runs"] == 680 + 112 + 200
     assert gw["grid_wall"] is None and gw["grid_wall_reason"] == "dry run: planned only"
     assert parts["smoke"]["runs"] > 11 and parts["smoke"]["reason"] == "dry run: planned only"
     summary = (tmp_path / "device_check.md").read_text()
@@ -114,7 +116,7 @@ def test_only_the_selected_parts_run(tmp_path):
     proc = run_check(tmp_path, "--device", "cpu", "--quick", "--parts", "grid")
     assert proc.returncode == 0, proc.stderr[-3000:]
     parts = json.loads((tmp_path / "device_check.json").read_text())["parts"]
-    assert parts["grid"]["status"] == "ok" and parts["grid"]["runs"] == 560 + 112
+    assert parts["grid"]["status"] == "ok" and parts["grid"]["runs"] == 680 + 112 + 200
     assert {p["reason"] for name, p in parts.items() if name != "grid"} == {"not selected (--parts)"}
     assert parts["grid"]["gpu_hours"] is None  # nothing measured to price the runs with
 
