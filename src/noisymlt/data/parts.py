@@ -1,5 +1,6 @@
 """The tables of a held-out part and the rest, from noisy copies of one training set: model selection's fit / val
-parts (noisymlt.pipeline.selection) and cross-fitting's folds (noisymlt.pipeline.crossfit). Noisy labels only."""
+parts (noisymlt.pipeline.selection) and cross-fitting's folds (noisymlt.pipeline.crossfit), noisy labels only; and
+the clean labels in a training table's rows, for what may read them (suspects, the oracle's cleaning, reports)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,15 @@ def read_noisy_copies(tables: dict[str, Path]) -> dict[str, LabelTable]:
             raise NoisyMLTError(f"{tables[name]}: rows or classes differ from {tables[first_name]}; the sets must be "
                                 "noisy copies of one training set")
     return read
+
+
+def clean_rows(clean: LabelTable, source: str | Path, table: LabelTable) -> np.ndarray:
+    """(N, C) uint8: the clean labels ``clean`` (read from ``source``) in the rows and classes of ``table``, image by
+    image id; one line naming ``source`` when it lacks a class or an image of ``table``."""
+    if list(clean.classes) != list(table.classes):
+        raise NoisyMLTError(f"{source}: its classes are not those of the training labels it should hold")
+    where = {str(i): k for k, i in enumerate(clean.image_ids)}
+    missing = [i for i in table.image_ids if str(i) not in where]
+    if missing:
+        raise NoisyMLTError(f"{source}: no clean labels for {len(missing)} training image(s), e.g. {missing[0]!r}")
+    return np.asarray(clean.labels)[[where[str(i)] for i in table.image_ids]]

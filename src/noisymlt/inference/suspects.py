@@ -225,18 +225,10 @@ def write_suspects(out: Path, trainer, scored: dict, wrong: np.ndarray | None,
 def clean_truth(trainer, clean_labels: Path) -> np.ndarray:
     """(N, C) where the run's given training label differs from the clean one, row by row by image id."""
     from noisymlt.data.labels import read_labels
+    from noisymlt.data.parts import clean_rows
 
-    clean = read_labels(clean_labels)
     table = trainer.train_table
-    if list(clean.classes) != list(table.classes):
-        raise NoisyMLTError(f"{clean_labels}: its classes are not the run's training labels' classes")
-    where = {str(i): k for k, i in enumerate(clean.image_ids)}
-    missing = [i for i in table.image_ids if str(i) not in where]
-    if missing:
-        raise NoisyMLTError(f"{clean_labels}: no clean labels for {len(missing)} training image(s) of the run, "
-                            f"e.g. {missing[0]!r}")
-    rows = [where[str(i)] for i in table.image_ids]
-    return (np.asarray(clean.labels)[rows] > 0.5) != (np.asarray(table.labels) > 0.5)
+    return (clean_rows(read_labels(clean_labels), clean_labels, table) > 0.5) != (np.asarray(table.labels) > 0.5)
 
 
 def suspects_of_run(run: Path, out: Path, *, clean_labels: Path | None = None, device: str = "cpu",

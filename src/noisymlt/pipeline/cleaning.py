@@ -25,7 +25,6 @@ flags, the action, and how many entries and images it changed, given positives a
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +32,6 @@ import numpy as np
 from noisymlt.data.noise_models import PAPER
 from noisymlt.errors import NoisyMLTError
 
-log = logging.getLogger(__name__)
 FLAGS = ("cleanlab", "model", "oracle")
 ACTIONS = ("drop", "flip")
 
@@ -67,6 +65,7 @@ def clean_labels(noisy: Path, out: Path, *, flags: str, action: str, out_of_samp
 
     from noisymlt.core.files import replacing, write_json
     from noisymlt.data.labels import read_labels, write_labels
+    from noisymlt.data.parts import clean_rows
     from noisymlt.inference.suspects import read_out_of_sample
 
     if flags not in FLAGS or action not in ACTIONS:
@@ -84,13 +83,7 @@ def clean_labels(noisy: Path, out: Path, *, flags: str, action: str, out_of_samp
     if out_of_sample is not None:
         probs, folds = read_out_of_sample(out_of_sample, table)
     else:
-        clean_table = read_labels(clean_labels)
-        where = {str(i): k for k, i in enumerate(clean_table.image_ids)}
-        missing = [i for i in table.image_ids if str(i) not in where]
-        if missing or list(clean_table.classes) != list(table.classes):
-            raise NoisyMLTError(f"{clean_labels}: not the clean labels of {noisy}'s images and classes"
-                                + (f" (no row for {missing[0]!r})" if missing else ""))
-        clean = np.asarray(clean_table.labels)[[where[str(i)] for i in table.image_ids]]
+        clean = clean_rows(read_labels(clean_labels), clean_labels, table)
     flagged = flagged_entries(table.labels, flags, probs, clean)
     given = np.asarray(table.labels) > 0.5
     level = {"gamma": float(table.meta.get("gamma", 0.0)), "seed": table.meta.get("seed"),

@@ -215,9 +215,10 @@ def crossfit_levels(params: dict, dataset: str) -> list[tuple[str, float, int]]:
     """(noise model, rate, seed) of each noisy set of ``dataset`` that is cross-fitted (params crossfit): those whose
     suspect labels the detection table scores and those a clean-then-retrain method cleans by cross-fitted flags
     (the clean column's too), in grid order; none without a crossfit block."""
-    if not (params.get("crossfit") or {}).get("enabled", True) or not params.get("crossfit"):
+    block = params.get("crossfit")
+    if not block or not block.get("enabled", True):
         return []
-    levels = [level for level in suspect_levels(params) if dataset in params["grid"]["datasets"]]
+    levels = suspect_levels(params) if dataset in params["grid"]["datasets"] else []
     levels += [(r.noise, r.gamma, r.seed) for r in all_runs(params) if r.dataset == dataset
                and (cleaning_of(params, r.method) or {}).get("flags", "oracle") != "oracle"]
     return sorted(dict.fromkeys(levels), key=lambda level: (level[0] != PAPER, level[0], level[1], level[2]))

@@ -145,9 +145,9 @@ def cleaning_values(paths: list[str], clean_labels: str) -> dict:
     entries changed, the share of them truly wrong (precision), the share of the wrong ones changed (recall), and
     that recall among the positives the noise added and those it dropped."""
     from noisymlt.data.labels import read_labels
+    from noisymlt.data.parts import clean_rows
 
     clean = read_labels(clean_labels)
-    where = {str(i): k for k, i in enumerate(clean.image_ids)}
     values: dict[tuple, dict] = {}
     for path in paths:
         record = read_json(path, "a clean-labels record", require_object=True)
@@ -156,11 +156,10 @@ def cleaning_values(paths: list[str], clean_labels: str) -> dict:
             raise NoisyMLTError(f"{path}: no {', '.join(map(repr, missing))}: not a record of `noisymlt clean-labels`")
         cleaned = read_labels(Path(path).with_suffix(".parquet"))
         noisy = read_labels(record["noisy"], noisy_only=True)
-        if cleaned.image_ids != noisy.image_ids or any(str(i) not in where for i in noisy.image_ids):
-            raise NoisyMLTError(f"{path}: its table's images are not those of {record['noisy']} and {clean_labels}")
+        if cleaned.image_ids != noisy.image_ids:
+            raise NoisyMLTError(f"{path}: its table's images are not those of {record['noisy']}")
         given = np.asarray(noisy.labels) > 0.5
-        truth = np.asarray(clean.labels)[[where[str(i)] for i in noisy.image_ids]] > 0.5
-        wrong = given != truth
+        wrong = given != (clean_rows(clean, clean_labels, noisy) > 0.5)
         changed = (cleaned.ignored > 0) if record["action"] == "drop" else (np.asarray(cleaned.labels) > 0.5) != given
         numbers = {"changed": int(changed.sum()),
                    "precision": float(wrong[changed].mean()) if changed.any() else None,
