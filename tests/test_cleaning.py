@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -170,3 +171,42 @@ def test_the_workflow_retrains_on_the_cleaned_labels_and_reports_what_each_clean
     assert float(rows[("clean:oracle/drop", "precision")]["mean"]) == 1.0  # the oracle changes only wrong labels
     assert float(rows[("clean:oracle/drop", "recall")]["mean"]) == 1.0
     assert "| Clean-ERM − ERM |" in (project / "reports/paired_toy.md").read_text()
+
+
+def test_trace_walks_from_a_cleaned_run_to_the_fold_runs_behind_its_flags(tiny_runs_project, tmp_path, monkeypatch,
+                                                                         capsys):
+    """`noisymlt trace` on a Clean-ERM cell checks the cleaning's inputs by their recorded hash and every fold run
+    whose probabilities chose its flags (files and code); a gathered file naming a fold run retrained since is a
+    problem."""
+    from noisymlt.cli import main
+    from noisymlt.core.manifest import file_sha256
+    from noisymlt.pipeline.trace import cleaning_trace
+    from noisymlt.report.aggregate import aggregate
+    from noisymlt.report.tables import write_table
+
+    monkeypatch.chdir(tiny_runs_project)
+    files = [Path(f"runs/toy/g0.5/s{seed}/clean_erm/metrics.json") for seed in (0, 1)]
+    write_table(aggregate(files), tmp_path / "t.tex", {"clean_erm": "Clean-ERM"})
+    rc = main(["trace", "clean_erm/main/toy/0.5", "--sidecar", str(tmp_path / "t.cells.json")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    for seed in (0, 1):
+        assert f"runs/toy/crossfit/erm/g0.5/s{seed}/out_of_sample.npz" in out
+        for k in (0, 1):
+            assert f"runs/toy/crossfit/erm/g0.5/s{seed}/fold{k}/checkpoint.pt" in out
+    assert out.count("fold 1   out predictions") == 2
+
+    table = tmp_path / "cleaned.parquet"  # a copy whose gathered file names another run for fold 0
+    table.write_bytes(Path("runs/toy/cleaned/g0.5_s0_cleanlab_drop.parquet").read_bytes())
+    record = json.loads(Path("runs/toy/cleaned/g0.5_s0_cleanlab_drop.json").read_text())
+    with np.load(record["inputs"]["out_of_sample"]["path"]) as npz:
+        gathered = dict(npz)
+    gathered["run_ids"] = np.array(["0" * 16, gathered["run_ids"][1]])
+    np.savez(tmp_path / "oos.npz", **gathered)
+    record["inputs"]["out_of_sample"] = {"path": str(tmp_path / "oos.npz"), "sha256": file_sha256(tmp_path / "oos.npz")}
+    table.with_suffix(".json").write_text(json.dumps(record))
+    problems = cleaning_trace(table)[1]
+    assert len(problems) == 1 and problems[0].startswith("RUN ID") and "0000000000000000" in problems[0]
+    record["inputs"]["out_of_sample"]["sha256"] = "0" * 64  # the cleaning read another file than this one
+    table.with_suffix(".json").write_text(json.dumps(record))
+    assert [p.split()[0] for p in cleaning_trace(table)[1]] == ["CHANGED"]

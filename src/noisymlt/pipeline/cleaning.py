@@ -19,7 +19,8 @@ What to do with them (``--action``):
 
 Cross-fitted probabilities (noisymlt.pipeline.crossfit) come from models that never saw the label they judge:
 in-sample ones would flag little, a fitted label looking right. Writes OUT (.parquet) and OUT with .json: the
-flags, the action, and how many entries and images it changed, given positives and given negatives apart.
+flags, the action, and how many entries and images it changed, given positives and given negatives apart; its
+inputs with their sha256, so that `noisymlt trace` can walk from a cleaned run to the fold runs behind its flags.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def clean_labels(noisy: Path, out: Path, *, flags: str, action: str, out_of_samp
     import contextlib
 
     from noisymlt.core.files import replacing, write_json
+    from noisymlt.core.manifest import file_sha256
     from noisymlt.data.labels import read_labels, write_labels
     from noisymlt.data.parts import clean_rows
     from noisymlt.inference.suspects import read_out_of_sample
@@ -88,15 +90,15 @@ def clean_labels(noisy: Path, out: Path, *, flags: str, action: str, out_of_samp
     given = np.asarray(table.labels) > 0.5
     level = {"gamma": float(table.meta.get("gamma", 0.0)), "seed": table.meta.get("seed"),
              "noise_model": (table.meta.get("noise") or {}).get("model", PAPER)}  # the noisy set's, as noise wrote it
-    record = {"noisy": str(noisy), **level, "flags": flags, "action": action, "entries": int(flagged.size),
+    source = {"noisy": noisy, **({"out_of_sample": out_of_sample} if clean is None else {"clean_labels": clean_labels})}
+    record = {"inputs": {name: {"path": str(path), "sha256": file_sha256(path)} for name, path in source.items()},
+              **level, "flags": flags, "action": action, "entries": int(flagged.size),
               "changed": int(flagged.sum()), "changed_positives": int((flagged & given).sum()),
               "changed_negatives": int((flagged & ~given).sum()), "images": len(table.image_ids),
               "images_changed": int(flagged.any(1).sum()),
               "per_class": dict(zip(table.classes, flagged.sum(0).astype(int).tolist()))}
     if out_of_sample is not None:
-        record.update(out_of_sample=str(out_of_sample), out_of_sample_folds=folds)
-    else:
-        record["clean_labels"] = str(clean_labels)
+        record["out_of_sample_folds"] = folds
     out.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as whole:  # the table and its record reach their names together
         record_tmp = whole.enter_context(replacing(out.with_suffix(".json")))

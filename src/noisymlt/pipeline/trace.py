@@ -29,6 +29,19 @@ def check_file(record: dict) -> str:
     return "ok" if file_sha256(path) == record["sha256"] else "CHANGED"
 
 
+def recorded_files(step: str, manifest: dict) -> tuple[list[tuple], list[str]]:
+    """Each input and output a step's manifest records, checked: (step, in / out, name, record, status) lines and
+    the problems."""
+    lines, problems = [], []
+    for direction in ("inputs", "outputs"):
+        for name, rec in manifest.get(direction, {}).items():
+            status = check_file(rec)
+            lines.append((step, direction[:-4] if direction == "outputs" else "in", name, rec, status))
+            if status != "ok":
+                problems.append(f"{status} {rec['path']} ({step} {direction[:-1]} {name})")
+    return lines, problems
+
+
 def _cell_metric(key: str) -> tuple[str, str]:
     """(head, mAP group) of a sidecar key: METHOD/HEAD/DATASET/GAMMA (total table; METHOD/HEAD/DATASET/MODEL/GAMMA
     with several noise models) or METHOD/HEAD/GAMMA/GROUP (ablation tables)."""
@@ -120,12 +133,14 @@ def trace(sidecar: Path, cell: str) -> list[dict]:
         if len(steps) == 1:
             run["problems"].append(f"MISSING evaluation manifest {evaluation}")
         for step, man in steps:
-            for direction in ("inputs", "outputs"):
-                for name, rec in man.get(direction, {}).items():
-                    status = check_file(rec)
-                    run["lines"].append((step, direction[:-4] if direction == "outputs" else "in", name, rec, status))
-                    if status != "ok":
-                        run["problems"].append(f"{status} {rec['path']} ({step} {direction[:-1]} {name})")
+            lines, problems = recorded_files(step, man)
+            run["lines"] += lines
+            run["problems"] += problems
+        train_labels = m.get("inputs", {}).get("train_labels")
+        if train_labels:  # a cleaned run: the cleaning's inputs, and the fold runs behind its flags
+            lines, problems = cleaning_trace(Path(train_labels["path"]))
+            run["lines"] += lines
+            run["problems"] += problems
         recorded, predictions = m.get("checkpoint_content_sha256"), m.get("outputs", {}).get("predictions")
         made_from = predictions_origin(Path(predictions["path"]))["checkpoint"] if recorded and predictions else None
         if made_from and made_from != recorded:
@@ -145,6 +160,42 @@ def trace(sidecar: Path, cell: str) -> list[dict]:
         report[-1]["problems"].append(f"STALE: the table shows {mean:.4f}, the runs' metrics now give "
                                       f"{sum(values) / len(values):.4f}")
     return report
+
+
+def cleaning_trace(table: Path) -> tuple[list[tuple], list[str]]:
+    """A cleaned training table's inputs, from its record beside it (noisymlt.pipeline.cleaning), and where it
+    acted on cross-fitted probabilities, the fold runs they came from (noisymlt.pipeline.crossfit): each must be
+    the run the gathered file names, with its files and code as recorded. Nothing for a table no cleaning wrote."""
+    import numpy as np
+
+    record_path = table.with_suffix(".json")
+    record = read_json(record_path) if record_path.is_file() else {}
+    if not isinstance(record, dict) or "flags" not in record or not isinstance(record.get("inputs"), dict):
+        return [], []
+    lines, problems = [], []
+    for name, rec in record["inputs"].items():
+        status = check_file(rec)
+        lines.append(("clean", "in", name, rec, status))
+        if status != "ok":
+            problems.append(f"{status} {rec['path']} (cleaning input {name}, {record_path})")
+    gathered = record["inputs"].get("out_of_sample")
+    if not gathered or problems:
+        return lines, problems
+    with np.load(gathered["path"], allow_pickle=False) as npz:
+        folds = list(zip(npz["runs"].tolist(), npz["run_ids"].tolist()))
+    for k, (folder, run_id) in enumerate(folds):
+        step, manifest_path = f"fold {k}", Path(folder) / "manifest.json"
+        if not manifest_path.is_file():
+            problems.append(f"MISSING fold run: {manifest_path} (its probabilities are in {gathered['path']})")
+            continue
+        manifest = read_json(manifest_path, "a fold run's manifest", require_object=True)
+        if manifest.get("run_id") != run_id:
+            problems.append(f"RUN ID: {gathered['path']} holds run {run_id}'s probabilities, {manifest_path} is of "
+                            f"run {manifest.get('run_id')} (retrained since)")
+        files, failed = recorded_files(step, manifest)
+        lines += files
+        problems += failed + code_problems(step, manifest)
+    return lines, problems
 
 
 def table_grid(style: str, text: str) -> list[list[str]]:

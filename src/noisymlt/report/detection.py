@@ -151,13 +151,15 @@ def cleaning_values(paths: list[str], clean_labels: str) -> dict:
     values: dict[tuple, dict] = {}
     for path in paths:
         record = read_json(path, "a clean-labels record", require_object=True)
-        missing = [k for k in ("noisy", "flags", "action", "gamma", "seed") if k not in record]
-        if missing:
-            raise NoisyMLTError(f"{path}: no {', '.join(map(repr, missing))}: not a record of `noisymlt clean-labels`")
+        missing = [k for k in ("inputs", "flags", "action", "gamma", "seed") if k not in record]
+        if missing or "noisy" not in record["inputs"]:
+            raise NoisyMLTError(f"{path}: no {', '.join(map(repr, missing or ['inputs.noisy']))}: not a record of "
+                                "`noisymlt clean-labels`")
         cleaned = read_labels(Path(path).with_suffix(".parquet"))
-        noisy = read_labels(record["noisy"], noisy_only=True)
+        noisy_path = record["inputs"]["noisy"]["path"]
+        noisy = read_labels(noisy_path, noisy_only=True)
         if cleaned.image_ids != noisy.image_ids:
-            raise NoisyMLTError(f"{path}: its table's images are not those of {record['noisy']}")
+            raise NoisyMLTError(f"{path}: its table's images are not those of {noisy_path}")
         given = np.asarray(noisy.labels) > 0.5
         wrong = given != (clean_rows(clean, clean_labels, noisy) > 0.5)
         changed = (cleaned.ignored > 0) if record["action"] == "drop" else (np.asarray(cleaned.labels) > 0.5) != given
