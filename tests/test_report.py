@@ -251,6 +251,34 @@ def test_map_vs_gamma_figure_of_two_datasets_names_them(tmp_path):
                                                         "COCO-MLT-Noise: medium"]
 
 
+def test_map_vs_gamma_figure_draws_a_cleaned_method_as_the_one_it_retrains_and_fits_the_demos_legend(tmp_path):
+    """The demo's fourteen compared methods: the legend stays inside one column (four columns of names such as
+    Clean-DB-Focal ran off both sides); a clean-then-retrain method takes its base's colour and marker, hollow,
+    dashed, the oracle's dotted; `figure` reads those from the methods' clean blocks."""
+    from figure_checks import check_layout
+    from noisymlt.report.figures import cleaned_variants, map_vs_gamma_figure
+
+    names = ["erm", "focal", "rs", "rs_focal", "ldam", "bbn", "mlgcn", "dividemix", "db", "db_focal", "clean_erm",
+             "clean_db_focal", "oracle_erm", "ours"]
+    labels = {"erm": "ERM", "focal": "Focal Loss", "rs_focal": "RS-Focal", "db_focal": "DB-Focal",
+              "clean_erm": "Clean-ERM", "clean_db_focal": "Clean-DB-Focal", "oracle_erm": "Oracle-ERM", "ours": "Ours"}
+    base = map_results(tmp_path)
+    results = pd.concat([base[base["method"] != "rs_focal"]]
+                        + [base[base["method"] == "erm"].assign(method=m) for m in names if m not in ("erm", "ours")],
+                        ignore_index=True)
+    clean = {"clean_erm": {"of": "erm", "flags": "cleanlab"}, "clean_db_focal": {"of": "db_focal", "flags": "cleanlab"},
+             "oracle_erm": {"of": "erm", "flags": "oracle"}}
+    fig = map_vs_gamma_figure(results, names, labels, cleaned_variants(clean))
+    check_layout(fig)
+    line = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+    for cleaned, of, style in (("Clean-ERM", "ERM", "--"), ("Clean-DB-Focal", "DB-Focal", "--"),
+                               ("Oracle-ERM", "ERM", ":")):
+        assert line[cleaned].get_color() == line[of].get_color() and line[cleaned].get_marker() == line[of].get_marker()
+        assert line[cleaned].get_linestyle() == style and line[cleaned].get_markerfacecolor() == "white"
+        assert line[of].get_linestyle() == "-"
+    assert len({line[m].get_color() for m in ("ERM", "Focal Loss", "DB-Focal", "Ours")}) == 4
+
+
 def test_figure_command_writes_png_and_pdf_and_needs_the_methods(tmp_path, capsys):
     results = tmp_path / "results.parquet"
     map_results(tmp_path).to_parquet(results)

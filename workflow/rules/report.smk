@@ -127,6 +127,7 @@ rule figure_map_vs_gamma:
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),  # the compared methods only: the ablation variants have their figures
+        cleaned=json.dumps({m: config["methods"][m]["clean"] for m in GRID["methods"] if config["methods"][m].get("clean")}),
         code=code("figure"),
     log:
         "logs/report/map_vs_gamma.log",
@@ -134,7 +135,7 @@ rule figure_map_vs_gamma:
         "benchmarks/report/map_vs_gamma.tsv"
     shell:
         "$NOISYMLT_CLI figure --results {input} --out {output.png} --methods {params.methods} --labels "
-        "{params.labels:q} > {log} 2>&1"
+        "{params.labels:q} --cleaned {params.cleaned:q} > {log} 2>&1"
 
 
 rule table_ablation:

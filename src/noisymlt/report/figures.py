@@ -27,23 +27,37 @@ MARKERS = "osv^D<>phXd"
 PAPER_ABLATION_DATASET = "voc"  # every ablation of the paper is reported on VOC-MLT-Noise (its captions)
 
 
-def method_styles(methods: list[str]) -> dict[str, dict]:
+def method_styles(methods: list[str], variants: dict[str, tuple[str, str]] | None = None) -> dict[str, dict]:
     """Colour, marker and width per method: tab10 and a marker each, and the paper's method (the last one,
-    as in the tables) in black and wider, so that eleven lines stay apart even where they cross."""
+    as in the tables) in black and wider, so that eleven lines stay apart even where they cross. ``variants``:
+    METHOD -> (the method it retrains, line style), a clean-then-retrain method drawn in that method's colour and
+    marker, hollow, in its own line style, so that a pair reads as one (when that method is drawn too)."""
     import matplotlib
 
+    variants = {m: v for m, v in (variants or {}).items() if v[0] in methods[:-1] and m in methods[:-1]}
     colors = matplotlib.colormaps["tab10"].colors
+    plain = [m for m in methods[:-1] if m not in variants]
     styles = {m: {"color": colors[k % 10], "marker": MARKERS[k % len(MARKERS)], "lw": 1.0, "zorder": 2}
-              for k, m in enumerate(methods[:-1])}
+              for k, m in enumerate(plain)}
+    for m, (base, line) in variants.items():
+        styles[m] = {**styles[base], "ls": line, "mfc": "white"}
     if methods:
         styles[methods[-1]] = {"color": BLACK, "marker": "*", "lw": 1.6, "ms": 5.5, "zorder": 3}
     return styles
 
 
-def map_vs_gamma_figure(results: pd.DataFrame, methods: list[str], labels: dict[str, str]):
+def cleaned_variants(clean: dict[str, dict]) -> dict[str, tuple[str, str]]:
+    """METHOD -> its ``clean`` block (params ``methods.METHOD.clean``) as method_styles' variants: the method it
+    retrains, dashed (dotted for the oracle's cleaning)."""
+    return {m: (block["of"], ":" if block.get("flags") == "oracle" else "--") for m, block in clean.items()}
+
+
+def map_vs_gamma_figure(results: pd.DataFrame, methods: list[str], labels: dict[str, str],
+                        variants: dict[str, tuple[str, str]] | None = None):
     """The Figure: per dataset, total / head / medium / tail mAP (%) against the noise rate, one line per
     method of ``methods`` (the compared methods; ablation variants belong to the ablation figures), each
-    drawn from its primary head and titled with its label; ticks at the noise rates of the data."""
+    drawn from its primary head and titled with its label; ticks at the noise rates of the data; ``variants`` as
+    method_styles draws them."""
     import matplotlib.pyplot as plt
 
     sel = results[(results["metric"] == "mAP") & results["method"].isin(methods)]
@@ -53,7 +67,7 @@ def map_vs_gamma_figure(results: pd.DataFrame, methods: list[str], labels: dict[
     datasets = sorted(dict.fromkeys(sel["dataset"]), key=lambda d: (d != "voc", d != "coco", d))
     gammas = sorted(set(sel["gamma"]))
     groups = ("total", *GROUPS)
-    styles = method_styles(methods)
+    styles = method_styles(methods, variants)
     seeds = sel.groupby(["dataset", "gamma", "method"])["seed"].nunique()
     with paper_style():
         fig, axes = plt.subplots(2 * len(datasets), 2, figsize=(COLUMN_WIDTH, 0.9 + 2.45 * len(datasets)),
@@ -82,7 +96,8 @@ def map_vs_gamma_figure(results: pd.DataFrame, methods: list[str], labels: dict[
         entries = {}  # every method once, also one with runs on a later dataset only
         for ax in axes.flat:
             entries.update(zip(*reversed(ax.get_legend_handles_labels())))
-        fig.legend(entries.values(), entries.keys(), loc="outside lower center", ncol=4, frameon=False,
+        wide = max(map(len, entries)) > 12  # four columns of such names run past one paper column
+        fig.legend(entries.values(), entries.keys(), loc="outside lower center", ncol=3 if wide else 4, frameon=False,
                    columnspacing=1.0, handletextpad=0.4)
         lo, hi = int(seeds.min()), int(seeds.max())
         title = "mAP" if len(datasets) > 1 else f"{dataset_title(datasets[0])}: mAP"
@@ -176,11 +191,13 @@ def _cmd_figure(args: argparse.Namespace) -> int:
         save_figure(sweep_figure(points, block, xs), out)
         points.to_csv(out.with_suffix(".csv"), index=False, float_format="%.4f")
         return 0
-    labels, methods, _ = method_choice(args)
+    labels, methods, params = method_choice(args)
+    clean = json.loads(args.cleaned) if args.cleaned else {
+        m: b["clean"] for m, b in (params or {}).get("methods", {}).items() if isinstance(b, dict) and b.get("clean")}
     if not methods:
         raise NoisyMLTError("figure: name the compared methods (--methods, or --params files with grid.methods); "
                             "results.parquet also holds the ablation variants, which belong to their own figures")
-    save_figure(map_vs_gamma_figure(results, methods, labels), out)
+    save_figure(map_vs_gamma_figure(results, methods, labels, cleaned_variants(clean)), out)
     return 0
 
 
@@ -195,6 +212,9 @@ def add_cli(sub) -> None:
                                                "of --params)")
     p.add_argument("--labels", help='method display names as JSON, e.g. \'{"erm": "ERM"}\'')
     p.add_argument("--params", nargs="*", help="params files: method labels and grid.methods")
+    p.add_argument("--cleaned", help="the clean-then-retrain methods' `clean` blocks as JSON (default: from --params), "
+                                     'e.g. \'{"clean_erm": {"of": "erm", "flags": "cleanlab"}}\': each drawn in the '
+                                     "colour of the method it retrains, dashed (dotted: the oracle)")
     p.add_argument("--ablation-spec", help="an `ablations` block with a `sweep` key, as JSON: draw mAP against the "
                                            "swept option instead (the paper's K and p figures; also writes OUT .csv)")
     p.add_argument("--x", help='the swept value of each of its methods, as JSON, e.g. \'{"ours_k3": 3}\'')
