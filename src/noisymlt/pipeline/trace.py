@@ -172,12 +172,7 @@ def cleaning_trace(table: Path) -> tuple[list[tuple], list[str]]:
     record = read_json(record_path) if record_path.is_file() else {}
     if not isinstance(record, dict) or "flags" not in record or not isinstance(record.get("inputs"), dict):
         return [], []
-    lines, problems = [], []
-    for name, rec in record["inputs"].items():
-        status = check_file(rec)
-        lines.append(("clean", "in", name, rec, status))
-        if status != "ok":
-            problems.append(f"{status} {rec['path']} (cleaning input {name}, {record_path})")
+    lines, problems = recorded_files("clean", record)  # its inputs, hashed as a manifest's
     gathered = record["inputs"].get("out_of_sample")
     if not gathered or problems:
         return lines, problems
