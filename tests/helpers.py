@@ -218,7 +218,9 @@ CUDA_STAND_IN = ("import os, sys, types\n"
 
 # ---------------------------------------------------------------- small configurations
 # The demo profile's layer, then a layer of the test's: what `snakemake --profile workflow/profiles/demo` reads.
-DEMO_PROFILE = ("--profile", "workflow/profiles/demo")
+# Snakemake's own scheduler pacing (1 s) instead of the profile's 5 s, which paces the demo's hundreds of waiting jobs
+# but would leave each of a test's few-job runs waiting up to 5 s at its end for the scheduler's last timer.
+DEMO_PROFILE = ("--profile", "workflow/profiles/demo", "--max-jobs-per-timespan", "100/1s")
 DEMO_LAYER = "workflow/profiles/demo/params.yaml"
 
 # A seconds-long grid over the demo profile: ERM and Ours at two noise rates, the K sweep (Ours variants) at 0.5:

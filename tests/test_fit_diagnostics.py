@@ -362,3 +362,27 @@ def test_the_readmes_paired_table_heads_the_clean_column_and_judges_the_claim_ov
     text = "\n".join(render_claims(claims, [0.0, 0.5]))
     assert "| Ours − | clean | γ = 0.5 |" in text
     assert "Here, over the noise rates: 1 of 1 above 0, 0 below, 0 undecided" in text  # the clean gap is not counted
+
+
+def test_the_readmes_verdicts_leave_out_an_oracle_that_reads_the_clean_labels():
+    """An oracle's cleaning reads the clean labels: an upper bound, shown in the paired table but not counted as a
+    baseline Ours should beat, nor as a cleaning a user could run first."""
+    from noisymlt.report.readme import paper_claims, render_claims
+
+    maps = {}
+    for seed in range(3):
+        maps[("erm", 0.5, seed)] = 0.40 + seed / 100
+        maps[("clean_erm", 0.5, seed)] = 0.38 + seed / 100 + 0.001 * seed ** 2
+        maps[("oracle_erm", 0.5, seed)] = 0.60 + seed / 100 + 0.002 * seed ** 2  # far above Ours
+        maps[("ours", 0.5, seed)] = 0.45 + seed / 100 + 0.001 * seed ** 2
+    labels = {"erm": "ERM", "clean_erm": "Clean-ERM", "oracle_erm": "Oracle-ERM", "ours": "Ours"}
+    methods = list(labels)
+    pairs = [("clean_erm", "erm"), ("oracle_erm", "erm")]
+    text = "\n".join(render_claims(paper_claims(_results(maps), methods, labels, "toy", 0.5, pairs, ["oracle_erm"]),
+                                   [0.5]))
+    assert ("Here, over the noise rates and the baselines (Oracle-ERM, which reads the clean labels, apart: an upper "
+            "bound): 2 of 2 above 0, 0 below, 0 undecided.") in text
+    assert "| Oracle-ERM | **-" in text  # still in the table, below 0
+    assert "Ours minus a cleaned method over the noise rates (the oracle apart): 1 of 1 above 0" in text
+    counted = "\n".join(render_claims(paper_claims(_results(maps), methods, labels, "toy", 0.5, pairs), [0.5]))
+    assert "over the noise rates: 2 of 3 above 0, 1 below" in counted  # without --oracles it would be a baseline

@@ -204,6 +204,11 @@ def cleaned_pairs():
             if (clean := paths.cleaning_of(config, m)) and clean["of"] in GRID["methods"]]
 
 
+def oracle_methods():
+    """Grid methods whose cleaning reads the clean training labels (flags: oracle): upper bounds, no baselines."""
+    return [m for m in GRID["methods"] if (clean := paths.cleaning_of(config, m)) and clean["flags"] == "oracle"]
+
+
 def method_labels():
     return paths.method_labels(config)
 

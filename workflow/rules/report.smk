@@ -248,6 +248,7 @@ rule readme_numbers:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),
         pairs=lambda w: f"--pairs {' '.join(pairs)}" if (pairs := cleaned_pairs()) else "",
+        oracles=lambda w: f"--oracles {' '.join(oracles)}" if (oracles := oracle_methods()) else "",
         code=code("readme-numbers"),
     log:
         "logs/report/readme_numbers.log",
@@ -255,8 +256,8 @@ rule readme_numbers:
         "benchmarks/report/readme_numbers.tsv"
     shell:
         "$NOISYMLT_CLI readme-numbers --results {input.results} --methods {params.methods} --labels "
-        "{params.labels:q} --selection {input.selection} --structure {input.structure} {params.pairs} --out {output} "
-        "> {log} 2>&1"
+        "{params.labels:q} --selection {input.selection} --structure {input.structure} {params.pairs} {params.oracles} "
+        "--out {output} > {log} 2>&1"
 
 
 # Training dynamics of Ours at gamma 0.5 (paper Figs. voc_stitchup / coco_stitchup and vis_pl): drawn when the

@@ -51,7 +51,7 @@ def selection_summary(stage_files: list[str | Path], labels: dict[str, str]) -> 
 
 def demo_numbers(results: pd.DataFrame, methods: list[str], labels: dict[str, str], timing: dict | None = None,
                  selection: list[str | Path] = (), structure: str | Path | None = None,
-                 pairs: list[tuple[str, str]] = ()) -> dict:
+                 pairs: list[tuple[str, str]] = (), oracles: list[str] = ()) -> dict:
     """Headline numbers of a finished grid (one dataset): what the README quotes, rounded once, to the
     tables' DECIMALS, so that the README shows each number digit for digit as the tables do. ``structure``: the
     dataset's structure report (JSON of `noisymlt structure`), shown beside VOC-MLT's."""
@@ -88,7 +88,7 @@ def demo_numbers(results: pd.DataFrame, methods: list[str], labels: dict[str, st
     sentinels = sentinel_record(results, middle, int(sel["seed"].min()))
     return {"dataset": datasets[0], "gammas": gammas, "middle_gamma": middle, "rows": rows, "sentinels": sentinels,
             "numerics": run_numerics(results),
-            "claims": paper_claims(results, methods, labels, datasets[0], middle, pairs),
+            "claims": paper_claims(results, methods, labels, datasets[0], middle, pairs, oracles),
             **({"selection": selection_summary(selection, labels)} if selection else {}),
             **({"structure": structure_entry(structure, datasets[0])} if structure else {}),
             **({"timing": timing} if timing else {})}
@@ -119,14 +119,17 @@ def _paired(results: pd.DataFrame, reference: str, others: list[str], dataset: s
 
 
 def paper_claims(results: pd.DataFrame, methods: list[str], labels: dict, dataset: str, middle: float,
-                 pairs: list[tuple[str, str]] = ()) -> dict:
+                 pairs: list[tuple[str, str]] = (), oracles: list[str] = ()) -> dict:
     """The paper's large effects, measured on the demo's runs with paired differences over seeds, whether the
     regime is the paper's (fit diagnostics), and with ``pairs`` (a cleaned method, the method whose recipe it
-    retrains) what cleaning the labels gives: what the README says of each."""
+    retrains) what cleaning the labels gives: what the README says of each. ``oracles``: methods that read the
+    clean training labels, upper bounds that the verdicts over baselines and cleanings leave out."""
     from noisymlt.report.fit import fit_summary
 
     present = [m for m in methods if m in set(results["method"])]
     claims: dict = {}
+    if oracles := [m for m in oracles if m in present]:
+        claims["oracles"] = oracles
     if "ours" in present:
         claims["ours_minus"] = _paired(results, "ours", [m for m in present if m != "ours"], dataset, labels)
     if "erm" in present:
@@ -223,15 +226,19 @@ def render_claims(claims: dict, gammas: list[float]) -> list[str]:
                     f"VOC? On the clean labels, ERM is above the probe on {above} of {len(probe)} seeds (ERM "
                     f"{min(tuned):.1f} to {max(tuned):.1f} mAP, the probe {min(linear):.1f} to {max(linear):.1f}; "
                     "every clean method: `reports/fit_toy.md`)."]
+    oracles = claims.get("oracles", [])  # upper bounds (they read the clean labels): no baseline, no cleaning
     rows = claims.get("ours_minus")
     if rows:
         cell = {(r["method"], r["gamma"]): r for r in rows}
         methods = list(dict.fromkeys(r["method"] for r in rows))
         labels = {r["method"]: r["label"] for r in rows}
-        noisy = [r for r in rows if r["gamma"] > 0]  # the paper's claim is about the noise rates
+        noisy = [r for r in rows if r["gamma"] > 0 and r["method"] not in oracles]  # the claim: the noise rates
+        bounds = [labels[m] for m in methods if m in oracles]
+        apart = (f" and the baselines ({' and '.join(bounds)}, which read{'s' if len(bounds) == 1 else ''} the clean "
+                 f"labels, apart: {'an upper bound' if len(bounds) == 1 else 'upper bounds'})" if bounds else "")
         out += ["", "Ours minus each method, total mAP points, paired by seed (mean ± 95% CI; **bold**: the CI "
                     "excludes 0). The paper: Ours above every baseline at every noise rate. Here, over the noise "
-                    f"rates: {verdict(noisy)}.",
+                    f"rates{apart}: {verdict(noisy)}.",
                 "", "| Ours − | " + " | ".join(gamma_head(g) for g in gammas) + " |", "|---|" + "---|" * len(gammas)]
         out += [f"| {labels[m]} | " + " | ".join(diff(cell.get((m, g))) for g in gammas) + " |" for m in methods]
     rows = claims.get("balanced_minus_erm")
@@ -243,7 +250,7 @@ def render_claims(claims: dict, gammas: list[float]) -> list[str]:
     rows = claims.get("cleaned_minus")
     if rows:
         clean = {r["reference"] for r in rows}
-        ours = [r for r in claims.get("ours_minus", []) if r["method"] in clean and r["gamma"] > 0]
+        ours = [r for r in claims.get("ours_minus", []) if r["method"] in clean - set(oracles) and r["gamma"] > 0]
         out += ["", "Clean, then retrain (cleanlab's flags on cross-fitted probabilities dropped from the loss; the "
                     "oracle drops exactly the wrong labels), each against the method whose recipe it retrains, "
                     "paired by seed: "
@@ -251,8 +258,8 @@ def render_claims(claims: dict, gammas: list[float]) -> list[str]:
                             + ", ".join(f"{gamma_head(r['gamma'], ' ')}: {diff(r)}" for r in rows
                                         if r["reference_label"] == ref)
                             for ref in dict.fromkeys(r["reference_label"] for r in rows)) + "."
-                + (f" Training robustly against cleaning first, Ours minus a cleaned method over the noise rates: "
-                   f"{verdict(ours)}." if ours else "")]
+                + (f" Training robustly against cleaning first, Ours minus a cleaned method over the noise rates"
+                   f"{' (the oracle apart)' if clean & set(oracles) else ''}: {verdict(ours)}." if ours else "")]
     noise = claims.get("noise_drop")
     if noise:
         out += ["", f"Noise rate (the paper: every method loses mAP as γ grows): γ {noise['from']:g} minus "
@@ -403,7 +410,7 @@ def _cmd_readme_numbers(args: argparse.Namespace) -> int:
     from noisymlt.report.fit import pairs_arg
 
     numbers = demo_numbers(results, args.methods, labels, timing, args.selection or (), args.structure,
-                           pairs_arg(args.pairs))
+                           pairs_arg(args.pairs), args.oracles or ())
     Path(args.out).write_text(json.dumps(numbers, indent=1, sort_keys=True) + "\n")
     return 0
 
@@ -439,6 +446,8 @@ def add_cli(sub) -> None:
     p.add_argument("--structure", help="the dataset's structure report (reports/structure_DATASET.json), optional")
     p.add_argument("--pairs", nargs="*", metavar="A:B", help="cleaned methods A and the methods B whose recipe they "
                                                              "retrain: A minus B, paired by seed")
+    p.add_argument("--oracles", nargs="*", metavar="METHOD", help="methods that read the clean training labels (an "
+                   "oracle's cleaning): upper bounds, shown but left out of the verdicts over baselines and cleanings")
     p.add_argument("--out", required=True, help="JSON to write")
     p.set_defaults(func=_cmd_readme_numbers)
     p = sub.add_parser("readme", help="check or rewrite the README's generated demo numbers",
