@@ -198,15 +198,19 @@ def cleaning_records(dataset):
     return [layout.ext(t[:-len(".parquet")], "json") for t in dict.fromkeys(tables)]
 
 
+def cleanings():
+    """Each grid method that cleans the labels, then retrains: its `clean` block (of, flags, action), in grid order."""
+    return {m: clean for m in GRID["methods"] if (clean := paths.cleaning_of(config, m))}
+
+
 def cleaned_pairs():
     """"A:B" for each grid method A that retrains method B's recipe on cleaned labels, B in the grid too."""
-    return [f"{m}:{clean['of']}" for m in GRID["methods"]
-            if (clean := paths.cleaning_of(config, m)) and clean["of"] in GRID["methods"]]
+    return [f"{m}:{clean['of']}" for m, clean in cleanings().items() if clean["of"] in GRID["methods"]]
 
 
 def oracle_methods():
     """Grid methods whose cleaning reads the clean training labels (flags: oracle): upper bounds, no baselines."""
-    return [m for m in GRID["methods"] if (clean := paths.cleaning_of(config, m)) and clean["flags"] == "oracle"]
+    return [m for m, clean in cleanings().items() if clean["flags"] == "oracle"]
 
 
 def method_labels():

@@ -127,7 +127,7 @@ rule figure_map_vs_gamma:
     params:
         labels=method_labels(),
         methods=" ".join(GRID["methods"]),  # the compared methods only: the ablation variants have their figures
-        cleaned=json.dumps({m: config["methods"][m]["clean"] for m in GRID["methods"] if config["methods"][m].get("clean")}),
+        cleaned=json.dumps(cleanings()),
         code=code("figure"),
     log:
         "logs/report/map_vs_gamma.log",
