@@ -19,6 +19,8 @@ report: "workflow/report/workflow.rst"
 # common.smk first validates config against workflow/schemas/params.schema.yaml and the cross-references a
 # schema cannot express; a bad setting stops the run with one line naming its params file and key.
 include: "workflow/rules/common.smk"
+include: "workflow/rules/select_helpers.smk"
+include: "workflow/rules/crossfit_helpers.smk"
 
 
 wildcard_constraints:

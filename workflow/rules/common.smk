@@ -1,5 +1,6 @@
-# Helpers of the phase files (Snakemake's lint wants no function in a file of rules): the grid, file layout per dataset
-# kind, resolved run configs, selection's. Paths come from noisymlt.pipeline.layout (the one module that spells the
+# Helpers every phase file shares (Snakemake's lint wants no function in a file of rules): the grid, file layout per
+# dataset kind, resolved run configs, the phases' targets; selection's and the cross-fitting's own are in
+# select_helpers.smk and crossfit_helpers.smk. Paths come from noisymlt.pipeline.layout (the one module that spells the
 # file layout); the words of a step that a dataset kind or a noise model spells from noisymlt.pipeline.paths.
 import functools
 import json
@@ -10,15 +11,15 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from noisymlt.config import (check_layered, config_text, fold_run, inherit_recipes, read_choice, requested_config,
-                             resolve_run)
+from noisymlt.config import check_layered, inherit_recipes, requested_config, resolve_run
 from noisymlt.data import assets
 from noisymlt.errors import NoisyMLTError
 from noisymlt.methods import run_digest
 from noisymlt.data.noise_models import PAPER
 from noisymlt.methods.options import stitchup_option
 from noisymlt.pipeline import layout, paths, step_code
-from noisymlt.pipeline import selection as S
+from noisymlt.pipeline.layout import gtag  # a noise rate as paths write it
+from noisymlt.pipeline import selection as S  # the rules of select.smk and train.smk read it too
 from noisymlt.report.style import dataset_title
 
 
@@ -38,6 +39,8 @@ try:
     check_layered(config, params_layers())
 except NoisyMLTError as exc:  # one line, not Snakemake's traceback or jsonschema's dump of the schema
     raise SystemExit(f"noisymlt: {exc}") from None
+
+GRID = config["grid"]
 
 
 # Jobs run the interpreter that runs Snakemake, which has noisymlt installed anyway (this file imports it while
@@ -62,10 +65,6 @@ def code(command):
 def run_code(w):
     """A training run's code: the trainer, its method's family and the losses it trains with."""
     return run_digest(resolved(w))
-GRID = config["grid"]
-
-
-from noisymlt.pipeline.layout import gtag  # a noise rate as paths write it
 
 
 def dataset_of_raw(raw):
@@ -140,7 +139,7 @@ def _resolved(dataset, method, gamma, seed, noise):
 
 def final_run_config(w):
     """A run's resolved config, with its method's selected values once the selection has chosen them."""
-    choice = final_choice(w)  # select.smk
+    choice = final_choice(w)  # select_helpers.smk
     return requested_config(config, w.dataset, w.method, float(w.gamma), int(w.seed), str(choice) if choice else None,
                             noise_of(w))
 
@@ -171,6 +170,11 @@ def run_files(w):
     return assets.run_files(resolved(w))
 
 
+def train_table(w):
+    """The table a main run trains on: its noisy set, or for a clean-then-retrain method that set cleaned."""
+    if paths.cleaning_of(config, w.method) is None:
+        return layout.fill(layout.NOISY, dataset=w.dataset, gamma=w.gamma, seed=w.seed, noise=noise_of(w))
+    return paths.cleaned_table(config, w.dataset, float(w.gamma), int(w.seed), w.method, noise_of(w))
 
 
 def selected_ablations():
@@ -313,29 +317,6 @@ def finished_work():
     return tuple(dict.fromkeys(files))
 
 
-def selection_owners():
-    """(dataset, the method whose selection they read) for the runs the workflow trains, each pair once."""
-    runs = (r.split("|") for r in all_runs("{dataset}|{gamma}|{seed}|{method}"))
-    pairs = dict.fromkeys((d, S.owner(config, m)) for d, g, s, m in runs)
-    return [(dataset, who) for dataset, who in pairs if who is not None]
-
-
-def selection_data():
-    """The selection's files under data/ (its held-out split, each selection set's fit / val parts and their image
-    caches) for every method whose candidates the workflow trains."""
-    files = []
-    for dataset, who in selection_owners():
-        files.append(layout.fill(layout.SELECT_SPLIT, dataset=dataset))
-        sets = S.selection_sets(config)
-        for gamma, seed in sets:
-            files += [layout.fill(layout.part(layout.SELECT_PART, part), dataset=dataset, gamma=gamma, seed=seed)
-                      for part in ("fit", "val")]
-        gamma, seed = sets[0]  # a candidate of the first set: its loader (the caches) is the method's, any set's
-        w = SimpleNamespace(dataset=dataset, method=who, gamma=str(gamma), seed=str(seed), noise="")
-        files += [f"{array[:-len('.npy')]}.{ext}" for array in candidate_cache_args(w)[1::2] for ext in ("npy", "json")]
-    return list(dict.fromkeys(files))
-
-
 def data_targets():
     """What the data phase makes (the `data` rule, DVC's `data` stage): every file under data/ that a run, a
     selection candidate or a cross-fitting run reads."""
@@ -361,87 +342,6 @@ def authors_targets():
             for name, block in paths.authors_checkpoints(config).items() for file in layout.AUTHORS_FILES]
 
 
-# Model selection (workflow/rules/select.smk, noisymlt.pipeline.selection): what its rules and the final runs read.
-
-
-def previous_choice(w):
-    """The choice of the stage before (stages after the first): an ancient input, its values in the params."""
-    if int(w.stage) == 1:
-        return []
-    return ancient(checkpoints.select.get(dataset=w.dataset, method=w.method, stage=str(int(w.stage) - 1)).output.choice)
-
-
-def candidate_values(w):
-    values = dict(S.candidates(config, w.method, int(w.stage)))
-    if w.tag not in values:
-        raise ValueError(f"{w.tag}: no candidate of {w.method} stage {w.stage} is called so "
-                         f"(candidates: {', '.join(values)})")
-    earlier = {}
-    if int(w.stage) > 1:
-        earlier = read_choice(previous_choice(w))
-    return {**earlier, **values[w.tag]}
-
-
-def candidate_config(w):
-    return config_text(resolve_run(config, w.dataset, w.method, float(w.gamma), int(w.seed),
-                                   chosen=candidate_values(w), candidate=True))
-
-
-def select_cache_labels(w):
-    """The table of a selection part (fit, val) its image cache is made from: the first selection set's (the other
-    sets' tables hold the same rows, which is all a cache checks)."""
-    gamma, seed = S.selection_sets(config)[0]
-    return layout.fill(layout.SELECT_PART, dataset=w.dataset, gamma=gamma, seed=seed, part=w.part)
-
-
-def candidate_cache_args(w):
-    return paths.cache_args(w.dataset, resolved(w)["train"].get("loader", "pil"), layout.SELECT_CACHE, ("fit", "val"))
-
-
-def stage_candidates(w):
-    return [f"{S.candidate_dir(w.dataset, w.method, int(w.stage), g, s, tag)}/metrics.json"
-            for tag, _ in S.candidates(config, w.method, int(w.stage)) for g, s in S.selection_sets(config)]
-
-
-@functools.lru_cache(maxsize=None)  # asked once per run and rule; the config is fixed for the invocation
-def last_stage(method):
-    """(the method whose choice a method's final runs read, its last stage), or None for fixed values."""
-    who = S.owner(config, method)
-    return None if who is None else (who, str(len(S.stages(config, who))))
-
-
-def final_choice(w):
-    """The choice a final run reads (an ancient input), or nothing for a method with fixed values."""
-    owner_stage = last_stage(w.method)
-    if owner_stage is None:
-        return []
-    who, last = owner_stage
-    return ancient(checkpoints.select.get(dataset=w.dataset, method=who, stage=last).output.choice)
-
-
-def selection_targets():
-    """Every stage file (every candidate's score and the choice) behind the runs the workflow trains; `all` asks
-    for them."""
-    files = []
-    for dataset, who in selection_owners():
-        files += [S.stage_file(dataset, who, k) for k in range(1, len(S.stages(config, who)) + 1)]
-    return list(dict.fromkeys(files))
-
-
-def readme_selection():
-    """The last stage file of each grid method's selection, and the committed record of each grid method whose
-    values a selection elsewhere chose (selection.records; held to them here): the README's demo numbers quote
-    them."""
-    owners = S.selecting_methods(config, GRID["methods"])
-    records = []
-    for method, path in S.recorded_selections(config, GRID["methods"]):
-        why = S.record_mismatch(config, method, path)
-        if why:
-            raise SystemExit(f"noisymlt: {path} (selection.records.{method}): {why}")
-        records.append(path)
-    return [S.stage_file(d, m, len(S.stages(config, m))) for d in GRID["datasets"] for m in owners] + records
-
-
 # workflow.preload (the demo): on a local run, one server process imports torch once and every noisymlt
 # job runs in a child forked from it (noisymlt.pipeline.preload), which saves ~3.5 s of start-up per job.
 if config.get("workflow", {}).get("preload") and workflow.local_exec:
@@ -462,95 +362,3 @@ if config.get("workflow", {}).get("preload") and workflow.local_exec:
 
     onerror:
         _stop_preload()
-
-
-# Cross-fitting (workflow/rules/crossfit.smk, noisymlt.pipeline.crossfit): what its rules and the suspects rule read.
-
-
-def crossfit_method():
-    """The cross-fitting's base method (its suspects records gain out-of-sample rows), or None when no noisy set is
-    cross-fitted (paths.crossfit_levels)."""
-    if any(paths.crossfit_levels(config, d) for d in GRID["datasets"]):
-        return config["crossfit"]["method"]
-    return None
-
-
-def crossfit_tables(dataset):
-    """{set name: noisy table} of every cross-fitted noisy set of ``dataset``: the split is stratified on all."""
-    return {f"g{layout.noise_level(g, n)}_s{s}": layout.fill(layout.NOISY, dataset=dataset, gamma=g, seed=s, noise=n)
-            for n, g, s in paths.crossfit_levels(config, dataset)}
-
-
-def crossfit_parts(part):
-    """One part (train, held) of every fold of a noisy set, in fold order: the outputs of one crossfit_parts job."""
-    return [layout.part(layout.CROSSFIT_PART, part).replace("{fold}", str(k)) for k in range(config["crossfit"]["folds"])]
-
-
-def fold_fields(w):
-    """A fold run's wildcards as layout.fill takes them (its noise model by name)."""
-    return dict(dataset=w.dataset, gamma=w.gamma, seed=w.seed, noise=noise_of(w), fold=w.fold)
-
-
-def crossfit_folder(w, fold):
-    return layout.fill(layout.CROSSFIT_RUN, dataset=w.dataset, method=w.method, gamma=w.gamma, seed=w.seed,
-                       noise=noise_of(w), fold=fold)
-
-
-def crossfit_cache_labels(w):
-    """The table of a fold part (train, held) its image cache is made from: the first noisy set's (the other sets'
-    tables hold the same rows, which is all a cache checks)."""
-    noise, gamma, seed = paths.crossfit_levels(config, w.dataset)[0]
-    return layout.fill(layout.CROSSFIT_PART, dataset=w.dataset, gamma=gamma, seed=seed, noise=noise, fold=w.fold,
-                       part=w.part)
-
-
-def fold_cache_args(w):
-    return paths.cache_args(w.dataset, resolved(w)["train"].get("loader", "pil"), layout.CROSSFIT_CACHE,
-                            ("train", "held"), fold=w.fold)
-
-
-def fold_run_config(w):
-    """A fold run's resolved config (noisymlt.config.fold_run), with its method's selected values as a final run's."""
-    choice = final_choice(w)  # select.smk
-    return config_text(fold_run(config, w.dataset, w.method, float(w.gamma), int(w.seed), int(w.fold),
-                                str(choice) if choice else None, noise_of(w)))
-
-
-def out_of_sample(dataset, method, level):
-    """The cross-fitted probabilities of one noisy set (layout.OUT_OF_SAMPLE) for the suspects of ``method``'s run,
-    or None when ``method`` is not the base method."""
-    if method != crossfit_method():
-        return None
-    noise, gamma, seed = level
-    return layout.fill(layout.OUT_OF_SAMPLE, dataset=dataset, method=method, gamma=gamma, seed=seed, noise=noise)
-
-
-def train_table(w):
-    """The table a main run trains on: its noisy set, or for a clean-then-retrain method that set cleaned."""
-    if paths.cleaning_of(config, w.method) is None:
-        return layout.fill(layout.NOISY, dataset=w.dataset, gamma=w.gamma, seed=w.seed, noise=noise_of(w))
-    return paths.cleaned_table(config, w.dataset, float(w.gamma), int(w.seed), w.method, noise_of(w))
-
-
-@functools.lru_cache(maxsize=None)
-def crossfit_work():
-    """Every file of the cross-fitting, for rule all and the data and runs phases."""
-    method = crossfit_method()
-    if method is None:
-        return ()
-    folds, files = int(config["crossfit"]["folds"]), []
-    for dataset in GRID["datasets"]:
-        levels = paths.crossfit_levels(config, dataset)
-        files += [layout.fill(layout.CROSSFIT_FOLDS, dataset=dataset)] if levels else []
-        for level in levels:
-            noise, gamma, seed = level
-            w = SimpleNamespace(dataset=dataset, method=method, gamma=gtag(gamma), seed=str(seed),
-                                noise=layout.noise_tag(noise))
-            for fold in range(folds):
-                files += [layout.fill(layout.part(layout.CROSSFIT_PART, part), dataset=dataset, gamma=gamma,
-                                      seed=seed, noise=noise, fold=fold) for part in ("train", "held")]
-                files += [layout.within(crossfit_folder(w, fold), name) for name in layout.CROSSFIT_RUN_FILES]
-                files += [f"{array[:-len('.npy')]}.{ext}" for array in fold_cache_args(SimpleNamespace(**vars(w), fold=fold))[1::2]
-                          for ext in ("npy", "json")]
-            files.append(out_of_sample(dataset, method, level))
-    return tuple(dict.fromkeys(files))

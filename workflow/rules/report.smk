@@ -240,7 +240,7 @@ rule inference_time:
 rule readme_numbers:
     input:
         results=layout.RESULTS,
-        selection=lambda w: readme_selection(),  # select.smk
+        selection=lambda w: readme_selection(),  # select_helpers.smk
         structure=expand(layout.ext(layout.STRUCTURE, "json"), dataset=GRID["datasets"]),  # the demo's: one dataset
     output:
         numbers=layout.README_NUMBERS,
