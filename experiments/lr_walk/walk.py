@@ -3,20 +3,22 @@
 rule's resolved configuration to the optimizer, in how many files, and how many of those calls climb to a higher
 layer (.importlinter's order).
 
-One final run of ERM on the demo's toy data, traced in-process with ``sys.setprofile``: the lr is set to a value no
-other setting holds, the run config is resolved as the train rule's param does (``requested_config``), written to a
-file as the rule's shell does, and ``noisymlt train --run-config`` trains it for one iteration. A call is a *stop*
-when the value is among its arguments or in what it returns (searched through dicts, lists and tuples, not through
-objects' attributes, so that a method of an object that merely holds the config is not one), and the function that
-made that call is a stop too (it held the value to hand it on). The *path* is the stops on the call stack at each
-arrival (torch's ``SGD`` receiving the lr, and each step's rate the schedule sets); a *climb* is a call on the path
-whose callee's layer is above its caller's. The rule's own function (``final_run_config`` in the workflow) calls
-``requested_config`` and is counted as the first stop.
+One run on a project's data, traced in-process with ``sys.setprofile``: the lr is set to a value no other setting
+holds (in the method's params block, or with --selected in a model selection's choice file), the run config is
+resolved as the train rule's param does (``requested_config``), written to a file as the rule's shell does, and
+``noisymlt train --run-config`` trains it for one iteration with the files the train rule names. A function
+*receives* the lr when the value is among its arguments or in what it returns (searched through dicts, lists, tuples
+and text, not through objects' attributes, so that a method of an object that merely holds the config does not),
+or when it calls one that receives it among its arguments (it held the value to hand it on). The *walk* is the
+receivers on the call stack at each arrival (the rule's text made by ``config_text``, torch's ``SGD`` receiving the
+lr, each step's rate ``lr_at`` computes in the training loop), and the functions that returned the value to one of
+them; a *climb* is a call on the walk whose callee's layer is above its caller's. The rule's own function
+(``final_run_config`` in the workflow) calls ``requested_config`` and is counted as the first stop.
 
     python experiments/lr_walk/walk.py --project DEMO --src SRC --out result.json
 
-DEMO: a project whose demo data phase has run (``data/toy``); SRC: the package source to trace (this tree's, or an
-older commit's ``src`` to compare).
+DEMO: a project whose demo data phase has run; SRC: the package source to trace (this tree's, or an older
+commit's ``src`` to compare). experiments/lr_walk/README.md has the readings.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def layers(repo: Path) -> list[str]:
 class Walk:
     def __init__(self, src: Path, order: list[str]):
         self.src, self.order = str(src.resolve()), order
-        self.stops: dict[str, str] = {}  # function -> file
+        self.stops: dict[str, None] = {}  # every receiver ("FILE:FUNCTION"), in order
         self.paths: list[list[str]] = []
         self.stack: list[tuple[str | None, bool]] = []  # (name if in the package, holds the value)
         self.built = False  # torch's SGD has received the lr
@@ -94,14 +96,14 @@ class Walk:
                 self.mark_caller()
             self.stack.append((own, got))
             if got and own:
-                self.stops[own] = own.split(":")[0]
+                self.stops[own] = None
             if got and own is None and code.co_qualname == "SGD.__init__":
                 self.arrive()
                 self.built = True
         elif event == "return" and self.stack:
             own, got = self.stack[-1]
             if own and holds(arg):  # it made the value (or a config holding it) for its caller
-                self.stops[own] = own.split(":")[0]
+                self.stops[own] = None
                 receiver = next((o for o, _ in reversed(self.stack[:-1]) if o), None)
                 self.made.setdefault(own, set()).add(receiver)
             if own and not self.built and own.endswith(":config_text"):
@@ -118,7 +120,7 @@ class Walk:
             own, got = self.stack[i]
             if own:
                 self.stack[i] = (own, True)
-                self.stops[own] = own.split(":")[0]
+                self.stops[own] = None
                 return
 
     def arrive(self):
@@ -153,6 +155,7 @@ def main() -> int:
     except ImportError:  # before issue 71 it lived in pipeline.paths
         from noisymlt.pipeline.paths import requested_config
     from noisymlt.cli import main as cli
+    from noisymlt.pipeline import layout, paths
 
     params = load_params("params.yaml", *args.layer)
     block = params["methods"][args.method].setdefault("train", {})
@@ -172,13 +175,15 @@ def main() -> int:
         assert resolved["train"]["lr"] == SENTINEL, "the lr did not reach the run config"
         run_config = Path(tmp) / "requested_config.json"
         run_config.write_text(text + "\n")
-        data, images = f"data/{args.dataset}", str(next(Path(f"data/raw/{args.dataset}").glob("VOCdevkit/*")))
-        argv = ["train", "--run-config", str(run_config), "--test-labels", f"{data}/test_labels.parquet",
-                "--train-labels", f"{data}/noisy/g{args.gamma:g}_s{args.seed}.parquet",
-                "--split", f"{data}/class_split.json", "--train-images", images, "--test-images", images,
+        name = args.dataset  # the files as the train rule names them
+        argv = ["train", "--run-config", str(run_config),
+                "--train-labels", layout.fill(layout.NOISY, dataset=name, gamma=args.gamma, seed=args.seed),
+                "--test-labels", layout.fill(layout.TEST_LABELS, dataset=name),
+                "--split", layout.fill(layout.CLASS_SPLIT, dataset=name),
+                "--train-images", paths.image_root(params, name, "train"),
+                "--test-images", paths.image_root(params, name, "test"),
+                *paths.cache_args(name, resolved["train"].get("loader", "pil")),
                 "--out", str(Path(tmp) / "run"), "--no-progress", "--device", "cpu", "--cores", "1"]
-        if resolved["train"].get("loader") == "cache":
-            argv += ["--train-cache", f"{data}/cache/train.npy", "--test-cache", f"{data}/cache/test.npy"]
         sys.setprofile(walk)
         try:
             if cli(argv):
@@ -195,7 +200,7 @@ def main() -> int:
                 "lr_from": "a selection's choice file" if args.selected else f"methods.{args.method}.train.lr"},
         "path": {"stops": len(path), "files": len({s.split(':')[0] for s in path}),
                  "climbs": len(dict.fromkeys(climbs)), "functions": path, "climb_calls": list(dict.fromkeys(climbs))},
-        "every_receiver": {"stops": len(walk.stops) + 1, "files": len(set(walk.stops.values())) + 1,
+        "every_receiver": {"stops": len(walk.stops) + 1, "files": len({s.split(":")[0] for s in walk.stops}) + 1,
                            "functions": ["workflow/rules/common.smk:final_run_config",
                                          *sorted(walk.stops, key=walk.first.get)]},
     }
